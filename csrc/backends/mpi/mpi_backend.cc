@@ -1,0 +1,159 @@
+#include "backends/mpi/mpi_backend.h"
+
+#include <climits>
+
+#include "backends/mpi/mpi_util.h"
+#include "comm/reduce_kernels.h"
+#include "comm/ring.h"
+
+namespace hvdl {
+namespace {
+
+constexpr int64_t kMaxChunk = int64_t{1} << 30;  // elements per MPI call (MPI counts are int)
+
+Status ToInts(const std::vector<int64_t>& counts, const char* what, std::vector<int>* out,
+              std::vector<int>* displs) {
+  int64_t off = 0;
+  out->clear();
+  displs->clear();
+  for (int64_t c : counts) {
+    if (c > INT_MAX || off > INT_MAX) {
+      return Status::Internal(std::string(what) + ": more than 2^31-1 elements per rank is not "
+                              "supported by the MPI backend; split the tensor.");
+    }
+    out->push_back(static_cast<int>(c));
+    displs->push_back(static_cast<int>(off));
+    off += c;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+MpiBackend::MpiBackend(MpiWorld* world, const Config& config)
+    : world_(world),
+      algorithm_(config.allreduce_algorithm),
+      ring_threshold_(config.ring_threshold_bytes >= 0 ? config.ring_threshold_bytes
+                                                       : kDefaultRingThreshold),
+      segment_bytes_(static_cast<size_t>(config.ring_segment_bytes)) {}
+
+bool MpiBackend::Supports(OpType op, DataType dtype, int device) const {
+  return device == kCpuDevice;
+}
+
+Status MpiBackend::Comm(int ps, MPI_Comm* comm) const {
+  *comm = world_->data(ps);
+  if (*comm == MPI_COMM_NULL) {
+    return Status::Internal("process set " + std::to_string(ps) +
+                            " has no MPI communicator on this rank");
+  }
+  return Status::Ok();
+}
+
+int MpiBackend::SetSize(int ps) const {
+  MPI_Comm comm = world_->data(ps);
+  int n = 0;
+  if (comm != MPI_COMM_NULL) MPI_Comm_size(comm, &n);
+  return n;
+}
+
+MpiTransport* MpiBackend::TransportFor(int ps) {
+  auto it = transports_.find(ps);
+  if (it == transports_.end()) {
+    it = transports_.emplace(ps, std::make_unique<MpiTransport>(world_->data(ps))).first;
+  }
+  return it->second.get();
+}
+
+Status MpiBackend::AddProcessSet(int ps, const std::vector<int>& ranks) {
+  return world_->AddProcessSet(ps, ranks);
+}
+
+Status MpiBackend::RemoveProcessSet(int ps) {
+  transports_.erase(ps);
+  return world_->RemoveProcessSet(ps);
+}
+
+bool MpiBackend::UsesRing(int64_t bytes, DataType dtype, ReduceOp op, int ps) const {
+  if (algorithm_ == AllreduceAlgorithm::kRing) return true;
+  if (algorithm_ == AllreduceAlgorithm::kMpi) return false;
+  int n = SetSize(ps);
+  if (n <= 1) return false;
+  bool non_associative = IsFloatingPoint(dtype) &&
+                         (op == ReduceOp::kSum || op == ReduceOp::kAverage || op == ReduceOp::kProduct);
+  if (n >= 3 && non_associative) return true;
+  return bytes >= ring_threshold_;
+}
+
+Status MpiBackend::Allreduce(const AllreduceArgs& a) {
+  MPI_Comm comm;
+  HVDL_RETURN_IF_ERROR(Comm(a.ps, &comm));
+  const int64_t bytes = a.count * static_cast<int64_t>(DataTypeSize(a.dtype));
+  if (UsesRing(bytes, a.dtype, a.op, a.ps)) {
+    MpiTransport* t = TransportFor(a.ps);
+    std::vector<int64_t> chunks = a.chunks.empty() ? EvenChunks(a.count, t->size()) : a.chunks;
+    return RingAllreduce(t, a.buf, chunks, a.dtype, a.op, a.postscale, segment_bytes_, nullptr);
+  }
+  MPI_Datatype type = MpiType(a.dtype);
+  MPI_Op op = MpiOp(a.dtype, a.op);
+  char* p = static_cast<char*>(a.buf);
+  const size_t esize = DataTypeSize(a.dtype);
+  for (int64_t done = 0; done < a.count; done += kMaxChunk) {
+    int n = static_cast<int>(std::min(kMaxChunk, a.count - done));
+    HVDL_MPI(MPI_Allreduce(MPI_IN_PLACE, p + done * static_cast<int64_t>(esize), n, type, op, comm));
+  }
+  if (a.postscale != 1.0) Scale(a.buf, a.count, a.dtype, a.postscale);
+  return Status::Ok();
+}
+
+Status MpiBackend::Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                              DataType dtype, int ps) {
+  MPI_Comm comm;
+  HVDL_RETURN_IF_ERROR(Comm(ps, &comm));
+  std::vector<int> c, d;
+  HVDL_RETURN_IF_ERROR(ToInts(counts, "allgather", &c, &d));
+  int me = 0;
+  MPI_Comm_rank(comm, &me);
+  MPI_Datatype type = MpiType(dtype);
+  const void* src = send == nullptr ? MPI_IN_PLACE : send;
+  HVDL_MPI(MPI_Allgatherv(src, c[static_cast<size_t>(me)], type, recv, c.data(), d.data(), type,
+                          comm));
+  return Status::Ok();
+}
+
+Status MpiBackend::Broadcast(void* buf, int64_t count, DataType dtype, int root, int ps) {
+  MPI_Comm comm;
+  HVDL_RETURN_IF_ERROR(Comm(ps, &comm));
+  MPI_Datatype type = MpiType(dtype);
+  char* p = static_cast<char*>(buf);
+  const size_t esize = DataTypeSize(dtype);
+  for (int64_t done = 0; done < count; done += kMaxChunk) {
+    int n = static_cast<int>(std::min(kMaxChunk, count - done));
+    HVDL_MPI(MPI_Bcast(p + done * static_cast<int64_t>(esize), n, type, root, comm));
+  }
+  return Status::Ok();
+}
+
+Status MpiBackend::Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                             const std::vector<int64_t>& recv_counts, DataType dtype, int ps) {
+  MPI_Comm comm;
+  HVDL_RETURN_IF_ERROR(Comm(ps, &comm));
+  std::vector<int> sc, sd, rc, rd;
+  HVDL_RETURN_IF_ERROR(ToInts(send_counts, "alltoall", &sc, &sd));
+  HVDL_RETURN_IF_ERROR(ToInts(recv_counts, "alltoall", &rc, &rd));
+  MPI_Datatype type = MpiType(dtype);
+  HVDL_MPI(MPI_Alltoallv(send, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type, comm));
+  return Status::Ok();
+}
+
+Status MpiBackend::ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
+                                 DataType dtype, ReduceOp op, int ps) {
+  MPI_Comm comm;
+  HVDL_RETURN_IF_ERROR(Comm(ps, &comm));
+  std::vector<int> c, d;
+  HVDL_RETURN_IF_ERROR(ToInts(counts, "reducescatter", &c, &d));
+  HVDL_MPI(MPI_Reduce_scatter(send, recv, c.data(), MpiType(dtype), MpiOp(dtype, op), comm));
+  return Status::Ok();
+}
+
+}  // namespace hvdl

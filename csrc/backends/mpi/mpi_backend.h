@@ -1,0 +1,59 @@
+// MpiBackend: every data collective over MPI, plus horovodlite's own ring allreduce.
+//
+// Allreduce picks MPI_Allreduce or the ring (comm/ring over MpiTransport) per call:
+//   HOROVOD_ALLREDUCE_ALGO=mpi|ring forces one; auto uses the ring from HOROVOD_RING_THRESHOLD bytes
+//   (default measured on the development machine, see README) and, with 3 or more ranks, for every
+//   floating-point Sum/Average/Product so that results never depend on fusion (MPI_Allreduce's
+//   association changes with message size; the ring's does not, see ring.h).
+// CPU tensors only; CUDA tensors reach MPI through host staging in the executor.
+#pragma once
+
+#include <map>
+#include <memory>
+
+#include "backends/mpi/mpi_transport.h"
+#include "backends/mpi/mpi_world.h"
+#include "comm/data_backend.h"
+#include "common/config.h"
+
+namespace hvdl {
+
+class MpiBackend : public DataBackend {
+ public:
+  MpiBackend(MpiWorld* world, const Config& config);
+  const char* name() const override { return "mpi"; }
+  bool Supports(OpType op, DataType dtype, int device) const override;
+  Status AddProcessSet(int ps, const std::vector<int>& ranks) override;
+  Status RemoveProcessSet(int ps) override;
+  Status Allreduce(const AllreduceArgs& args) override;
+  bool UsesRing(int64_t bytes, DataType dtype, ReduceOp op, int ps) const override;
+  int SetSize(int ps) const override;
+  Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                    DataType dtype, int ps) override;
+  Status Broadcast(void* buf, int64_t count, DataType dtype, int root, int ps) override;
+  Status Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                   const std::vector<int64_t>& recv_counts, DataType dtype, int ps) override;
+  Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
+                       DataType dtype, ReduceOp op, int ps) override;
+
+  // Tunables the autotuner may change between cycles (background thread).
+  void set_algorithm(AllreduceAlgorithm algo) { algorithm_ = algo; }
+  void set_ring_threshold(int64_t bytes) { ring_threshold_ = bytes; }
+  AllreduceAlgorithm algorithm() const { return algorithm_; }
+  int64_t ring_threshold() const { return ring_threshold_; }
+
+  // Default ring threshold when HOROVOD_RING_THRESHOLD is -1 (measured, see README).
+  static constexpr int64_t kDefaultRingThreshold = 4 * 1024 * 1024;
+
+ private:
+  Status Comm(int ps, MPI_Comm* comm) const;
+  MpiTransport* TransportFor(int ps);
+
+  MpiWorld* world_;
+  AllreduceAlgorithm algorithm_;
+  int64_t ring_threshold_;
+  size_t segment_bytes_;
+  std::map<int, std::unique_ptr<MpiTransport>> transports_;
+};
+
+}  // namespace hvdl

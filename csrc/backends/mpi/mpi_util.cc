@@ -1,0 +1,93 @@
+#include "backends/mpi/mpi_util.h"
+
+#include <mutex>
+
+#include "comm/reduce_kernels.h"
+
+namespace hvdl {
+namespace {
+
+struct HalfTypes {
+  MPI_Datatype float16 = MPI_DATATYPE_NULL;
+  MPI_Datatype bfloat16 = MPI_DATATYPE_NULL;
+  MPI_Op ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // sum, min, max, prod
+};
+
+// Process-wide, like MPI itself: user-defined ops are plain function pointers and cannot capture.
+HalfTypes& Halves() {
+  static HalfTypes h;
+  return h;
+}
+
+template <ReduceOp kOp>
+void HalfReduce(void* in, void* inout, int* len, MPI_Datatype* type) {
+  DataType dtype = *type == Halves().bfloat16 ? DataType::kBFloat16 : DataType::kFloat16;
+  ReduceInto(inout, in, *len, dtype, kOp);
+}
+
+int OpIndex(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin: return 1;
+    case ReduceOp::kMax: return 2;
+    case ReduceOp::kProduct: return 3;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+Status MpiStatus(int rc, const char* call) {
+  char text[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return Status::Internal(std::string(call) + " failed on rank " + std::to_string(rank) + ": " +
+                          std::string(text, static_cast<size_t>(len)));
+}
+
+void InitMpiTypes() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    HalfTypes& h = Halves();
+    MPI_Type_contiguous(2, MPI_BYTE, &h.float16);
+    MPI_Type_commit(&h.float16);
+    MPI_Type_contiguous(2, MPI_BYTE, &h.bfloat16);
+    MPI_Type_commit(&h.bfloat16);
+    MPI_Op_create(&HalfReduce<ReduceOp::kSum>, 1, &h.ops[0]);
+    MPI_Op_create(&HalfReduce<ReduceOp::kMin>, 1, &h.ops[1]);
+    MPI_Op_create(&HalfReduce<ReduceOp::kMax>, 1, &h.ops[2]);
+    MPI_Op_create(&HalfReduce<ReduceOp::kProduct>, 1, &h.ops[3]);
+  });
+}
+
+MPI_Datatype MpiType(DataType dtype) {
+  switch (dtype) {
+    case DataType::kUInt8: return MPI_UINT8_T;
+    case DataType::kInt8: return MPI_INT8_T;
+    case DataType::kInt16: return MPI_INT16_T;
+    case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt64: return MPI_INT64_T;
+    case DataType::kFloat16: return Halves().float16;
+    case DataType::kBFloat16: return Halves().bfloat16;
+    case DataType::kFloat32: return MPI_FLOAT;
+    case DataType::kFloat64: return MPI_DOUBLE;
+    case DataType::kBool: return MPI_C_BOOL;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op MpiOp(DataType dtype, ReduceOp op) {
+  if (dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) return Halves().ops[OpIndex(op)];
+  if (dtype == DataType::kBool) {
+    return (op == ReduceOp::kMin || op == ReduceOp::kProduct) ? MPI_LAND : MPI_LOR;
+  }
+  switch (op) {
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kProduct: return MPI_PROD;
+    default: return MPI_SUM;
+  }
+}
+
+}  // namespace hvdl

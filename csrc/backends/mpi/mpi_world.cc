@@ -1,0 +1,126 @@
+#include "backends/mpi/mpi_world.h"
+
+#include <atomic>
+
+#include "backends/mpi/mpi_util.h"
+#include "common/logging.h"
+
+namespace hvdl {
+namespace {
+
+std::atomic<bool> g_we_initialized_mpi{false};  // process-wide: MPI itself is process-wide
+
+Status EnsureMpi(int* level) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    return Status::Internal("MPI was already finalized in this process; horovodlite cannot start "
+                            "again after MPI_Finalize.");
+  }
+  if (initialized) {
+    MPI_Query_thread(level);
+    return Status::Ok();
+  }
+  HVDL_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, level));
+  g_we_initialized_mpi = true;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status MpiWorld::Create(const MpiWorldOptions& options, std::unique_ptr<MpiWorld>* out) {
+  std::unique_ptr<MpiWorld> world(new MpiWorld());
+  HVDL_RETURN_IF_ERROR(EnsureMpi(&world->thread_level_));
+  InitMpiTypes();
+  HVDL_RETURN_IF_ERROR(world->Build(options));
+  *out = std::move(world);
+  return Status::Ok();
+}
+
+Status MpiWorld::Build(const MpiWorldOptions& options) {
+  MPI_Comm base = MPI_COMM_WORLD;
+  MPI_Comm created = MPI_COMM_NULL;
+  if (options.has_comm) {
+    base = MPI_Comm_f2c(options.comm_f2c);
+  } else if (!options.ranks.empty()) {
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    bool member = false;
+    for (int r : options.ranks) member = member || r == world_rank;
+    if (!member) {
+      return Status::InvalidArgument("init(comm=[...]): this process (MPI_COMM_WORLD rank " +
+                                     std::to_string(world_rank) +
+                                     ") is not in the requested ranks; call init only on them.");
+    }
+    MPI_Group world_group, group;
+    HVDL_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+    HVDL_MPI(MPI_Group_incl(world_group, static_cast<int>(options.ranks.size()),
+                            options.ranks.data(), &group));
+    HVDL_MPI(MPI_Comm_create_group(MPI_COMM_WORLD, group, 0x4856, &created));
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    base = created;
+  }
+  MPI_Comm data = MPI_COMM_NULL;
+  HVDL_MPI(MPI_Comm_dup(base, &control_));
+  HVDL_MPI(MPI_Comm_dup(base, &data));
+  if (created != MPI_COMM_NULL) MPI_Comm_free(&created);
+  MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(data, MPI_ERRORS_RETURN);
+  data_[0] = data;
+  MPI_Comm_rank(control_, &rank_);
+  MPI_Comm_size(control_, &size_);
+  HVDL_MPI(MPI_Comm_split_type(control_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_));
+  MPI_Comm_rank(local_, &local_rank_);
+  MPI_Comm_size(local_, &local_size_);
+  HVDL_MPI(MPI_Comm_split(control_, local_rank_, rank_, &cross_));
+  MPI_Comm_rank(cross_, &cross_rank_);
+  MPI_Comm_size(cross_, &cross_size_);
+  return Status::Ok();
+}
+
+MpiWorld::~MpiWorld() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  for (auto& kv : data_) {
+    if (kv.second != MPI_COMM_NULL) MPI_Comm_free(&kv.second);
+  }
+  if (cross_ != MPI_COMM_NULL) MPI_Comm_free(&cross_);
+  if (local_ != MPI_COMM_NULL) MPI_Comm_free(&local_);
+  if (control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
+}
+
+MPI_Comm MpiWorld::data(int ps) const {
+  auto it = data_.find(ps);
+  return it == data_.end() ? MPI_COMM_NULL : it->second;
+}
+
+Status MpiWorld::AddProcessSet(int ps, const std::vector<int>& ranks) {
+  bool member = false;
+  for (int r : ranks) member = member || r == rank_;
+  MPI_Comm comm = MPI_COMM_NULL;
+  HVDL_MPI(MPI_Comm_split(data_.at(0), member ? 0 : MPI_UNDEFINED, rank_, &comm));
+  if (comm != MPI_COMM_NULL) MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  data_[ps] = comm;
+  return Status::Ok();
+}
+
+Status MpiWorld::RemoveProcessSet(int ps) {
+  auto it = data_.find(ps);
+  if (it == data_.end() || ps == 0) return Status::Ok();
+  if (it->second != MPI_COMM_NULL) HVDL_MPI(MPI_Comm_free(&it->second));
+  data_.erase(it);
+  return Status::Ok();
+}
+
+void FinalizeMpiIfOwned() {
+  if (!g_we_initialized_mpi.exchange(false)) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+}  // namespace hvdl

@@ -1,0 +1,67 @@
+// MpiWorld: MPI initialisation and every communicator horovodlite uses.
+//
+// Created by Context::Init on the caller's (main) thread, which makes it collective over the job:
+//   - initialises MPI with MPI_THREAD_MULTIPLE unless MPI is already initialised (mpi4py), in
+//     which case that MPI is reused and never finalised by us;
+//   - duplicates the job communicator (world, an mpi4py communicator, or a list of ranks) twice:
+//     one copy for negotiation, one for data, so their messages can never match each other;
+//   - derives the node-local and cross-node communicators.
+// Process-set communicators are added and removed later by the background thread, in the agreed
+// order, with MPI_Comm_split over the data communicator. The destructor frees everything (main
+// thread, after the background thread stopped).
+#pragma once
+
+#include <mpi.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+
+namespace hvdl {
+
+struct MpiWorldOptions {
+  bool has_comm = false;   // use `comm_f2c` (an mpi4py communicator's Fortran handle)
+  int comm_f2c = 0;
+  std::vector<int> ranks;  // non-empty: the job is these ranks of MPI_COMM_WORLD
+};
+
+class MpiWorld {
+ public:
+  static Status Create(const MpiWorldOptions& options, std::unique_ptr<MpiWorld>* out);
+  ~MpiWorld();
+  MpiWorld(const MpiWorld&) = delete;
+  MpiWorld& operator=(const MpiWorld&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  int cross_rank() const { return cross_rank_; }
+  int cross_size() const { return cross_size_; }
+  bool thread_multiple() const { return thread_level_ >= MPI_THREAD_MULTIPLE; }
+
+  MPI_Comm control() const { return control_; }
+  // The data communicator of process set `ps`; MPI_COMM_NULL if this rank is not a member.
+  MPI_Comm data(int ps) const;
+  // Collective over every rank (background thread).
+  Status AddProcessSet(int ps, const std::vector<int>& ranks);
+  Status RemoveProcessSet(int ps);
+
+ private:
+  MpiWorld() = default;
+  Status Build(const MpiWorldOptions& options);
+
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
+  int thread_level_ = MPI_THREAD_SINGLE;
+  MPI_Comm control_ = MPI_COMM_NULL;
+  MPI_Comm local_ = MPI_COMM_NULL;
+  MPI_Comm cross_ = MPI_COMM_NULL;
+  std::map<int, MPI_Comm> data_;  // process set id -> communicator (0 = the whole job)
+};
+
+// Finalises MPI if horovodlite initialised it and nobody finalised it yet. Main thread, at exit.
+void FinalizeMpiIfOwned();
+
+}  // namespace hvdl

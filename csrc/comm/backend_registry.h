@@ -1,0 +1,58 @@
+// BackendRegistry: the data backends this build has, chosen per operation by capability, and the
+// factory that builds the communication runtime (control plane + backends). backend_registry.cc is
+// the only core file with #if HVDL_WITH_*.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/control_plane.h"
+#include "comm/data_backend.h"
+#include "common/config.h"
+
+namespace hvdl {
+
+class BackendRegistry {
+ public:
+  void Add(std::unique_ptr<DataBackend> backend);
+  // The first backend whose Supports() is true; otherwise an error naming the op, dtype, device
+  // and the backends that were built.
+  Status Select(OpType op, DataType dtype, int device, DataBackend** out) const;
+  // Collective over every rank, in the agreed order: forwards to every backend.
+  Status AddProcessSet(int ps, const std::vector<int>& ranks);
+  Status RemoveProcessSet(int ps);
+  std::vector<DataBackend*> all() const;
+  std::string Names() const;
+
+ private:
+  std::vector<std::unique_ptr<DataBackend>> backends_;
+};
+
+struct Topology {
+  int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+  bool thread_multiple = false;
+};
+
+struct CommOptions {
+  bool has_comm = false;  // an mpi4py communicator, as its Fortran handle
+  int comm_f2c = 0;
+  std::vector<int> ranks;  // or a list of MPI_COMM_WORLD ranks
+};
+
+struct CommRuntime {
+  Topology topology;
+  std::unique_ptr<ControlPlane> control;
+  BackendRegistry backends;
+  std::shared_ptr<void> owner;  // keeps the transport's world (communicators) alive
+};
+
+// Builds the runtime on the calling (main) thread; collective over the job.
+Status BuildCommRuntime(const CommOptions& options, const Config& config, CommRuntime* out);
+// Finalises the transport at process exit if horovodlite initialised it.
+void FinalizeCommTransport();
+// "MPI 3.1 (Open MPI v5.0.11, ...)" or "" if not built.
+std::string TransportVersion();
+bool MpiBuilt();
+
+}  // namespace hvdl

@@ -1,0 +1,63 @@
+// DataBackend: moves tensor bytes between the members of a process set.
+//
+// The registry picks, per operation, the first backend whose Supports() is true. Every method is
+// called from the background thread only and blocks until the data is in place on this rank.
+// Buffers are caller-owned; counts are elements of `dtype`; `ps` is the process set id and every
+// rank index is set-relative. Reductions here are elementwise Sum/Min/Max/Product: averaging and
+// scaling are done by the caller (the executor) so every backend shares one definition.
+// Failures return a Status naming the call; nothing throws.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "common/types.h"
+
+namespace hvdl {
+
+struct AllreduceArgs {
+  void* buf = nullptr;  // in place: this rank's contribution in, the reduction out
+  int64_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int ps = 0;
+  double postscale = 1.0;       // applied to the result by the backend
+  std::vector<int64_t> chunks;  // ring chunk boundaries (sum == count); empty: even split
+};
+
+class DataBackend {
+ public:
+  virtual ~DataBackend() = default;
+  virtual const char* name() const = 0;
+  virtual bool Supports(OpType op, DataType dtype, int device) const = 0;
+
+  // Collective over every rank of the job, in the agreed order: creates/destroys the
+  // communicator of a process set. Non-members take part but get nothing.
+  virtual Status AddProcessSet(int ps, const std::vector<int>& ranks) = 0;
+  virtual Status RemoveProcessSet(int ps) = 0;
+
+  virtual Status Allreduce(const AllreduceArgs& args) = 0;
+  // True if an allreduce of `bytes` would run as a ring, whose result for an element depends on
+  // which chunk it falls in: the executor then lays fused buffers out chunk-major (see ring.h).
+  virtual bool UsesRing(int64_t bytes, DataType dtype, ReduceOp op, int ps) const { return false; }
+  // Number of members of process set `ps` as this backend sees them.
+  virtual int SetSize(int ps) const = 0;
+  // recv receives every member's block, member i's block of counts[i] elements at offset
+  // sum(counts[0..i)). send holds counts[my rank] elements, or is nullptr when this rank's block
+  // is already in place inside recv.
+  virtual Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                            DataType dtype, int ps) = 0;
+  // In place from member `root` to all.
+  virtual Status Broadcast(void* buf, int64_t count, DataType dtype, int root, int ps) = 0;
+  // send_counts[i] elements go to member i; recv_counts[i] come from member i; blocks are packed
+  // back to back in member order.
+  virtual Status Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                           const std::vector<int64_t>& recv_counts, DataType dtype, int ps) = 0;
+  // Reduces `send` (sum(counts) elements) across members; member i receives block i
+  // (counts[i] elements) into `recv`.
+  virtual Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
+                               DataType dtype, ReduceOp op, int ps) = 0;
+};
+
+}  // namespace hvdl

@@ -1,0 +1,215 @@
+#include "comm/reduce_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace hvdl {
+
+float HalfToFloat(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400) == 0);
+      bits = sign | ((127 - 15 - e) << 23) | ((mant & 0x3ff) << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000 | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof(x));
+  uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+  uint32_t abs = x & 0x7fffffff;
+  if (abs >= 0x7f800000) {  // inf or nan
+    return sign | 0x7c00 | (abs > 0x7f800000 ? 0x200 : 0);
+  }
+  if (abs >= 0x477ff000) return sign | 0x7c00;  // rounds to >= 65520: overflow to inf
+  if (abs < 0x38800000) {                       // result is subnormal or zero
+    if (abs < 0x33000000) return sign;          // below half the smallest subnormal
+    uint32_t mant = (abs & 0x7fffff) | 0x800000;
+    int shift = 126 - static_cast<int>(abs >> 23);  // 14..24
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) ++half;
+    return sign | static_cast<uint16_t>(half);
+  }
+  uint32_t rounded = abs + 0xfff + ((abs >> 13) & 1);  // round to nearest even at bit 13
+  return sign | static_cast<uint16_t>((rounded - 0x38000000) >> 13);
+}
+
+float BFloat16ToFloat(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint16_t FloatToBFloat16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof(x));
+  if ((x & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((x >> 16) | 0x40);  // quiet nan
+  x += 0x7fff + ((x >> 16) & 1);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+namespace {
+
+struct Half {
+  static float Load(uint16_t v) { return HalfToFloat(v); }
+  static uint16_t Store(float v) { return FloatToHalf(v); }
+};
+struct BFloat {
+  static float Load(uint16_t v) { return BFloat16ToFloat(v); }
+  static uint16_t Store(float v) { return FloatToBFloat16(v); }
+};
+
+template <typename T>
+T Apply(T a, T b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin: return std::min(a, b);
+    case ReduceOp::kMax: return std::max(a, b);
+    case ReduceOp::kProduct: return static_cast<T>(a * b);
+    default: return static_cast<T>(a + b);
+  }
+}
+
+// Separate loops per op so each one vectorises.
+template <typename T>
+void ReduceTyped(T* dst, const T* src, int64_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin:
+      for (int64_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
+      break;
+    case ReduceOp::kMax:
+      for (int64_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
+      break;
+    case ReduceOp::kProduct:
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(dst[i] * src[i]);
+      break;
+    default:
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(dst[i] + src[i]);
+      break;
+  }
+}
+
+template <typename Conv>
+void ReduceHalf(uint16_t* dst, const uint16_t* src, int64_t n, ReduceOp op) {
+  for (int64_t i = 0; i < n; ++i) {
+    dst[i] = Conv::Store(Apply(Conv::Load(dst[i]), Conv::Load(src[i]), op));
+  }
+}
+
+void ReduceBool(uint8_t* dst, const uint8_t* src, int64_t n, ReduceOp op) {
+  bool conj = op == ReduceOp::kMin || op == ReduceOp::kProduct;
+  for (int64_t i = 0; i < n; ++i) {
+    dst[i] = conj ? (dst[i] && src[i]) : (dst[i] || src[i]);
+  }
+}
+
+template <typename T>
+void ScaleCopyFloat(T* dst, const T* src, int64_t n, double factor) {
+  const T f = static_cast<T>(factor);
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * f;
+}
+
+template <typename T>
+void ScaleCopyInt(T* dst, const T* src, int64_t n, double factor) {
+  for (int64_t i = 0; i < n; ++i) {
+    dst[i] = static_cast<T>(std::trunc(static_cast<double>(src[i]) * factor));
+  }
+}
+
+template <typename Conv>
+void ScaleCopyHalf(uint16_t* dst, const uint16_t* src, int64_t n, double factor) {
+  const float f = static_cast<float>(factor);
+  for (int64_t i = 0; i < n; ++i) dst[i] = Conv::Store(Conv::Load(src[i]) * f);
+}
+
+}  // namespace
+
+bool ReduceSupported(DataType dtype, ReduceOp op) {
+  return op == ReduceOp::kSum || op == ReduceOp::kAverage || op == ReduceOp::kMin ||
+         op == ReduceOp::kMax || op == ReduceOp::kProduct;
+}
+
+void ReduceInto(void* dst, const void* src, int64_t n, DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kUInt8:
+      return ReduceTyped(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n, op);
+    case DataType::kInt8:
+      return ReduceTyped(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), n, op);
+    case DataType::kInt16:
+      return ReduceTyped(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), n, op);
+    case DataType::kInt32:
+      return ReduceTyped(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, op);
+    case DataType::kInt64:
+      return ReduceTyped(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, op);
+    case DataType::kFloat32:
+      return ReduceTyped(static_cast<float*>(dst), static_cast<const float*>(src), n, op);
+    case DataType::kFloat64:
+      return ReduceTyped(static_cast<double*>(dst), static_cast<const double*>(src), n, op);
+    case DataType::kFloat16:
+      return ReduceHalf<Half>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n,
+                              op);
+    case DataType::kBFloat16:
+      return ReduceHalf<BFloat>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src),
+                                n, op);
+    case DataType::kBool:
+      return ReduceBool(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n, op);
+  }
+}
+
+void ScaleCopy(void* dst, const void* src, int64_t n, DataType dtype, double factor) {
+  if (factor == 1.0 || dtype == DataType::kBool) {
+    if (dst != src) std::memmove(dst, src, static_cast<size_t>(n) * DataTypeSize(dtype));
+    return;
+  }
+  switch (dtype) {
+    case DataType::kUInt8:
+      return ScaleCopyInt(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n, factor);
+    case DataType::kInt8:
+      return ScaleCopyInt(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), n, factor);
+    case DataType::kInt16:
+      return ScaleCopyInt(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), n, factor);
+    case DataType::kInt32:
+      return ScaleCopyInt(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, factor);
+    case DataType::kInt64:
+      return ScaleCopyInt(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, factor);
+    case DataType::kFloat32:
+      return ScaleCopyFloat(static_cast<float*>(dst), static_cast<const float*>(src), n, factor);
+    case DataType::kFloat64:
+      return ScaleCopyFloat(static_cast<double*>(dst), static_cast<const double*>(src), n, factor);
+    case DataType::kFloat16:
+      return ScaleCopyHalf<Half>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n,
+                                 factor);
+    case DataType::kBFloat16:
+      return ScaleCopyHalf<BFloat>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src),
+                                   n, factor);
+    case DataType::kBool:
+      return;
+  }
+}
+
+void Scale(void* buf, int64_t n, DataType dtype, double factor) {
+  ScaleCopy(buf, buf, n, dtype, factor);
+}
+
+}  // namespace hvdl

@@ -1,0 +1,177 @@
+#include "common/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+
+namespace hvdl {
+namespace {
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+Status Invalid(const std::string& name, const std::string& value, const std::string& wanted) {
+  return Status::InvalidArgument("invalid value for " + name + ": '" + value + "' (expected " +
+                                 wanted + ")");
+}
+
+Status ParseInt(const std::string& name, const std::string& v, int64_t min, int64_t* out) {
+  errno = 0;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0 || x < min) {
+    return Invalid(name, v, "an integer >= " + std::to_string(min));
+  }
+  *out = x;
+  return Status::Ok();
+}
+
+Status ParseDouble(const std::string& name, const std::string& v, double min, double* out) {
+  errno = 0;
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || errno != 0 || !(x >= min)) {
+    return Invalid(name, v, "a number >= " + std::to_string(min));
+  }
+  *out = x;
+  return Status::Ok();
+}
+
+Status ParseBool(const std::string& name, const std::string& v, bool* out) {
+  std::string s = Lower(v);
+  if (s == "1" || s == "true" || s == "yes" || s == "on") {
+    *out = true;
+  } else if (s == "0" || s == "false" || s == "no" || s == "off" || s.empty()) {
+    *out = false;
+  } else {
+    return Invalid(name, v, "one of 1, 0, true, false, yes, no, on, off");
+  }
+  return Status::Ok();
+}
+
+Status ParseLogLevel(const std::string& name, const std::string& v, LogLevel* out) {
+  static const std::pair<const char*, LogLevel> kLevels[] = {
+      {"trace", LogLevel::kTrace}, {"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo},
+      {"warning", LogLevel::kWarning}, {"warn", LogLevel::kWarning}, {"error", LogLevel::kError},
+      {"fatal", LogLevel::kFatal}};
+  for (const auto& [text, level] : kLevels) {
+    if (Lower(v) == text) {
+      *out = level;
+      return Status::Ok();
+    }
+  }
+  return Invalid(name, v, "one of trace, debug, info, warning, error, fatal");
+}
+
+Status ParseAlgorithm(const std::string& name, const std::string& v, AllreduceAlgorithm* out) {
+  std::string s = Lower(v);
+  if (s == "auto") *out = AllreduceAlgorithm::kAuto;
+  else if (s == "mpi") *out = AllreduceAlgorithm::kMpi;
+  else if (s == "ring") *out = AllreduceAlgorithm::kRing;
+  else return Invalid(name, v, "one of auto, mpi, ring");
+  return Status::Ok();
+}
+
+// One row per knob: its documentation and how it lands in Config.
+struct Knob {
+  KnobInfo info;
+  std::function<Status(const std::string& name, const std::string& value, Config* c)> parse;
+};
+
+const std::vector<Knob>& Table() {
+  static const std::vector<Knob> kTable = {
+      {{"HOROVOD_FUSION_THRESHOLD", "134217728",
+        "Bytes of ready allreduces packed into one fused collective (0 disables fusion)."},
+       [](auto& n, auto& v, Config* c) { return ParseInt(n, v, 0, &c->fusion_threshold_bytes); }},
+      {{"HOROVOD_CYCLE_TIME", "1",
+        "Milliseconds the background thread may hold back a batch while more tensors keep "
+        "arriving; a lone tensor is sent after a short quiet gap, not a full cycle."},
+       [](auto& n, auto& v, Config* c) { return ParseDouble(n, v, 0.0, &c->cycle_time_ms); }},
+      {{"HOROVOD_CACHE_CAPACITY", "1024",
+        "Negotiated names remembered by the response cache (0 disables it)."},
+       [](auto& n, auto& v, Config* c) { return ParseInt(n, v, 0, &c->cache_capacity); }},
+      {{"HOROVOD_LOG_LEVEL", "warning", "One of trace, debug, info, warning, error, fatal."},
+       [](auto& n, auto& v, Config* c) { return ParseLogLevel(n, v, &c->log_level); }},
+      {{"HOROVOD_LOG_HIDE_TIME", "0", "Omit timestamps from log lines."},
+       [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->log_hide_time); }},
+      {{"HOROVOD_TIMELINE", "", "Write a Chrome-trace timeline to this file (rank 0)."},
+       [](auto&, auto& v, Config* c) { c->timeline_path = v; return Status::Ok(); }},
+      {{"HOROVOD_TIMELINE_MARK_CYCLES", "0", "Mark background-loop cycles in the timeline."},
+       [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->timeline_mark_cycles); }},
+      {{"HOROVOD_STALL_CHECK_TIME_SECONDS", "60",
+        "Seconds a tensor may wait for other ranks before a stall warning names them."},
+       [](auto& n, auto& v, Config* c) { return ParseDouble(n, v, 0.0, &c->stall_check_seconds); }},
+      {{"HOROVOD_STALL_CHECK_DISABLE", "0", "Turn the stall inspector off."},
+       [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->stall_check_disable); }},
+      {{"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0",
+        "Seconds after which a stall becomes an error on every rank (0: warn only)."},
+       [](auto& n, auto& v, Config* c) {
+         return ParseDouble(n, v, 0.0, &c->stall_shutdown_seconds);
+       }},
+      {{"HOROVOD_AUTOTUNE", "0", "Tune fusion threshold, cycle time and algorithm online."},
+       [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->autotune); }},
+      {{"HOROVOD_AUTOTUNE_LOG", "", "CSV file where autotune logs each trial (rank 0)."},
+       [](auto&, auto& v, Config* c) { c->autotune_log = v; return Status::Ok(); }},
+      {{"HOROVOD_DYNAMIC_PROCESS_SETS", "0", "Allow add_process_set/remove_process_set."},
+       [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->dynamic_process_sets); }},
+      {{"HOROVOD_SUMMARY_STEPS", "0",
+        "Print a per-rank performance summary every N steps (0: never)."},
+       [](auto& n, auto& v, Config* c) { return ParseInt(n, v, 0, &c->summary_steps); }},
+      {{"HOROVOD_ALLREDUCE_ALGO", "auto",
+        "auto (by message size), mpi (MPI_Allreduce) or ring (horovodlite's ring)."},
+       [](auto& n, auto& v, Config* c) { return ParseAlgorithm(n, v, &c->allreduce_algorithm); }},
+      {{"HOROVOD_RING_THRESHOLD", "-1",
+        "Bytes from which auto uses the ring instead of MPI_Allreduce (-1: measured default)."},
+       [](auto& n, auto& v, Config* c) { return ParseInt(n, v, -1, &c->ring_threshold_bytes); }},
+      {{"HOROVOD_RING_SEGMENT_BYTES", "262144",
+        "Pipeline segment of the ring: one segment is reduced while the next is in flight."},
+       [](auto& n, auto& v, Config* c) { return ParseInt(n, v, 1024, &c->ring_segment_bytes); }},
+      {{"HOROVOD_HIERARCHICAL_ALLREDUCE", "0",
+        "Reduce inside each node first, then across nodes (NCCL builds)."},
+       [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->hierarchical_allreduce); }},
+  };
+  return kTable;
+}
+
+}  // namespace
+
+EnvLookup ProcessEnv() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  };
+}
+
+Status ParseConfig(const EnvLookup& env, Config* out) {
+  Config c;
+  for (const Knob& knob : Table()) {
+    std::optional<std::string> value = env(knob.info.name);
+    if (value) HVDL_RETURN_IF_ERROR(knob.parse(knob.info.name, *value, &c));
+  }
+  *out = c;
+  return Status::Ok();
+}
+
+const std::vector<KnobInfo>& Knobs() {
+  static const std::vector<KnobInfo> kInfos = [] {
+    std::vector<KnobInfo> infos;
+    for (const Knob& knob : Table()) infos.push_back(knob.info);
+    return infos;
+  }();
+  return kInfos;
+}
+
+const char* AllreduceAlgorithmName(AllreduceAlgorithm algo) {
+  switch (algo) {
+    case AllreduceAlgorithm::kAuto: return "auto";
+    case AllreduceAlgorithm::kMpi: return "mpi";
+    case AllreduceAlgorithm::kRing: return "ring";
+  }
+  return "?";
+}
+
+}  // namespace hvdl

@@ -1,0 +1,61 @@
+// Config: every knob horovodlite reads, parsed once at init from HOROVOD_* environment variables.
+//
+// The table in config.cc is the single home of names, defaults and documentation; the Python
+// package exposes it (hvd._knobs()) and a test checks that the README table lists every knob.
+// An invalid value fails init with a message naming the variable and what it accepts.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace hvdl {
+
+enum class AllreduceAlgorithm { kAuto = 0, kMpi, kRing };
+
+struct Config {
+  int64_t fusion_threshold_bytes = 128LL * 1024 * 1024;
+  double cycle_time_ms = 1.0;
+  LogLevel log_level = LogLevel::kWarning;
+  bool log_hide_time = false;
+  int64_t cache_capacity = 1024;
+  std::string timeline_path;
+  bool timeline_mark_cycles = false;
+  double stall_check_seconds = 60.0;
+  bool stall_check_disable = false;
+  double stall_shutdown_seconds = 0.0;
+  bool autotune = false;
+  std::string autotune_log;
+  bool dynamic_process_sets = false;
+  int64_t summary_steps = 0;
+  AllreduceAlgorithm allreduce_algorithm = AllreduceAlgorithm::kAuto;
+  int64_t ring_threshold_bytes = -1;  // -1: chosen by measurement (see backends/mpi)
+  int64_t ring_segment_bytes = 256 * 1024;
+  bool hierarchical_allreduce = false;
+};
+
+struct KnobInfo {
+  std::string name;
+  std::string default_value;
+  std::string doc;
+};
+
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+
+// Reads the process environment.
+EnvLookup ProcessEnv();
+
+// Parses every knob through `env`; unset variables keep their defaults.
+Status ParseConfig(const EnvLookup& env, Config* out);
+
+// The documented table (name, default, meaning), in the order the README lists it.
+const std::vector<KnobInfo>& Knobs();
+
+const char* AllreduceAlgorithmName(AllreduceAlgorithm algo);
+
+}  // namespace hvdl

@@ -1,0 +1,19 @@
+// TensorRef: the core's view of a framework tensor. It never owns memory; whoever enqueues it
+// (the torch adapter) keeps the storage alive until the entry's callback has run.
+#pragma once
+
+#include "common/types.h"
+
+namespace hvdl {
+
+struct TensorRef {
+  void* data = nullptr;
+  DataType dtype = DataType::kFloat32;
+  Shape shape;
+  int device = kCpuDevice;
+
+  int64_t num_elements() const { return NumElements(shape); }
+  size_t num_bytes() const { return static_cast<size_t>(num_elements()) * DataTypeSize(dtype); }
+};
+
+}  // namespace hvdl

@@ -1,0 +1,76 @@
+// BackgroundLoop: the one thread per process that makes every communication call.
+//
+// Each iteration: wait (see below), drain new requests into the controller, run one negotiation
+// cycle, execute the agreed responses. It stops after a cycle in which any rank asked to shut
+// down, failing whatever is still pending with the reason, or when communication fails.
+//
+// Why the waiting looks the way it does. MPI has no way to block without spinning, and the loop
+// shares a small machine with the training threads, so it never busy-waits for long:
+//   - new local work wakes it at once (condition variable); it then lets a burst of submissions
+//     finish (a short quiet gap, at most HOROVOD_CYCLE_TIME) so they fuse, instead of waiting for a
+//     fixed tick;
+//   - while any rank has work pending it polls for the other ranks every few tens of microseconds;
+//   - when the whole job is idle it backs off to a few milliseconds between cycles, so an idle
+//     loop costs a fraction of a percent of one core.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/config.h"
+#include "core/controller.h"
+#include "core/executor.h"
+#include "core/tensor_queue.h"
+
+namespace hvdl {
+
+struct LoopDeps {
+  TensorQueue* queue = nullptr;
+  Controller* controller = nullptr;
+  Executor* executor = nullptr;
+  const Config* config = nullptr;
+};
+
+// Called on the loop thread after each cycle's negotiation, before its responses run.
+using CycleHook = std::function<void(const CycleResult& result)>;
+
+class BackgroundLoop {
+ public:
+  explicit BackgroundLoop(const LoopDeps& deps);
+  ~BackgroundLoop();
+
+  void Start();
+  // Any thread: asks every rank to stop after the next cycle; `reason` reaches them all.
+  void RequestShutdown(const std::string& reason);
+  // Blocks until the loop thread has exited.
+  void Join();
+  bool running() const { return running_.load(); }
+  void set_cycle_hook(CycleHook hook) { hook_ = std::move(hook); }
+  // The reason the loop stopped (empty while running).
+  std::string stop_reason() const;
+  void set_cycle_time_ms(double ms);
+  double cycle_time_ms() const;
+
+ private:
+  void Run();
+  void WaitBeforeCycle(bool progressed, bool engaged);
+  Status RunCycle(CycleResult* result, bool engaged);
+  void Stop(const Status& status);
+
+  LoopDeps d_;
+  CycleHook hook_;
+  std::thread thread_;
+  std::atomic<bool> running_{false};
+  std::atomic<bool> shutdown_requested_{false};
+  mutable std::mutex mu_;  // guards shutdown_reason_ and stop_reason_
+  std::string shutdown_reason_;
+  std::string stop_reason_;
+  std::atomic<int64_t> cycle_time_us_;
+  std::chrono::microseconds backoff_;
+};
+
+}  // namespace hvdl

@@ -1,0 +1,109 @@
+#include "core/context.h"
+
+#include <algorithm>
+
+#include "common/logging.h"
+
+namespace hvdl {
+
+Context::Context(const InitOptions& options) : handles_(options.handles) {}
+
+Status Context::Create(const InitOptions& options, std::unique_ptr<Context>* out) {
+  std::unique_ptr<Context> ctx(new Context(options));
+  HVDL_RETURN_IF_ERROR(ctx->Init(options));
+  *out = std::move(ctx);
+  return Status::Ok();
+}
+
+Status Context::Init(const InitOptions& options) {
+  HVDL_RETURN_IF_ERROR(ParseConfig(ProcessEnv(), &config_));
+  dynamic_sets_ = options.dynamic_process_sets < 0 ? config_.dynamic_process_sets
+                                                   : options.dynamic_process_sets != 0;
+  HVDL_RETURN_IF_ERROR(BuildCommRuntime(options.comm, config_, &comm_));
+  const Topology& t = comm_.topology;
+  ConfigureLogging(t.rank, t.size, config_.log_level, config_.log_hide_time);
+  sets_ = std::make_unique<ProcessSetTable>(t.size);
+  for (const std::vector<int>& ranks : options.process_sets) {
+    int id = sets_->NextId();
+    HVDL_RETURN_IF_ERROR(comm_.backends.AddProcessSet(id, ranks));
+    sets_->Add(id, ranks);
+  }
+  queue_ = std::make_unique<TensorQueue>();
+  fusion_ = std::make_unique<FusionBuffer>();
+  controller_ = std::make_unique<Controller>(comm_.control.get(), sets_.get(),
+                                             static_cast<size_t>(config_.cache_capacity));
+  ExecutorDeps deps;
+  deps.queue = queue_.get();
+  deps.sets = sets_.get();
+  deps.backends = &comm_.backends;
+  deps.fusion = fusion_.get();
+  deps.rank = t.rank;
+  executor_ = std::make_unique<Executor>(deps);
+  executor_->set_fusion_threshold(config_.fusion_threshold_bytes);
+  LoopDeps loop_deps;
+  loop_deps.queue = queue_.get();
+  loop_deps.controller = controller_.get();
+  loop_deps.executor = executor_.get();
+  loop_deps.config = &config_;
+  loop_ = std::make_unique<BackgroundLoop>(loop_deps);
+  loop_->set_cycle_hook([this](const CycleResult& r) { OnCycle(r); });
+  HVDL_LOG(Debug) << "initialized: " << t.size << " ranks, local " << t.local_rank << "/"
+                  << t.local_size << ", fusion threshold " << config_.fusion_threshold_bytes
+                  << " B, cycle time " << config_.cycle_time_ms << " ms, cache capacity "
+                  << config_.cache_capacity;
+  loop_->Start();
+  return Status::Ok();
+}
+
+Context::~Context() {
+  if (loop_) {
+    loop_->RequestShutdown("horovodlite runtime destroyed");
+    loop_->Join();
+  }
+}
+
+void Context::Shutdown(const std::string& reason) {
+  loop_->RequestShutdown(reason);
+  loop_->Join();
+}
+
+void Context::OnCycle(const CycleResult& result) {
+  for (const Response& r : result.responses) {
+    if (r.op == OpType::kProcessSetRemove && !r.is_error() && !r.sizes.empty()) {
+      controller_->ForgetProcessSet(static_cast<int>(r.sizes[0]));
+    }
+  }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.controller = controller_->stats();
+  stats_.cache_entries = controller_->cache().size();
+  stats_.fusion_buffer_bytes = fusion_->capacity();
+}
+
+Status Context::Submit(std::vector<TensorEntry> entries, std::vector<Request> requests,
+                       std::shared_ptr<void> payload, int* handle) {
+  const int h = handles_->Allocate(static_cast<int>(entries.size()), std::move(payload));
+  HandleTable* handles = handles_;
+  for (TensorEntry& e : entries) {
+    auto user_done = std::move(e.done);
+    e.done = [handles, h, user_done](const Status& s, const std::vector<int64_t>& extra) {
+      if (user_done) user_done(s, extra);
+      handles->MarkDone(h, s);
+    };
+  }
+  Status s = queue_->Add(std::move(entries), std::move(requests));
+  if (!s.ok()) {
+    handles_->Release(h);
+    return s;
+  }
+  *handle = h;
+  return Status::Ok();
+}
+
+std::string Context::stop_reason() const { return loop_ ? loop_->stop_reason() : ""; }
+
+RuntimeStats Context::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+}  // namespace hvdl

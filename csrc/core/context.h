@@ -1,0 +1,84 @@
+// Context: the one owned runtime object. It builds, in order, the configuration, the
+// communication runtime (control plane + data backends), the process-set table, the tensor queue,
+// the controller, the fusion buffer, the executor and the background loop, and destroys them in
+// reverse. shutdown() destroys the Context; init() builds a new one in the same process.
+//
+// The HandleTable is the one collaborator a Context does not own: handles issued before a
+// shutdown must still report "shut down before completion" when synchronized afterwards, so the
+// binding layer keeps the table for the life of the process and lends it to each Context.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/backend_registry.h"
+#include "common/config.h"
+#include "core/background_loop.h"
+#include "core/controller.h"
+#include "core/executor.h"
+#include "core/fusion.h"
+#include "core/handle_table.h"
+#include "core/process_set.h"
+#include "core/tensor_queue.h"
+
+namespace hvdl {
+
+struct InitOptions {
+  CommOptions comm;
+  std::vector<std::vector<int>> process_sets;  // static sets; they get ids 1, 2, ... in order
+  int dynamic_process_sets = -1;               // -1: HOROVOD_DYNAMIC_PROCESS_SETS decides
+  HandleTable* handles = nullptr;              // required
+};
+
+struct RuntimeStats {
+  ControllerStats controller;
+  size_t cache_entries = 0;
+  size_t fusion_buffer_bytes = 0;
+};
+
+class Context {
+ public:
+  // Main thread; collective over the job.
+  static Status Create(const InitOptions& options, std::unique_ptr<Context>* out);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  // Asks every rank to stop and waits for this rank's loop to exit. Pending ops fail with
+  // `reason`. Main thread (the binding releases the GIL around it).
+  void Shutdown(const std::string& reason);
+
+  // Submits entries as one handle (a grouped op submits several). Any thread.
+  Status Submit(std::vector<TensorEntry> entries, std::vector<Request> requests,
+                std::shared_ptr<void> payload, int* handle);
+
+  const Topology& topology() const { return comm_.topology; }
+  const Config& config() const { return config_; }
+  ProcessSetTable& process_sets() { return *sets_; }
+  bool dynamic_process_sets() const { return dynamic_sets_; }
+  // Empty while the loop runs; otherwise why it stopped.
+  std::string stop_reason() const;
+  RuntimeStats stats() const;
+
+ private:
+  explicit Context(const InitOptions& options);
+  Status Init(const InitOptions& options);
+  void OnCycle(const CycleResult& result);
+
+  Config config_;
+  CommRuntime comm_;
+  HandleTable* handles_;
+  bool dynamic_sets_ = false;
+  std::unique_ptr<ProcessSetTable> sets_;
+  std::unique_ptr<TensorQueue> queue_;
+  std::unique_ptr<FusionBuffer> fusion_;
+  std::unique_ptr<Controller> controller_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<BackgroundLoop> loop_;
+  mutable std::mutex stats_mu_;
+  RuntimeStats stats_;
+};
+
+}  // namespace hvdl

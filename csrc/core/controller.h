@@ -1,0 +1,117 @@
+// Controller: one negotiation cycle, identical on every rank.
+//
+// Protocol of a cycle (all ranks, in lock step):
+//   1. StartCycle: classify this rank's new requests against the response cache and post one
+//      bitwise-OR allreduce of [flags | invalid bits | not-ready bits]. Non-blocking.
+//   2. TestCycle until done (the background loop decides how often to test).
+//   3. FinishCycle:
+//      a. erase cache entries any rank invalidated;
+//      b. cached names whose not-ready bit is clear everywhere are ready: their responses come
+//         from the cache, in slot order (no gather, no broadcast);
+//      c. if any rank flagged uncached requests, gather every rank's request list to rank 0, which
+//         merges them by name (MessageTable), validates complete names and broadcasts the ordered
+//         response list;
+//      d. update the cache in list order, so slots stay identical on every rank.
+//   The agreed list is (b) then (c); every rank executes it in that order.
+// While any rank has joined (hvd.join) the cache fast path is suspended: joined ranks hold no
+// requests to set bits for, so every name goes through the coordinator, which knows who joined.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "comm/control_plane.h"
+#include "core/message.h"
+#include "core/message_table.h"
+#include "core/process_set.h"
+#include "core/response_cache.h"
+
+namespace hvdl {
+
+enum CycleFlag : uint64_t {
+  kFlagUncached = 1u << 0,  // some rank needs full negotiation this cycle
+  kFlagShutdown = 1u << 1,  // some rank asks the job to stop
+  kFlagPending = 1u << 2,   // some rank waits for a response: everyone keeps polling quickly
+  kFlagJoined = 1u << 3,    // some rank has joined: cache fast path suspended
+};
+
+struct CycleResult {
+  std::vector<Response> responses;  // agreed order
+  bool shutdown = false;
+  std::string shutdown_reason;
+  bool anyone_pending = false;
+  bool negotiated = false;  // the slow path ran
+  int cache_hits = 0;       // responses served from the cache this cycle
+  bool this_rank_joined = false;  // this rank had joined when the cycle's responses were agreed
+};
+
+struct ControllerStats {
+  uint64_t cycles = 0;
+  uint64_t negotiations = 0;  // cycles that ran the gather/broadcast slow path
+  uint64_t cache_hits = 0;    // responses agreed through the bit vector
+  uint64_t invalidations = 0;
+  uint64_t responses = 0;
+};
+
+// Coordinator-side hook run after merging requests each slow-path cycle (stall inspection).
+using CoordinatorHook = std::function<void(MessageTable& table, ResponseList* list)>;
+
+class Controller {
+ public:
+  Controller(ControlPlane* cp, ProcessSetTable* sets, size_t cache_capacity);
+
+  // Adds this rank's new requests (background thread). Their rank field is filled in here.
+  void Submit(std::vector<Request> requests);
+  // Asks every rank to stop at the end of the next cycle; `reason` reaches every rank.
+  void RequestShutdown(const std::string& reason);
+  void set_coordinator_hook(CoordinatorHook hook) { hook_ = std::move(hook); }
+
+  Status StartCycle();
+  Status TestCycle(bool* done);
+  Status FinishCycle(CycleResult* out);
+
+  // Requests of this rank still waiting for a response.
+  size_t num_pending() const;
+  // Names of this rank's pending requests (stall reports, shutdown errors).
+  std::vector<std::string> PendingNames() const;
+  const ControllerStats& stats() const { return stats_; }
+  const ResponseCache& cache() const { return cache_; }
+  // Forgets cache entries of a removed process set (called in agreed order on every rank).
+  void ForgetProcessSet(int id);
+
+ private:
+  void Classify(Request request);
+  void BuildBits();
+  void ApplyInvalidations(size_t words);
+  void CollectCachedReady(size_t words, CycleResult* out);
+  Status Negotiate(CycleResult* out);
+  ResponseList Coordinate(const std::vector<std::string>& gathered);
+  void UpdateCache(const std::vector<Response>& negotiated);
+  void Requeue(uint32_t slot);
+
+  ControlPlane* cp_;
+  ProcessSetTable* sets_;
+  ResponseCache cache_;
+  MessageTable table_;  // used on rank 0 only
+  CoordinatorHook hook_;
+
+  std::vector<Request> unsent_;                   // waiting for the next slow path
+  std::map<uint32_t, Request> cached_pending_;     // announced through a cache bit
+  std::unordered_map<std::string, Request> sent_;  // sent to the coordinator, awaiting response
+  std::set<uint32_t> invalid_;                     // slots this rank invalidates this cycle
+  bool shutdown_requested_ = false;
+  std::string shutdown_reason_;
+  bool joined_ = false;        // this rank has a join pending
+  bool cache_suspended_ = false;
+  std::vector<uint64_t> words_;
+  size_t slots_in_cycle_ = 0;  // cache slots covered by the posted bit vector
+  ControllerStats stats_;
+};
+
+}  // namespace hvdl

@@ -1,0 +1,400 @@
+#include "core/executor.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "comm/reduce_kernels.h"
+#include "common/logging.h"
+
+namespace hvdl {
+namespace {
+
+int64_t Trailing(const Shape& shape) {
+  int64_t e = 1;
+  for (size_t i = 1; i < shape.size(); ++i) e *= shape[i];
+  return e;
+}
+
+char* At(void* base, int64_t elems, size_t esize) {
+  return static_cast<char*>(base) + elems * static_cast<int64_t>(esize);
+}
+const char* At(const void* base, int64_t elems, size_t esize) {
+  return static_cast<const char*>(base) + elems * static_cast<int64_t>(esize);
+}
+
+// Rows of a dim-0 split of `rows` across `n` members: the first rows % n get one extra.
+int64_t RowsOf(int64_t rows, int n, int m) { return rows / n + (m < rows % n ? 1 : 0); }
+
+// Where each piece of each fused allreduce tensor goes in the buffer. With nchunks > 1 the buffer
+// is chunk-major (chunk c holds every tensor's c-th piece), so an element's ring chunk - and hence
+// its reduction order - does not depend on what it was fused with.
+struct Piece {
+  size_t item;
+  int64_t src;  // element offset in the tensor
+  int64_t dst;  // element offset in the buffer
+  int64_t count;
+};
+
+std::vector<Piece> AllreduceLayout(const std::vector<int64_t>& counts, int nchunks,
+                                   std::vector<int64_t>* chunks) {
+  std::vector<std::vector<int64_t>> per;
+  chunks->assign(static_cast<size_t>(nchunks), 0);
+  for (int64_t c : counts) {
+    per.push_back(nchunks == 1 ? std::vector<int64_t>{c} : std::vector<int64_t>());
+    if (nchunks > 1) {
+      per.back().assign(static_cast<size_t>(nchunks), c / nchunks);
+      for (int64_t k = 0; k < c % nchunks; ++k) ++per.back()[static_cast<size_t>(k)];
+    }
+    for (int k = 0; k < nchunks; ++k) (*chunks)[static_cast<size_t>(k)] += per.back()[static_cast<size_t>(k)];
+  }
+  std::vector<Piece> pieces;
+  std::vector<int64_t> src(counts.size(), 0);
+  int64_t dst = 0;
+  for (int k = 0; k < nchunks; ++k) {
+    for (size_t i = 0; i < counts.size(); ++i) {
+      int64_t n = per[i][static_cast<size_t>(k)];
+      if (n > 0) pieces.push_back(Piece{i, src[i], dst, n});
+      src[i] += n;
+      dst += n;
+    }
+  }
+  return pieces;
+}
+
+}  // namespace
+
+Executor::Executor(const ExecutorDeps& deps) : d_(deps) {}
+
+int64_t Executor::PayloadBytes(const Response& r) const {
+  const int64_t esize = static_cast<int64_t>(DataTypeSize(r.dtype));
+  switch (r.op) {
+    case OpType::kAllreduce:
+    case OpType::kBroadcast:
+    case OpType::kReducescatter:
+      return NumElements(r.shape) * esize;
+    case OpType::kAllgather: {
+      int64_t rows = 0;
+      for (int64_t s : r.sizes) rows += s;
+      return rows * Trailing(r.shape) * esize;
+    }
+    default:
+      return 0;
+  }
+}
+
+int Executor::Run(const std::vector<Response>& responses, bool joined) {
+  Items items;
+  std::vector<const Response*> mine;
+  std::vector<int64_t> bytes;
+  for (const Response& r : responses) {
+    bool everyone = r.op == OpType::kProcessSetAdd || r.op == OpType::kProcessSetRemove ||
+                    r.op == OpType::kJoin;
+    if (!everyone && d_.sets->RankIn(r.process_set, d_.rank) < 0) continue;
+    Item it;
+    it.response = &r;
+    it.has_entry = d_.queue->Take(r.name, &it.entry);
+    bool zeros = !it.has_entry && joined && r.op == OpType::kAllreduce && !r.is_error();
+    if (!it.has_entry && !zeros) continue;  // e.g. an error about a collective this rank skipped
+    mine.push_back(&r);
+    bytes.push_back(PayloadBytes(r));
+    items.push_back(std::move(it));
+  }
+  for (const Batch& batch : PlanBatches(mine, threshold_, bytes)) {
+    Items group;
+    for (size_t i : batch.members) group.push_back(std::move(items[i]));
+    last_batch_bytes_ = batch.bytes;
+    RunBatch(group);
+  }
+  return static_cast<int>(mine.size());
+}
+
+void Executor::RunBatch(Items& items) {
+  const Response& r = *items.front().response;
+  if (r.is_error()) return Finish(items, Status(r.error_code, r.error), {});
+  std::vector<int64_t> extra;
+  Status s;
+  auto start = std::chrono::steady_clock::now();
+  switch (r.op) {
+    case OpType::kBarrier:
+      break;
+    case OpType::kJoin:
+      extra = r.sizes;
+      break;
+    case OpType::kProcessSetAdd:
+    case OpType::kProcessSetRemove:
+      s = RunProcessSet(items.front(), &extra);
+      break;
+    default: {
+      DataBackend* be = nullptr;
+      s = d_.backends->Select(r.op, r.dtype, r.device, &be);
+      if (!s.ok()) break;
+      if (r.op == OpType::kAllreduce) s = RunAllreduce(items, be);
+      else if (r.op == OpType::kAllgather) s = RunAllgather(items, be);
+      else if (r.op == OpType::kReducescatter) s = RunReducescatter(items, be);
+      else if (r.op == OpType::kBroadcast) s = RunBroadcast(items.front(), be);
+      else if (r.op == OpType::kAlltoall) s = RunAlltoall(items.front(), be, &extra);
+      if (observer_ != nullptr && s.ok()) {
+        int64_t total = 0;
+        for (const Item& it : items) total += PayloadBytes(*it.response);
+        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        observer_->CollectiveDone(r.op, total, d_.sets->Size(r.process_set), secs);
+      }
+    }
+  }
+  Finish(items, s, extra);
+}
+
+void Executor::Finish(Items& items, const Status& status, const std::vector<int64_t>& extra) {
+  for (Item& it : items) {
+    if (!it.has_entry) continue;
+    Status s = status;
+    if (!s.ok() && !it.response->is_error()) {
+      s = Status(s.code(), std::string(OpTypeName(it.response->op)) + " '" + it.response->name +
+                               "': " + s.message());
+    }
+    it.entry.done(s, extra);
+  }
+}
+
+void Executor::Phase(const Items& items, const char* activity) {
+  if (observer_ == nullptr) return;
+  std::vector<std::string> names;
+  for (const Item& it : items) names.push_back(it.response->name);
+  observer_->ActivityStart(names, activity);
+}
+
+void Executor::EndPhase(const Items& items) {
+  if (observer_ == nullptr) return;
+  std::vector<std::string> names;
+  for (const Item& it : items) names.push_back(it.response->name);
+  observer_->ActivityEnd(names);
+}
+
+Status Executor::RunAllreduce(Items& items, DataBackend* be) {
+  const Response& r = *items.front().response;
+  const int n = d_.sets->Size(r.process_set);
+  AllreduceArgs a;
+  a.dtype = r.dtype;
+  a.ps = r.process_set;
+  a.op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
+  a.postscale = r.postscale * (r.reduce_op == ReduceOp::kAverage ? 1.0 / n : 1.0);
+  const size_t esize = DataTypeSize(r.dtype);
+  std::vector<int64_t> counts;
+  for (const Item& it : items) counts.push_back(NumElements(it.response->shape));
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  const bool ring = be->UsesRing(total * static_cast<int64_t>(esize), a.dtype, a.op, a.ps);
+  const char* algo = ring ? "RING_ALLREDUCE" : "MPI_ALLREDUCE";
+
+  if (items.size() == 1 && items.front().has_entry) {  // alone: in place on the output
+    TensorEntry& e = items.front().entry;
+    ScaleCopy(e.output.data, e.input.data, total, r.dtype, r.prescale);
+    a.buf = e.output.data;
+    a.count = total;
+    Phase(items, algo);
+    Status s = be->Allreduce(a);
+    EndPhase(items);
+    return s;
+  }
+  void* buf = d_.fusion->Reserve(static_cast<size_t>(total) * esize);
+  if (buf == nullptr) {
+    return Status::Internal("out of memory allocating a " + std::to_string(total * esize) +
+                            "-byte fusion buffer; lower HOROVOD_FUSION_THRESHOLD");
+  }
+  std::vector<Piece> pieces = AllreduceLayout(counts, ring ? n : 1, &a.chunks);
+  if (!ring) a.chunks.clear();
+  Phase(items, "MEMCPY_IN_FUSION_BUFFER");
+  for (const Piece& p : pieces) {
+    const Item& it = items[p.item];
+    if (it.has_entry) {
+      ScaleCopy(At(buf, p.dst, esize), At(it.entry.input.data, p.src, esize), p.count, r.dtype,
+                r.prescale);
+    } else {
+      std::memset(At(buf, p.dst, esize), 0, static_cast<size_t>(p.count) * esize);  // joined
+    }
+  }
+  EndPhase(items);
+  a.buf = buf;
+  a.count = total;
+  Phase(items, algo);
+  Status s = be->Allreduce(a);
+  EndPhase(items);
+  if (!s.ok()) return s;
+  Phase(items, "MEMCPY_OUT_FUSION_BUFFER");
+  for (const Piece& p : pieces) {
+    const Item& it = items[p.item];
+    if (it.has_entry) {
+      std::memcpy(At(it.entry.output.data, p.src, esize), At(buf, p.dst, esize),
+                  static_cast<size_t>(p.count) * esize);
+    }
+  }
+  EndPhase(items);
+  return Status::Ok();
+}
+
+Status Executor::RunAllgather(Items& items, DataBackend* be) {
+  const Response& r0 = *items.front().response;
+  const int n = d_.sets->Size(r0.process_set);
+  const int me = d_.sets->RankIn(r0.process_set, d_.rank);
+  const size_t esize = DataTypeSize(r0.dtype);
+  std::vector<int64_t> counts(static_cast<size_t>(n), 0);
+  for (Item& it : items) {
+    const Response& r = *it.response;
+    Shape out_shape = r.shape.empty() ? Shape{0} : r.shape;
+    out_shape[0] = 0;
+    for (int m = 0; m < n; ++m) {
+      out_shape[0] += r.sizes[static_cast<size_t>(m)];
+      counts[static_cast<size_t>(m)] += r.sizes[static_cast<size_t>(m)] * Trailing(r.shape);
+    }
+    HVDL_RETURN_IF_ERROR(it.entry.allocate(out_shape, &it.entry.output));
+  }
+  if (items.size() == 1) {
+    Phase(items, "MPI_ALLGATHER");
+    Status s = be->Allgatherv(items[0].entry.input.data, items[0].entry.output.data, counts,
+                              r0.dtype, r0.process_set);
+    EndPhase(items);
+    return s;
+  }
+  std::vector<int64_t> displ(static_cast<size_t>(n), 0);
+  for (int m = 1; m < n; ++m) displ[static_cast<size_t>(m)] = displ[static_cast<size_t>(m - 1)] + counts[static_cast<size_t>(m - 1)];
+  int64_t total = displ.back() + counts.back();
+  void* buf = d_.fusion->Reserve(static_cast<size_t>(total) * esize);
+  if (buf == nullptr) return Status::Internal("out of memory allocating the fusion buffer");
+  // Member-major buffer: member m's block holds its rows of every tensor, tensor by tensor.
+  Phase(items, "MEMCPY_IN_FUSION_BUFFER");
+  int64_t off = displ[static_cast<size_t>(me)];
+  for (Item& it : items) {
+    int64_t c = it.response->sizes[static_cast<size_t>(me)] * Trailing(it.response->shape);
+    std::memcpy(At(buf, off, esize), it.entry.input.data, static_cast<size_t>(c) * esize);
+    off += c;
+  }
+  EndPhase(items);
+  Phase(items, "MPI_ALLGATHER");
+  Status s = be->Allgatherv(nullptr, buf, counts, r0.dtype, r0.process_set);
+  EndPhase(items);
+  if (!s.ok()) return s;
+  Phase(items, "MEMCPY_OUT_FUSION_BUFFER");
+  std::vector<int64_t> written(items.size(), 0);
+  for (int m = 0; m < n; ++m) {
+    int64_t src = displ[static_cast<size_t>(m)];
+    for (size_t i = 0; i < items.size(); ++i) {
+      const Response& r = *items[i].response;
+      int64_t c = r.sizes[static_cast<size_t>(m)] * Trailing(r.shape);
+      std::memcpy(At(items[i].entry.output.data, written[i], esize), At(buf, src, esize),
+                  static_cast<size_t>(c) * esize);
+      written[i] += c;
+      src += c;
+    }
+  }
+  EndPhase(items);
+  return Status::Ok();
+}
+
+Status Executor::RunReducescatter(Items& items, DataBackend* be) {
+  const Response& r0 = *items.front().response;
+  const int n = d_.sets->Size(r0.process_set);
+  const int me = d_.sets->RankIn(r0.process_set, d_.rank);
+  const size_t esize = DataTypeSize(r0.dtype);
+  const ReduceOp op = r0.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r0.reduce_op;
+  const double post = r0.postscale * (r0.reduce_op == ReduceOp::kAverage ? 1.0 / n : 1.0);
+  std::vector<int64_t> counts(static_cast<size_t>(n), 0);
+  for (Item& it : items) {
+    const Response& r = *it.response;
+    Shape out_shape = r.shape;
+    out_shape[0] = RowsOf(r.shape[0], n, me);
+    for (int m = 0; m < n; ++m) counts[static_cast<size_t>(m)] += RowsOf(r.shape[0], n, m) * Trailing(r.shape);
+    HVDL_RETURN_IF_ERROR(it.entry.allocate(out_shape, &it.entry.output));
+  }
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  const int64_t mine = counts[static_cast<size_t>(me)];
+  void* buf = d_.fusion->Reserve(static_cast<size_t>(total + mine) * esize);
+  if (buf == nullptr) return Status::Internal("out of memory allocating the fusion buffer");
+  // Member-major send buffer: block m holds member m's rows of every tensor, prescaled.
+  Phase(items, "MEMCPY_IN_FUSION_BUFFER");
+  int64_t dst = 0;
+  for (int m = 0; m < n; ++m) {
+    for (Item& it : items) {
+      const Response& r = *it.response;
+      int64_t row0 = 0;
+      for (int k = 0; k < m; ++k) row0 += RowsOf(r.shape[0], n, k);
+      int64_t c = RowsOf(r.shape[0], n, m) * Trailing(r.shape);
+      ScaleCopy(At(buf, dst, esize), At(it.entry.input.data, row0 * Trailing(r.shape), esize), c,
+                r.dtype, r.prescale);
+      dst += c;
+    }
+  }
+  EndPhase(items);
+  void* recv = At(buf, total, esize);
+  Phase(items, "MPI_REDUCESCATTER");
+  Status s = be->ReduceScatter(buf, recv, counts, r0.dtype, op, r0.process_set);
+  EndPhase(items);
+  if (!s.ok()) return s;
+  Phase(items, "MEMCPY_OUT_FUSION_BUFFER");
+  int64_t src = 0;
+  for (Item& it : items) {
+    int64_t c = NumElements(it.entry.output.shape);
+    ScaleCopy(it.entry.output.data, At(recv, src, esize), c, r0.dtype, post);
+    src += c;
+  }
+  EndPhase(items);
+  return Status::Ok();
+}
+
+Status Executor::RunBroadcast(Item& item, DataBackend* be) {
+  const Response& r = *item.response;
+  const int root = d_.sets->RankIn(r.process_set, r.root);
+  TensorEntry& e = item.entry;
+  const int64_t count = NumElements(r.shape);
+  if (d_.rank == r.root && e.output.data != e.input.data) {
+    std::memcpy(e.output.data, e.input.data, static_cast<size_t>(count) * DataTypeSize(r.dtype));
+  }
+  if (observer_ != nullptr) observer_->ActivityStart({r.name}, "MPI_BROADCAST");
+  Status s = be->Broadcast(e.output.data, count, r.dtype, root, r.process_set);
+  if (observer_ != nullptr) observer_->ActivityEnd({r.name});
+  return s;
+}
+
+Status Executor::RunAlltoall(Item& item, DataBackend* be, std::vector<int64_t>* received) {
+  const Response& r = *item.response;
+  const int n = d_.sets->Size(r.process_set);
+  const int me = d_.sets->RankIn(r.process_set, d_.rank);
+  const int64_t e = Trailing(r.shape);
+  std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
+  received->assign(static_cast<size_t>(n), 0);
+  Shape out_shape = r.shape.empty() ? Shape{0} : r.shape;
+  out_shape[0] = 0;
+  for (int m = 0; m < n; ++m) {
+    int64_t to_m = r.sizes[static_cast<size_t>(me * n + m)];
+    int64_t from_m = r.sizes[static_cast<size_t>(m * n + me)];
+    send[static_cast<size_t>(m)] = to_m * e;
+    recv[static_cast<size_t>(m)] = from_m * e;
+    (*received)[static_cast<size_t>(m)] = from_m;
+    out_shape[0] += from_m;
+  }
+  HVDL_RETURN_IF_ERROR(item.entry.allocate(out_shape, &item.entry.output));
+  if (observer_ != nullptr) observer_->ActivityStart({r.name}, "MPI_ALLTOALL");
+  Status s = be->Alltoallv(item.entry.input.data, send, item.entry.output.data, recv, r.dtype,
+                           r.process_set);
+  if (observer_ != nullptr) observer_->ActivityEnd({r.name});
+  return s;
+}
+
+Status Executor::RunProcessSet(Item& item, std::vector<int64_t>* extra) {
+  const Response& r = *item.response;
+  if (r.op == OpType::kProcessSetAdd) {
+    std::vector<int> ranks(r.sizes.begin(), r.sizes.end());
+    int id = d_.sets->NextId();
+    HVDL_RETURN_IF_ERROR(d_.backends->AddProcessSet(id, ranks));
+    d_.sets->Add(id, ranks);
+    *extra = {id};
+    return Status::Ok();
+  }
+  int id = r.sizes.empty() ? -1 : static_cast<int>(r.sizes[0]);
+  HVDL_RETURN_IF_ERROR(d_.backends->RemoveProcessSet(id));
+  d_.sets->Remove(id);
+  *extra = {id};
+  return Status::Ok();
+}
+
+}  // namespace hvdl

@@ -1,0 +1,81 @@
+// Executor: runs one cycle's agreed responses on the data backends, in the agreed order.
+//
+// Background thread only. For each response it takes this rank's entry back from the TensorQueue
+// (a rank outside the response's process set skips it; a joined rank contributes zeros to
+// allreduces), plans fusion (core/fusion), packs, runs the collective, unpacks, applies scale
+// factors and finally calls every entry's `done` exactly once, with the error (prefixed with the
+// op and tensor name) if the collective failed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/backend_registry.h"
+#include "core/fusion.h"
+#include "core/message.h"
+#include "core/process_set.h"
+#include "core/tensor_queue.h"
+
+namespace hvdl {
+
+// Observes the phases of execution (timeline, performance summary). Background thread.
+class ExecutionObserver {
+ public:
+  virtual ~ExecutionObserver() = default;
+  // `activity` is e.g. "MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE"; names are the tensors involved.
+  virtual void ActivityStart(const std::vector<std::string>& names, const char* activity) = 0;
+  virtual void ActivityEnd(const std::vector<std::string>& names) = 0;
+  // One collective finished: `bytes` of payload moved for `names` in `seconds`.
+  virtual void CollectiveDone(OpType op, int64_t bytes, int set_size, double seconds) = 0;
+};
+
+struct ExecutorDeps {
+  TensorQueue* queue = nullptr;
+  ProcessSetTable* sets = nullptr;
+  BackendRegistry* backends = nullptr;
+  FusionBuffer* fusion = nullptr;
+  int rank = 0;
+};
+
+class Executor {
+ public:
+  explicit Executor(const ExecutorDeps& deps);
+  void set_fusion_threshold(int64_t bytes) { threshold_ = bytes; }
+  int64_t fusion_threshold() const { return threshold_; }
+  void set_observer(ExecutionObserver* observer) { observer_ = observer; }
+
+  // Runs `responses` (identical on every rank). `joined`: this rank has called join().
+  // Returns the number of responses that involved this rank.
+  int Run(const std::vector<Response>& responses, bool joined);
+  // The last fused batch's bytes and the buffer capacity (performance summary).
+  int64_t last_batch_bytes() const { return last_batch_bytes_; }
+
+ private:
+  struct Item {
+    const Response* response;
+    TensorEntry entry;
+    bool has_entry = false;
+  };
+  using Items = std::vector<Item>;
+
+  void RunBatch(Items& items);
+  Status RunAllreduce(Items& items, DataBackend* be);
+  Status RunAllgather(Items& items, DataBackend* be);
+  Status RunReducescatter(Items& items, DataBackend* be);
+  Status RunBroadcast(Item& item, DataBackend* be);
+  Status RunAlltoall(Item& item, DataBackend* be, std::vector<int64_t>* received);
+  Status RunProcessSet(Item& item, std::vector<int64_t>* extra);
+  int64_t PayloadBytes(const Response& r) const;
+  void Phase(const Items& items, const char* activity);
+  void EndPhase(const Items& items);
+  void Finish(Items& items, const Status& status, const std::vector<int64_t>& extra);
+
+  ExecutorDeps d_;
+  int64_t threshold_ = 0;
+  ExecutionObserver* observer_ = nullptr;
+  int64_t last_batch_bytes_ = 0;
+};
+
+}  // namespace hvdl

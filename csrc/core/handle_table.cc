@@ -1,0 +1,65 @@
+#include "core/handle_table.h"
+
+#include <string>
+
+namespace hvdl {
+
+int HandleTable::Allocate(int num_entries, std::shared_ptr<void> payload) {
+  auto state = std::make_shared<State>();
+  state->remaining = num_entries;
+  state->payload = std::move(payload);
+  std::lock_guard<std::mutex> lock(mu_);
+  int handle = next_++;
+  states_[handle] = std::move(state);
+  return handle;
+}
+
+void HandleTable::MarkDone(int handle, const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = states_.find(handle);
+    if (it == states_.end()) return;
+    State& s = *it->second;
+    if (!status.ok() && s.status.ok()) s.status = status;
+    --s.remaining;
+  }
+  cv_.notify_all();
+}
+
+Status HandleTable::Unknown(int handle) const {
+  return Status::InvalidArgument("handle " + std::to_string(handle) +
+                                 " is unknown or was already synchronized; every handle from "
+                                 "an *_async call is synchronized exactly once.");
+}
+
+Status HandleTable::Poll(int handle, bool* done) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = states_.find(handle);
+  if (it == states_.end()) return Unknown(handle);
+  *done = it->second->remaining <= 0;
+  return Status::Ok();
+}
+
+Status HandleTable::Wait(int handle, Status* op_status, std::shared_ptr<void>* payload) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = states_.find(handle);
+  if (it == states_.end()) return Unknown(handle);
+  std::shared_ptr<State> state = it->second;
+  cv_.wait(lock, [&] { return state->remaining <= 0; });
+  states_.erase(handle);
+  *op_status = state->status;
+  *payload = std::move(state->payload);
+  return Status::Ok();
+}
+
+void HandleTable::Release(int handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  states_.erase(handle);
+}
+
+size_t HandleTable::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return states_.size();
+}
+
+}  // namespace hvdl

@@ -1,0 +1,46 @@
+// HandleTable: the int handles Python sees for asynchronous operations.
+//
+// A handle covers one or more entries (a grouped op). The background thread reports each entry's
+// completion with MarkDone; user threads Poll (non-blocking) or Wait (blocking; the binding
+// releases the GIL around it). Wait consumes the handle: a second Wait or Poll on it, or on a
+// handle never issued, returns kInvalidArgument. The payload is the adapter's per-handle state
+// (its tensors), handed back by Wait so the adapter can return outputs. Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "common/status.h"
+
+namespace hvdl {
+
+class HandleTable {
+ public:
+  int Allocate(int num_entries, std::shared_ptr<void> payload);
+  // Records the completion of one entry of `handle`; the first error wins.
+  void MarkDone(int handle, const Status& status);
+  Status Poll(int handle, bool* done);
+  // Blocks until every entry of `handle` completed; returns the op's status in `op_status` and the
+  // adapter payload, and forgets the handle.
+  Status Wait(int handle, Status* op_status, std::shared_ptr<void>* payload);
+  // Forgets a handle without waiting (the payload stays alive until its entries complete).
+  void Release(int handle);
+  size_t size() const;
+
+ private:
+  struct State {
+    int remaining = 0;
+    Status status;
+    std::shared_ptr<void> payload;
+  };
+  Status Unknown(int handle) const;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<int, std::shared_ptr<State>> states_;
+  int next_ = 1;
+};
+
+}  // namespace hvdl

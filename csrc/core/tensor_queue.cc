@@ -1,0 +1,94 @@
+#include "core/tensor_queue.h"
+
+namespace hvdl {
+
+Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> requests) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return closed_status_;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const std::string& name = entries[i].name;
+      bool repeated = entries_.count(name) != 0;
+      for (size_t j = 0; j < i && !repeated; ++j) repeated = entries[j].name == name;
+      if (repeated) {
+        return Status::InvalidArgument(
+            std::string(OpTypeName(entries[i].op)) + " '" + name +
+            "': a collective with this name is still pending on this rank; synchronize() it "
+            "before reusing the name, or pass a different name.");
+      }
+    }
+    auto now = std::chrono::steady_clock::now();
+    for (TensorEntry& e : entries) {
+      e.enqueued = now;
+      std::string name = e.name;
+      entries_.emplace(std::move(name), std::move(e));
+    }
+    for (Request& r : requests) new_requests_.push_back(std::move(r));
+    arrivals_ += requests.size();
+  }
+  cv_.notify_one();
+  return Status::Ok();
+}
+
+std::vector<Request> TensorQueue::PopRequests() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Request> out;
+  out.swap(new_requests_);
+  return out;
+}
+
+bool TensorQueue::Take(const std::string& name, TensorEntry* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return false;
+  *out = std::move(it->second);
+  entries_.erase(it);
+  return true;
+}
+
+void TensorQueue::Close(const Status& status) {
+  std::unordered_map<std::string, TensorEntry> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    closed_status_ = status;
+    failed.swap(entries_);
+    new_requests_.clear();
+  }
+  for (auto& kv : failed) {
+    Status s(status.code(), std::string(OpTypeName(kv.second.op)) + " '" + kv.first +
+                                "' did not complete: " + status.message());
+    kv.second.done(s, {});
+  }
+}
+
+void TensorQueue::WaitForRequests(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_until(lock, deadline, [&] { return !new_requests_.empty() || woken_; });
+  woken_ = false;
+}
+
+void TensorQueue::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_one();
+}
+
+bool TensorQueue::HasNew() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !new_requests_.empty();
+}
+
+uint64_t TensorQueue::arrivals() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return arrivals_;
+}
+
+size_t TensorQueue::num_pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
+}  // namespace hvdl

@@ -1,0 +1,68 @@
+// TensorQueue: where user threads hand work to the background thread, keyed by name.
+//
+// User threads call Add (never blocks on communication). The background thread drains new
+// requests with PopRequests, later takes an entry back by name once its response is agreed, and
+// runs the entry's callback. A name can be pending only once per rank: a second Add under a
+// pending name fails with kInvalidArgument and enqueues nothing. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tensor_ref.h"
+#include "core/message.h"
+
+namespace hvdl {
+
+struct TensorEntry {
+  std::string name;
+  OpType op = OpType::kAllreduce;
+  TensorRef input;
+  TensorRef output;  // allgather/alltoall/reducescatter: filled by `allocate` once sizes are known
+  int process_set = 0;
+  // Allocates the output for `shape` (background thread). Set for ops whose output size is known
+  // only after negotiation.
+  std::function<Status(const Shape& shape, TensorRef* out)> allocate;
+  // Runs exactly once on the background thread. `extra` carries op-specific results: alltoall's
+  // received splits, join's last rank.
+  std::function<void(const Status& status, const std::vector<int64_t>& extra)> done;
+  std::chrono::steady_clock::time_point enqueued;
+};
+
+class TensorQueue {
+ public:
+  // Adds entries and their requests atomically (a grouped op adds several).
+  Status Add(std::vector<TensorEntry> entries, std::vector<Request> requests);
+  // Moves out every request added since the last call. Background thread.
+  std::vector<Request> PopRequests();
+  // Removes and returns the entry for `name`; false if there is none.
+  bool Take(const std::string& name, TensorEntry* out);
+  // Fails every pending entry with `status` and refuses further Adds with it.
+  void Close(const Status& status);
+  // Blocks until new requests arrive, Wake() is called, or `deadline` passes.
+  void WaitForRequests(std::chrono::steady_clock::time_point deadline);
+  void Wake();
+  bool HasNew() const;
+  // Monotonic count of requests ever added (batching detects quiet gaps with it).
+  uint64_t arrivals() const;
+  size_t num_pending() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<std::string, TensorEntry> entries_;
+  std::vector<Request> new_requests_;
+  uint64_t arrivals_ = 0;
+  bool woken_ = false;
+  bool closed_ = false;
+  Status closed_status_;
+};
+
+}  // namespace hvdl

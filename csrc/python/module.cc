@@ -1,0 +1,119 @@
+// The horovodlite._C module: a flat, type-erased set of functions (DESIGN.md seam 1). Blocking
+// calls release the GIL; C++ error kinds map to Python exception classes (python/runtime.h). The
+// per-operation tensor bindings live in csrc/torch (the only code that includes torch).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "comm/backend_registry.h"
+#include "python/runtime.h"
+#include "torch/bindings.h"
+
+namespace py = pybind11;
+
+namespace hvdl {
+namespace {
+
+void Init(std::optional<int> comm_f2c, std::vector<int> ranks,
+          std::vector<std::vector<int>> process_sets, int dynamic) {
+  Runtime& rt = Runtime::Get();
+  py::gil_scoped_release nogil;  // before the lock: never hold the GIL while waiting for it
+  std::lock_guard<std::mutex> lock(rt.lifecycle_mutex());
+  if (rt.context() != nullptr) return;  // a second init is a no-op
+  InitOptions options;
+  options.comm.has_comm = comm_f2c.has_value();
+  options.comm.comm_f2c = comm_f2c.value_or(0);
+  options.comm.ranks = std::move(ranks);
+  options.process_sets = std::move(process_sets);
+  options.dynamic_process_sets = dynamic;
+  options.handles = &rt.handles();
+  std::unique_ptr<Context> ctx;
+  Status s = Context::Create(options, &ctx);
+  if (!s.ok()) {
+    py::gil_scoped_acquire gil;
+    ThrowIfError(s);
+  }
+  rt.set_context(std::move(ctx));
+}
+
+void Shutdown(const std::string& reason) {
+  Runtime& rt = Runtime::Get();
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(rt.lifecycle_mutex());
+  std::unique_ptr<Context> ctx = rt.take_context();
+  if (!ctx) return;
+  ctx->Shutdown(reason);
+  ctx.reset();
+}
+
+const Topology& Topo() { return Runtime::Get().RequireContext().topology(); }
+
+bool Poll(int handle) {
+  bool done = false;
+  ThrowIfError(Runtime::Get().handles().Poll(handle, &done));
+  return done;
+}
+
+py::dict Stats() {
+  RuntimeStats s = Runtime::Get().RequireContext().stats();
+  py::dict d;
+  d["cycles"] = s.controller.cycles;
+  d["negotiations"] = s.controller.negotiations;
+  d["cache_hits"] = s.controller.cache_hits;
+  d["invalidations"] = s.controller.invalidations;
+  d["responses"] = s.controller.responses;
+  d["cache_entries"] = s.cache_entries;
+  d["fusion_buffer_bytes"] = s.fusion_buffer_bytes;
+  return d;
+}
+
+py::list KnobTable() {
+  py::list out;
+  for (const KnobInfo& k : Knobs()) out.append(py::make_tuple(k.name, k.default_value, k.doc));
+  return out;
+}
+
+py::dict ConfigDict() {
+  const hvdl::Config& c = Runtime::Get().RequireContext().config();
+  py::dict d;
+  d["fusion_threshold_bytes"] = c.fusion_threshold_bytes;
+  d["cycle_time_ms"] = c.cycle_time_ms;
+  d["cache_capacity"] = c.cache_capacity;
+  d["log_level"] = LogLevelName(c.log_level);
+  d["stall_check_seconds"] = c.stall_check_disable ? 0.0 : c.stall_check_seconds;
+  d["stall_shutdown_seconds"] = c.stall_shutdown_seconds;
+  d["timeline"] = c.timeline_path;
+  d["autotune"] = c.autotune;
+  d["allreduce_algorithm"] = AllreduceAlgorithmName(c.allreduce_algorithm);
+  return d;
+}
+
+}  // namespace
+}  // namespace hvdl
+
+PYBIND11_MODULE(_C, m) {
+  using namespace hvdl;
+  m.doc() = "horovodlite C++ core";
+  py::register_exception<InternalError>(m, "HorovodInternalError", PyExc_RuntimeError);
+
+  m.def("init", &Init, py::arg("comm_f2c") = py::none(), py::arg("ranks") = std::vector<int>(),
+        py::arg("process_sets") = std::vector<std::vector<int>>(), py::arg("dynamic") = -1);
+  m.def("shutdown", &Shutdown, py::arg("reason") = "hvd.shutdown() was called");
+  m.def("is_initialized", [] { return Runtime::Get().context() != nullptr; });
+  m.def("finalize_transport", [] { FinalizeCommTransport(); });
+  m.def("rank", [] { return Topo().rank; });
+  m.def("size", [] { return Topo().size; });
+  m.def("local_rank", [] { return Topo().local_rank; });
+  m.def("local_size", [] { return Topo().local_size; });
+  m.def("cross_rank", [] { return Topo().cross_rank; });
+  m.def("cross_size", [] { return Topo().cross_size; });
+  m.def("mpi_threads_supported", [] { return Topo().thread_multiple; });
+  m.def("mpi_built", [] { return MpiBuilt(); });
+  m.def("transport_version", [] { return TransportVersion(); });
+  m.def("poll", &Poll, py::arg("handle"));
+  m.def("release", [](int h) { Runtime::Get().handles().Release(h); }, py::arg("handle"));
+  m.def("stats", &Stats);
+  m.def("config", &ConfigDict);
+  m.def("knobs", &KnobTable);
+  m.def("stop_reason", [] { return Runtime::Get().RequireContext().stop_reason(); });
+  RegisterTorchOps(m);
+}

@@ -1,0 +1,26 @@
+#include "python/runtime.h"
+
+namespace hvdl {
+
+void ThrowIfError(const Status& status) {
+  if (status.ok()) return;
+  if (status.code() == StatusCode::kInvalidArgument) throw std::invalid_argument(status.message());
+  throw InternalError(status.message());
+}
+
+Runtime& Runtime::Get() {
+  // Leaked on purpose: handles and the context must stay valid during interpreter teardown.
+  static Runtime* runtime = new Runtime();
+  return *runtime;
+}
+
+Context& Runtime::RequireContext() {
+  if (!context_) {
+    throw std::invalid_argument(
+        "Horovod has not been initialized; use hvd.init() before calling collectives or "
+        "rank/size queries.");
+  }
+  return *context_;
+}
+
+}  // namespace hvdl

@@ -1,0 +1,43 @@
+// Runtime: what the Python module keeps for the life of the process: the current Context (if
+// initialised) and the HandleTable it lends to each Context. Plus the error mapping every binding
+// uses: kInvalidArgument -> ValueError, everything else -> HorovodInternalError.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "core/context.h"
+
+namespace hvdl {
+
+class InternalError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Throws the Python-facing exception for a non-ok status.
+void ThrowIfError(const Status& status);
+
+class Runtime {
+ public:
+  static Runtime& Get();
+  // The running Context; throws ValueError("... use hvd.init().") if there is none.
+  Context& RequireContext();
+  Context* context() { return context_.get(); }
+  HandleTable& handles() { return handles_; }
+  std::mutex& lifecycle_mutex() { return lifecycle_mu_; }
+  void set_context(std::unique_ptr<Context> ctx) { context_ = std::move(ctx); }
+  std::unique_ptr<Context> take_context() { return std::move(context_); }
+
+ private:
+  Runtime() = default;
+  std::mutex lifecycle_mu_;   // serialises init/shutdown
+  HandleTable handles_;       // declared first: outlives every Context
+  std::unique_ptr<Context> context_;
+};
+
+}  // namespace hvdl

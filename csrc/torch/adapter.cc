@@ -1,0 +1,58 @@
+#include "torch/adapter.h"
+
+namespace hvdl {
+
+Status ToDataType(const at::Tensor& t, DataType* out) {
+  switch (t.scalar_type()) {
+    case at::kByte: *out = DataType::kUInt8; break;
+    case at::kChar: *out = DataType::kInt8; break;
+    case at::kShort: *out = DataType::kInt16; break;
+    case at::kInt: *out = DataType::kInt32; break;
+    case at::kLong: *out = DataType::kInt64; break;
+    case at::kHalf: *out = DataType::kFloat16; break;
+    case at::kBFloat16: *out = DataType::kBFloat16; break;
+    case at::kFloat: *out = DataType::kFloat32; break;
+    case at::kDouble: *out = DataType::kFloat64; break;
+    case at::kBool: *out = DataType::kBool; break;
+    default:
+      return Status::InvalidArgument(std::string("unsupported dtype ") +
+                                     c10::toString(t.scalar_type()));
+  }
+  return Status::Ok();
+}
+
+TensorRef ToRef(const at::Tensor& t, DataType dtype) {
+  TensorRef r;
+  r.data = t.data_ptr();
+  r.dtype = dtype;
+  r.shape.assign(t.sizes().begin(), t.sizes().end());
+  r.device = t.is_cuda() ? t.get_device() : kCpuDevice;
+  return r;
+}
+
+Status CheckTensor(const at::Tensor& t, const std::string& op, const std::string& name) {
+  const std::string what = op + " '" + name + "'";
+  if (!t.defined()) return Status::InvalidArgument(what + ": the tensor is undefined (None).");
+  DataType dtype;
+  Status s = ToDataType(t, &dtype);
+  if (!s.ok()) {
+    return Status::InvalidArgument(what + ": " + s.message() +
+                                   "; supported: uint8, int8, int16, int32, int64, float16, "
+                                   "bfloat16, float32, float64, bool.");
+  }
+  if (!t.is_contiguous()) {
+    return Status::InvalidArgument(what + ": the tensor is not contiguous; pass "
+                                   "tensor.contiguous().");
+  }
+  if (t.is_sparse()) {
+    return Status::InvalidArgument(what + ": sparse tensors go through "
+                                   "hvd.sparse_allreduce_async.");
+  }
+  if (!t.device().is_cpu()) {
+    return Status::InvalidArgument(what + ": tensors on " + t.device().str() +
+                                   " are not supported by this build (CPU only).");
+  }
+  return Status::Ok();
+}
+
+}  // namespace hvdl

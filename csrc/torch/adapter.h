@@ -1,0 +1,29 @@
+// The torch adapter: at::Tensor <-> TensorRef, argument validation at call time, output
+// allocation once sizes are negotiated, and the per-handle payload that keeps tensors alive.
+// The only code (with bindings.cc) that includes torch headers.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tensor_ref.h"
+
+namespace hvdl {
+
+// What a handle keeps alive until it is synchronized, and what synchronize returns.
+struct TorchPayload {
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> outputs;  // allocated in the background thread for allgather & co.
+  std::vector<int64_t> extra;       // alltoall received splits, join's last rank, process set id
+};
+
+Status ToDataType(const at::Tensor& t, DataType* out);
+TensorRef ToRef(const at::Tensor& t, DataType dtype);
+// ValueError-class checks shared by every op: defined, contiguous, supported dtype, on CPU.
+Status CheckTensor(const at::Tensor& t, const std::string& op, const std::string& name);
+
+}  // namespace hvdl

@@ -1,0 +1,1 @@
+"""Framework-neutral parts of horovodlite: runtime lifecycle, process sets, exceptions."""

@@ -1,0 +1,1 @@
+"""horovodliterun: the launcher (wraps mpirun)."""

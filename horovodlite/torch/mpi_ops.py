@@ -1,0 +1,259 @@
+"""The horovod.torch collectives: allreduce, allgather, broadcast, alltoall, reducescatter,
+barrier, join, and handles (poll/synchronize).
+
+Every ``*_async`` call validates its arguments at once (ValueError, nothing enqueued) and returns
+an int handle; the work runs on horovodlite's background thread. ``synchronize(handle)`` waits with
+the GIL released and returns the result, or raises HorovodInternalError naming the ranks that
+disagreed. The synchronous out-of-place ops are autograd Functions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import warnings
+from typing import Optional
+
+import torch
+
+from horovodlite._extension import load
+from horovodlite.common.exceptions import HorovodInternalError
+from horovodlite.common.process_sets import _id_of, global_process_set
+from horovodlite.torch.compression import Compression
+
+_C = load()
+
+# Reduce ops, values as in horovod.torch.
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
+             Product: "Product"}
+
+# handle -> (kind, python-side objects kept alive and needed to build the result)
+_handles: dict[int, tuple] = {}
+_counters: dict[str, itertools.count] = {}
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _auto_name(op: str, name: Optional[str]) -> str:
+    if name is not None:
+        return str(name)
+    counter = _counters.setdefault(op, itertools.count())
+    return f"{op}.noname.{next(counter)}"
+
+
+def _reset_names() -> None:
+    _counters.clear()
+
+
+def _site() -> str:
+    """file:line of the user code that called into horovodlite (for stall reports)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_PKG_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _resolve_op(average, op, fn: str) -> int:
+    if average is not None and op is not None:
+        raise ValueError(f"{fn}: pass either op= or the deprecated average=, not both")
+    if average is not None:
+        warnings.warn(f"{fn}: average= is deprecated, use op=hvd.Average or op=hvd.Sum",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    if op is None:
+        return Average
+    if op not in _OP_NAMES:
+        raise ValueError(f"{fn}: unknown op {op!r}; use hvd.Average, Sum, Adasum, Min, Max or Product")
+    return op
+
+
+def _track(handle: int, kind: str, *objects) -> int:
+    _handles[handle] = (kind, objects)
+    return handle
+
+
+def poll(handle: int) -> bool:
+    """True if the operation behind ``handle`` has finished (never blocks)."""
+    return bool(_C.poll(handle))
+
+
+def synchronize(handle: int):
+    """Waits for ``handle`` and returns its result; raises HorovodInternalError on failure.
+
+    An unknown or already-synchronized handle raises ValueError.
+    """
+    kind, objects = _handles.pop(handle, (None, ()))
+    outputs, extra = _C.wait(handle)
+    if kind in ("allreduce_", "broadcast_"):
+        return objects[0]
+    if kind in ("grouped_allreduce_",):
+        return list(objects[0])
+    if kind in ("grouped_allreduce", "grouped_allgather", "grouped_reducescatter"):
+        return list(outputs)
+    if kind == "alltoall":
+        return outputs[0], torch.tensor(extra, dtype=torch.int32)
+    if kind == "join":
+        return int(extra[0])
+    if kind == "barrier":
+        return None
+    if kind == "allgather_scalar":
+        return outputs[0]
+    return outputs[0] if outputs else None
+
+
+# ---------------------------------------------------------------------------------- allreduce
+
+
+def _check_average_op(op: int, fn: str) -> None:
+    if op == Adasum:
+        raise ValueError(f"{fn}: op=hvd.Adasum needs hvd.allreduce/allreduce_async on floating "
+                         "tensors (see horovodlite.torch.adasum)")
+
+
+def _enqueue_allreduce(tensors, outputs, names, op, prescale, postscale, process_set):
+    return _C.enqueue_allreduce(tensors, outputs, names, op, float(prescale), float(postscale),
+                                _id_of(process_set), [_site()] * len(tensors))
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set) -> int:
+    """Out-of-place asynchronous allreduce; ``synchronize`` returns the reduced copy."""
+    op = _resolve_op(average, op, "allreduce_async")
+    if op == Adasum:
+        from horovodlite.torch.adasum import adasum_allreduce_async
+        return adasum_allreduce_async(tensor, name, prescale_factor, postscale_factor,
+                                      process_set, inplace=False)
+    name = _auto_name("allreduce", name)
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    h = _enqueue_allreduce([tensor], [output], [name], op, prescale_factor, postscale_factor,
+                           process_set)
+    return _track(h, "allreduce", tensor, output)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set) -> int:
+    """In-place asynchronous allreduce; ``synchronize`` returns ``tensor``."""
+    op = _resolve_op(average, op, "allreduce_async_")
+    if op == Adasum:
+        from horovodlite.torch.adasum import adasum_allreduce_async
+        return adasum_allreduce_async(tensor, name, prescale_factor, postscale_factor,
+                                      process_set, inplace=True)
+    name = _auto_name("allreduce", name)
+    h = _enqueue_allreduce([tensor], [tensor], [name], op, prescale_factor, postscale_factor,
+                           process_set)
+    return _track(h, "allreduce_", tensor)
+
+
+class _AllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale, postscale, process_set):
+        ctx.args = (op, prescale, postscale, process_set)
+        return synchronize(allreduce_async(tensor, name=name, op=op, prescale_factor=prescale,
+                                           postscale_factor=postscale, process_set=process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, prescale, postscale, process_set = ctx.args
+        grad = allreduce(grad.contiguous(), op=op, prescale_factor=prescale,
+                         postscale_factor=postscale, process_set=process_set)
+        return grad, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Synchronous out-of-place allreduce (differentiable). Default op: Average."""
+    op = _resolve_op(average, op, "allreduce")
+    wire, ctx = compression.compress(tensor)
+    out = _AllreduceFunction.apply(wire, name, op, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(out, ctx)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """Synchronous in-place allreduce; returns ``tensor``."""
+    return synchronize(allreduce_async_(tensor, average=average, name=name, op=op,
+                                        prescale_factor=prescale_factor,
+                                        postscale_factor=postscale_factor,
+                                        process_set=process_set))
+
+
+def _group_names(op: str, name: Optional[str], n: int) -> list:
+    base = _auto_name(op, name)
+    return [f"{base}.{i}" for i in range(n)]
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set) -> int:
+    """One handle for a list of tensors reduced together (fused); returns new tensors."""
+    op = _resolve_op(average, op, "grouped_allreduce_async")
+    _check_average_op(op, "grouped_allreduce_async")
+    tensors = list(tensors)
+    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    names = _group_names("grouped_allreduce", name, len(tensors))
+    h = _enqueue_allreduce(tensors, outputs, names, op, prescale_factor, postscale_factor,
+                           process_set)
+    return _track(h, "grouped_allreduce", tensors, outputs)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set) -> int:
+    """In-place grouped allreduce; ``synchronize`` returns the list of input tensors."""
+    op = _resolve_op(average, op, "grouped_allreduce_async_")
+    _check_average_op(op, "grouped_allreduce_async_")
+    tensors = list(tensors)
+    names = _group_names("grouped_allreduce", name, len(tensors))
+    h = _enqueue_allreduce(tensors, tensors, names, op, prescale_factor, postscale_factor,
+                           process_set)
+    return _track(h, "grouped_allreduce_", tensors)
+
+
+class _GroupedAllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale, postscale, process_set, *tensors):
+        ctx.args = (op, prescale, postscale, process_set)
+        return tuple(synchronize(grouped_allreduce_async(
+            tensors, name=name, op=op, prescale_factor=prescale, postscale_factor=postscale,
+            process_set=process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, prescale, postscale, process_set = ctx.args
+        out = grouped_allreduce([g.contiguous() for g in grads], op=op, prescale_factor=prescale,
+                                postscale_factor=postscale, process_set=process_set)
+        return (None, None, None, None, None, *out)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Synchronous grouped allreduce (differentiable); returns a list."""
+    op = _resolve_op(average, op, "grouped_allreduce")
+    wires, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
+    outs = _GroupedAllreduceFunction.apply(name, op, prescale_factor, postscale_factor,
+                                           process_set, *wires)
+    return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    """Synchronous in-place grouped allreduce; returns the list of input tensors."""
+    return synchronize(grouped_allreduce_async_(tensors, average=average, name=name, op=op,
+                                                prescale_factor=prescale_factor,
+                                                postscale_factor=postscale_factor,
+                                                process_set=process_set))
+
+
+__all__ = [
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "HorovodInternalError",
+    "poll", "synchronize",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+]

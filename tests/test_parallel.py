@@ -1,0 +1,53 @@
+"""Runs every tests/parallel/test_*.py file under ``horovodliterun -np N`` for N in 1, 2, 3.
+
+Each rank runs pytest on the file and asserts on its own; a failing rank makes mpirun exit
+non-zero, and a hang is bounded by a timeout (the stall inspector turns a missing collective into
+an error on every rank first). On failure the tail of every rank's output is shown.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+PARALLEL = sorted(p.name for p in (HERE / "parallel").glob("test_*.py"))
+SIZES = [int(n) for n in os.environ.get("HVDL_TEST_SIZES", "1,2,3").split(",")]
+TIMEOUT = int(os.environ.get("HVDL_PARALLEL_TIMEOUT", "420"))
+
+
+def run_parallel(np_: int, target: str, extra_env: dict | None = None, timeout: int = TIMEOUT):
+    env = dict(os.environ)
+    env.update({
+        "HVDL_PARALLEL_WORKER": "1",
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        # A collective missing on some rank becomes an error on every rank instead of a hang.
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": env.get("HOROVOD_STALL_CHECK_TIME_SECONDS", "20"),
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": env.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "60"),
+    })
+    env.update(extra_env or {})
+    cmd = [sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_),
+           sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+           "--timeout", str(max(timeout - 30, 60)), "-o", "addopts=", target]
+    try:
+        proc = subprocess.run(cmd, cwd=HERE.parent, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"")
+        out = out.decode() if isinstance(out, bytes) else out
+        pytest.fail(f"np={np_} {target}: no result after {timeout}s (hang)\n{out[-6000:]}")
+    return proc
+
+
+@pytest.mark.parametrize("np_", SIZES, ids=lambda n: f"np{n}")
+@pytest.mark.parametrize("module", PARALLEL)
+def test_parallel(module, np_):
+    proc = run_parallel(np_, f"tests/parallel/{module}")
+    if proc.returncode != 0:
+        pytest.fail(f"np={np_} {module} failed (exit {proc.returncode}):\n"
+                    f"{proc.stdout[-8000:]}\n{proc.stderr[-4000:]}")
