@@ -11,6 +11,7 @@
 namespace py = pybind11;
 
 namespace hvdl {
+void RegisterTesting(py::module_& parent);  // python/testing.cc
 namespace {
 
 void Init(std::optional<int> comm_f2c, std::vector<int> ranks,
@@ -116,4 +117,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("knobs", &KnobTable);
   m.def("stop_reason", [] { return Runtime::Get().RequireContext().stop_reason(); });
   RegisterTorchOps(m);
+  RegisterTesting(m);
 }

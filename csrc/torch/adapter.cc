@@ -1,6 +1,24 @@
 #include "torch/adapter.h"
 
 namespace hvdl {
+namespace {
+
+// The name Python users know ("torch.complex64"), not the C++ enum's ("ComplexFloat").
+std::string TorchDtypeName(at::ScalarType type) {
+  switch (type) {
+    case at::kComplexHalf: return "torch.complex32";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    case at::kUInt16: return "torch.uint16";
+    case at::kUInt32: return "torch.uint32";
+    case at::kUInt64: return "torch.uint64";
+    case at::kFloat8_e4m3fn: return "torch.float8_e4m3fn";
+    case at::kFloat8_e5m2: return "torch.float8_e5m2";
+    default: return std::string("torch.") + c10::toString(type);
+  }
+}
+
+}  // namespace
 
 Status ToDataType(const at::Tensor& t, DataType* out) {
   switch (t.scalar_type()) {
@@ -15,8 +33,7 @@ Status ToDataType(const at::Tensor& t, DataType* out) {
     case at::kDouble: *out = DataType::kFloat64; break;
     case at::kBool: *out = DataType::kBool; break;
     default:
-      return Status::InvalidArgument(std::string("unsupported dtype ") +
-                                     c10::toString(t.scalar_type()));
+      return Status::InvalidArgument("unsupported dtype " + TorchDtypeName(t.scalar_type()));
   }
   return Status::Ok();
 }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import threading
-from typing import Optional
 
 from horovodlite._extension import load
 from horovodlite.common import process_sets as _ps
@@ -53,7 +52,9 @@ def init(comm=None, process_sets=None) -> None:
         static: list = []
         if isinstance(process_sets, str):
             if process_sets != "dynamic":
-                raise ValueError(f"init(process_sets={process_sets!r}): expected a list or 'dynamic'")
+                raise ValueError(
+                    f"init(process_sets={process_sets!r}): expected a list or 'dynamic'"
+                )
             dynamic = 1
         elif process_sets is not None:
             static = list(process_sets)
@@ -96,7 +97,7 @@ def local_size() -> int:
 
 
 def local_rank() -> int:
-    """Rank within this node; use it to pick the GPU: ``torch.cuda.set_device(hvd.local_rank())``."""
+    """Rank within this node; pick the GPU with ``torch.cuda.set_device(hvd.local_rank())``."""
     return _C.local_rank()
 
 
@@ -166,5 +167,5 @@ def _knobs() -> list:
     return list(_C.knobs())
 
 
-def _transport() -> Optional[str]:
+def _transport() -> str | None:
     return _C.transport_version() or None

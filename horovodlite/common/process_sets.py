@@ -9,7 +9,7 @@ at run time: both are collective over every rank and must be called in the same 
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from horovodlite._extension import load
 
@@ -27,9 +27,9 @@ def _world_ranks_of(comm) -> list[int]:
 class ProcessSet:
     """A set of global ranks. ``ProcessSet([0, 2])`` or ``ProcessSet(mpi4py_comm)``."""
 
-    def __init__(self, ranks_or_comm: Optional[Iterable[int]] = None) -> None:
+    def __init__(self, ranks_or_comm: Iterable[int] | None = None) -> None:
         if ranks_or_comm is None:
-            self.ranks: Optional[list[int]] = None
+            self.ranks: list[int] | None = None
         elif hasattr(ranks_or_comm, "Get_group"):
             self.ranks = _world_ranks_of(ranks_or_comm)
         else:
@@ -37,7 +37,7 @@ class ProcessSet:
             if len(set(ranks)) != len(ranks):
                 raise ValueError(f"ProcessSet: duplicate ranks in {ranks}")
             self.ranks = ranks
-        self.process_set_id: Optional[int] = None
+        self.process_set_id: int | None = None
 
     def _require(self) -> int:
         if self.process_set_id is None:
@@ -47,7 +47,7 @@ class ProcessSet:
             )
         return self.process_set_id
 
-    def size(self) -> Optional[int]:
+    def size(self) -> int | None:
         """Number of ranks in the set (None before registration)."""
         return None if self.ranks is None else len(self.ranks)
 
@@ -108,12 +108,15 @@ def _static_rank_lists(process_sets) -> list[list[int]]:
     out = []
     for ps in process_sets:
         if not isinstance(ps, ProcessSet) or ps.ranks is None:
-            raise ValueError(f"init(process_sets=...): expected ProcessSet objects with ranks, got {ps!r}")
+            raise ValueError(
+                f"init(process_sets=...): expected ProcessSet objects with ranks, got {ps!r}"
+            )
         out.append(ps.ranks)
     return out
 
 
 def _id_of(process_set: ProcessSet) -> int:
+    _C.rank()  # raises "Horovod has not been initialized; use hvd.init()" before init
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}")
     ps_id = process_set._require()
@@ -133,7 +136,9 @@ def add_process_set(process_set) -> ProcessSet:
     size = _C.size()
     bad = [r for r in ps.ranks if r < 0 or r >= size]
     if not ps.ranks or bad:
-        raise ValueError(f"add_process_set: ranks {ps.ranks} must be a non-empty subset of 0..{size - 1}")
+        raise ValueError(
+            f"add_process_set: ranks {ps.ranks} must be a non-empty subset of 0..{size - 1}"
+        )
     for existing in _registered.values():
         if existing.ranks == ps.ranks:
             raise ValueError(f"add_process_set: a process set with ranks {ps.ranks} already exists "

@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Optional
 
 # Environment forwarded to every rank besides HOROVOD_* (and HVDL_*).
 _FORWARD = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS",
@@ -73,7 +72,7 @@ def _knob_env(args) -> dict:
     return env
 
 
-def find_mpirun() -> Optional[str]:
+def find_mpirun() -> str | None:
     for name in ("mpirun", "mpiexec"):
         found = shutil.which(name)
         if found:
@@ -118,7 +117,7 @@ def build_command(args, mpirun: str, flavor: str, env: dict) -> list:
     return cmd + args.command
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]

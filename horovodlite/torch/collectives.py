@@ -8,8 +8,6 @@ keep serving the others' allreduces with zeros.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from horovodlite._extension import load

@@ -36,7 +36,9 @@ def broadcast_parameters(params, root_rank: int) -> None:
     handles = []
     for name, p in items:
         if not isinstance(p, torch.Tensor):
-            raise ValueError(f"broadcast_parameters: '{name}' is a {type(p).__name__}, not a tensor")
+            raise ValueError(
+                f"broadcast_parameters: '{name}' is a {type(p).__name__}, not a tensor"
+            )
         target = p.data if isinstance(p, torch.nn.Parameter) else p
         handles.append(broadcast_async_(target, root_rank, name=f"broadcast_parameters.{name}"))
     for h in handles:
@@ -115,7 +117,10 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
                 new_state[pid][key] = rest[0]
                 continue
             dtype, shape = rest
-            t = local_tensors[(pid, key)].contiguous() if is_root else torch.empty(shape, dtype=dtype)
+            if is_root:
+                t = local_tensors[(pid, key)].contiguous()
+            else:
+                t = torch.empty(shape, dtype=dtype)
             handles.append(broadcast_async_(t, root_rank, name=f"optimizer_state.{pid}.{key}"))
             new_state[pid][key] = t
     for h in handles:

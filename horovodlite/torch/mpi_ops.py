@@ -13,7 +13,6 @@ import itertools
 import os
 import sys
 import warnings
-from typing import Optional
 
 import torch
 
@@ -40,7 +39,7 @@ _counters: dict[str, itertools.count] = {}
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _auto_name(op: str, name: Optional[str]) -> str:
+def _auto_name(op: str, name: str | None) -> str:
     if name is not None:
         return str(name)
     counter = _counters.setdefault(op, itertools.count())
@@ -71,7 +70,9 @@ def _resolve_op(average, op, fn: str) -> int:
     if op is None:
         return Average
     if op not in _OP_NAMES:
-        raise ValueError(f"{fn}: unknown op {op!r}; use hvd.Average, Sum, Adasum, Min, Max or Product")
+        raise ValueError(
+            f"{fn}: unknown op {op!r}; use hvd.Average, Sum, Adasum, Min, Max or Product"
+        )
     return op
 
 
@@ -185,7 +186,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                                         process_set=process_set))
 
 
-def _group_names(op: str, name: Optional[str], n: int) -> list:
+def _group_names(op: str, name: str | None, n: int) -> list:
     base = _auto_name(op, name)
     return [f"{base}.{i}" for i in range(n)]
 

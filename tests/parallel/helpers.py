@@ -74,5 +74,5 @@ def assert_close(actual: torch.Tensor, expected: np.ndarray, dtype, what: str = 
         tol = dict(rtol=1e-12, atol=1e-12)
     else:
         tol = dict(rtol=0, atol=0)
-    np.testing.assert_allclose(got, expected.astype(np.float64), err_msg=f"rank {hvd.rank()} {what}",
-                               **tol)
+    np.testing.assert_allclose(got, expected.astype(np.float64),
+                               err_msg=f"rank {hvd.rank()} {what}", **tol)

@@ -1,13 +1,11 @@
 """allreduce on every rank: each dtype x op x variant against a NumPy reference, scale factors,
 fusion of many tensors, asynchrony, autograd, names."""
 
-import numpy as np
 import pytest
 import torch
+from helpers import DTYPES, OPS, assert_close, rank_data, reference_allreduce
 
 import horovodlite.torch as hvd
-
-from helpers import DTYPES, FLOATS, OPS, assert_close, rank_data, reference_allreduce
 
 SHAPE = (3, 5)
 VARIANTS = ["allreduce", "allreduce_", "allreduce_async", "allreduce_async_"]

@@ -1,0 +1,236 @@
+// _C._testing: bindings that exercise core pieces without MPI, for tests/unit. The negotiation
+// and the ring run N ranks as threads over the in-process control plane and transport.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <thread>
+
+#include "comm/local_control_plane.h"
+#include "comm/local_transport.h"
+#include "comm/reduce_kernels.h"
+#include "comm/ring.h"
+#include "common/config.h"
+#include "core/controller.h"
+#include "core/fusion.h"
+#include "core/message.h"
+#include "python/runtime.h"
+
+namespace py = pybind11;
+
+namespace hvdl {
+namespace {
+
+template <typename T>
+T Get(const py::dict& d, const char* key, T fallback) {
+  return d.contains(key) ? d[key].cast<T>() : fallback;
+}
+
+Request ToRequest(const py::dict& d) {
+  Request q;
+  q.op = static_cast<OpType>(Get<int>(d, "op", 0));
+  q.name = d["name"].cast<std::string>();
+  q.dtype = static_cast<DataType>(Get<int>(d, "dtype", static_cast<int>(DataType::kFloat32)));
+  q.shape = Get<std::vector<int64_t>>(d, "shape", {4});
+  q.reduce_op = static_cast<ReduceOp>(Get<int>(d, "reduce_op", 1));
+  q.prescale = Get<double>(d, "prescale", 1.0);
+  q.postscale = Get<double>(d, "postscale", 1.0);
+  q.root = Get<int>(d, "root", -1);
+  q.process_set = Get<int>(d, "process_set", 0);
+  q.splits = Get<std::vector<int64_t>>(d, "splits", {});
+  q.site = Get<std::string>(d, "site", "");
+  return q;
+}
+
+py::dict FromResponse(const Response& r) {
+  py::dict d;
+  d["op"] = static_cast<int>(r.op);
+  d["name"] = r.name;
+  d["error"] = r.error;
+  d["shape"] = r.shape;
+  d["sizes"] = r.sizes;
+  d["process_set"] = r.process_set;
+  return d;
+}
+
+// script[cycle][rank] = list of request dicts submitted by `rank` before `cycle`.
+// Returns (responses[cycle][rank] = list of dicts, stats[rank] = dict).
+py::tuple Negotiate(int nranks, const std::vector<std::vector<py::list>>& script,
+                    size_t cache_capacity, const std::vector<std::vector<int>>& sets) {
+  std::vector<std::vector<std::vector<Request>>> input(script.size());
+  for (size_t c = 0; c < script.size(); ++c) {
+    for (const py::list& reqs : script[c]) {
+      input[c].emplace_back();
+      for (const auto& item : reqs) input[c].back().push_back(ToRequest(item.cast<py::dict>()));
+    }
+  }
+  auto fabric = std::make_shared<LocalFabric>(nranks);
+  std::vector<std::vector<std::vector<Response>>> out(script.size(),
+                                                      std::vector<std::vector<Response>>(nranks));
+  std::vector<ControllerStats> stats(static_cast<size_t>(nranks));
+  std::vector<std::string> errors(static_cast<size_t>(nranks));
+  {
+    py::gil_scoped_release nogil;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < nranks; ++r) {
+      threads.emplace_back([&, r] {
+        LocalControlPlane cp(fabric, r);
+        ProcessSetTable table(nranks);
+        for (size_t i = 0; i < sets.size(); ++i) table.Add(static_cast<int>(i) + 1, sets[i]);
+        Controller ctl(&cp, &table, cache_capacity);
+        for (size_t c = 0; c < input.size(); ++c) {
+          ctl.Submit(input[c][static_cast<size_t>(r)]);
+          Status s = ctl.StartCycle();
+          bool done = false;
+          while (s.ok() && !done) s = ctl.TestCycle(&done);
+          CycleResult result;
+          if (s.ok()) s = ctl.FinishCycle(&result);
+          if (!s.ok()) {
+            errors[static_cast<size_t>(r)] = s.message();
+            return;
+          }
+          out[c][static_cast<size_t>(r)] = result.responses;
+        }
+        stats[static_cast<size_t>(r)] = ctl.stats();
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (const std::string& e : errors) {
+    if (!e.empty()) throw InternalError(e);
+  }
+  py::list cycles;
+  for (auto& per_rank : out) {
+    py::list ranks;
+    for (auto& responses : per_rank) {
+      py::list lst;
+      for (const Response& r : responses) lst.append(FromResponse(r));
+      ranks.append(lst);
+    }
+    cycles.append(ranks);
+  }
+  py::list st;
+  for (const ControllerStats& s : stats) {
+    py::dict d;
+    d["cycles"] = s.cycles;
+    d["negotiations"] = s.negotiations;
+    d["cache_hits"] = s.cache_hits;
+    d["invalidations"] = s.invalidations;
+    st.append(d);
+  }
+  return py::make_tuple(cycles, st);
+}
+
+std::vector<py::bytes> Ring(const std::vector<std::string>& inputs, int dtype, int op,
+                            std::vector<int64_t> chunks, double postscale, size_t segment) {
+  const int n = static_cast<int>(inputs.size());
+  std::vector<std::string> bufs = inputs;
+  const int64_t count =
+      static_cast<int64_t>(bufs[0].size() / DataTypeSize(static_cast<DataType>(dtype)));
+  if (chunks.empty()) chunks = EvenChunks(count, n);
+  auto boxes = std::make_shared<LocalMailboxes>(n);
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  {
+    py::gil_scoped_release nogil;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        LocalTransport t(boxes, r);
+        Status s = RingAllreduce(&t, bufs[static_cast<size_t>(r)].data(), chunks,
+                                 static_cast<DataType>(dtype), static_cast<ReduceOp>(op),
+                                 postscale, segment, nullptr);
+        if (!s.ok()) errors[static_cast<size_t>(r)] = s.message();
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (const std::string& e : errors) {
+    if (!e.empty()) throw InternalError(e);
+  }
+  return std::vector<py::bytes>(bufs.begin(), bufs.end());
+}
+
+py::bytes Reduce(std::string dst, const std::string& src, int dtype, int op) {
+  auto dt = static_cast<DataType>(dtype);
+  ReduceInto(dst.data(), src.data(), static_cast<int64_t>(dst.size() / DataTypeSize(dt)), dt,
+             static_cast<ReduceOp>(op));
+  return py::bytes(dst);
+}
+
+py::bytes ScaleBytes(std::string buf, int dtype, double factor) {
+  auto dt = static_cast<DataType>(dtype);
+  Scale(buf.data(), static_cast<int64_t>(buf.size() / DataTypeSize(dt)), dt, factor);
+  return py::bytes(buf);
+}
+
+py::dict ParseEnv(const std::map<std::string, std::string>& env) {
+  Config c;
+  ThrowIfError(ParseConfig(
+      [&](const std::string& name) -> std::optional<std::string> {
+        auto it = env.find(name);
+        if (it == env.end()) return std::nullopt;
+        return it->second;
+      },
+      &c));
+  py::dict d;
+  d["fusion_threshold_bytes"] = c.fusion_threshold_bytes;
+  d["cycle_time_ms"] = c.cycle_time_ms;
+  d["cache_capacity"] = c.cache_capacity;
+  d["log_level"] = LogLevelName(c.log_level);
+  d["stall_check_seconds"] = c.stall_check_seconds;
+  d["stall_shutdown_seconds"] = c.stall_shutdown_seconds;
+  d["autotune"] = c.autotune;
+  d["allreduce_algorithm"] = AllreduceAlgorithmName(c.allreduce_algorithm);
+  d["timeline"] = c.timeline_path;
+  return d;
+}
+
+// Plans fusion for responses given as dicts (op, dtype, bytes, reduce_op, process_set).
+std::vector<std::vector<size_t>> Plan(const std::vector<py::dict>& items, int64_t threshold) {
+  std::vector<Response> responses;
+  std::vector<int64_t> bytes;
+  for (const py::dict& d : items) {
+    Response r;
+    r.op = static_cast<OpType>(Get<int>(d, "op", 0));
+    r.dtype = static_cast<DataType>(Get<int>(d, "dtype", static_cast<int>(DataType::kFloat32)));
+    r.reduce_op = static_cast<ReduceOp>(Get<int>(d, "reduce_op", 1));
+    r.process_set = Get<int>(d, "process_set", 0);
+    responses.push_back(r);
+    bytes.push_back(Get<int64_t>(d, "bytes", 4));
+  }
+  std::vector<const Response*> ptrs;
+  for (const Response& r : responses) ptrs.push_back(&r);
+  std::vector<std::vector<size_t>> out;
+  for (const Batch& b : PlanBatches(ptrs, threshold, bytes)) out.push_back(b.members);
+  return out;
+}
+
+py::list RoundTrip(const std::vector<py::dict>& reqs) {
+  std::vector<Request> in;
+  for (const py::dict& d : reqs) in.push_back(ToRequest(d));
+  std::vector<Request> back;
+  ThrowIfError(ParseRequests(SerializeRequests(in), &back));
+  py::list out;
+  for (size_t i = 0; i < back.size(); ++i) out.append(back[i].SameSignature(in[i]) && back[i].site == in[i].site);
+  return out;
+}
+
+}  // namespace
+
+void RegisterTesting(py::module_& parent) {
+  py::module_ m = parent.def_submodule("_testing", "core pieces for unit tests (no MPI)");
+  m.def("negotiate", &Negotiate, py::arg("nranks"), py::arg("script"),
+        py::arg("cache_capacity") = 1024, py::arg("process_sets") = std::vector<std::vector<int>>());
+  m.def("ring_allreduce", &Ring, py::arg("inputs"), py::arg("dtype"), py::arg("op"),
+        py::arg("chunks") = std::vector<int64_t>(), py::arg("postscale") = 1.0,
+        py::arg("segment_bytes") = 64);
+  m.def("reduce", &Reduce);
+  m.def("scale", &ScaleBytes);
+  m.def("parse_config", &ParseEnv);
+  m.def("plan_batches", &Plan);
+  m.def("serialize_roundtrip", &RoundTrip);
+  m.def("float_to_half", [](float f) { return FloatToHalf(f); });
+  m.def("half_to_float", [](uint16_t h) { return HalfToFloat(h); });
+  m.def("float_to_bfloat16", [](float f) { return FloatToBFloat16(f); });
+}
+
+}  // namespace hvdl

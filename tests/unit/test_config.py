@@ -1,0 +1,51 @@
+"""Configuration: one table, parsed once, invalid values fail naming the variable; the README
+documents every knob."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from horovodlite._extension import load
+
+C = load()
+T = C._testing
+
+
+def test_defaults():
+    cfg = T.parse_config({})
+    assert cfg["fusion_threshold_bytes"] == 128 * 1024 * 1024
+    assert cfg["cycle_time_ms"] == 1.0
+    assert cfg["cache_capacity"] == 1024
+    assert cfg["log_level"] == "WARNING"
+    assert cfg["stall_check_seconds"] == 60.0
+
+
+def test_values_are_parsed():
+    cfg = T.parse_config({"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "0.5",
+                          "HOROVOD_LOG_LEVEL": "debug", "HOROVOD_AUTOTUNE": "yes",
+                          "HOROVOD_ALLREDUCE_ALGO": "RING"})
+    assert cfg["fusion_threshold_bytes"] == 0 and cfg["cycle_time_ms"] == 0.5
+    assert cfg["log_level"] == "DEBUG" and cfg["autotune"] is True
+    assert cfg["allreduce_algorithm"] == "ring"
+
+
+@pytest.mark.parametrize("name,value", [
+    ("HOROVOD_FUSION_THRESHOLD", "lots"),
+    ("HOROVOD_FUSION_THRESHOLD", "-1"),
+    ("HOROVOD_CYCLE_TIME", "fast"),
+    ("HOROVOD_CACHE_CAPACITY", "1.5"),
+    ("HOROVOD_LOG_LEVEL", "loud"),
+    ("HOROVOD_AUTOTUNE", "maybe"),
+    ("HOROVOD_ALLREDUCE_ALGO", "tree"),
+    ("HOROVOD_STALL_CHECK_TIME_SECONDS", "-5"),
+])
+def test_invalid_value_names_the_variable(name, value):
+    with pytest.raises(ValueError, match=rf"invalid value for {name}: '{re.escape(value)}'"):
+        T.parse_config({name: value})
+
+
+def test_readme_documents_every_knob():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    missing = [name for name, _, _ in C.knobs() if f"`{name}`" not in readme]
+    assert not missing, f"README configuration table lacks {missing}"
