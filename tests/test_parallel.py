@@ -8,8 +8,10 @@ an error on every rank first). On failure the tail of every rank's output is sho
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,16 @@ import pytest
 HERE = Path(__file__).parent
 PARALLEL = sorted(p.name for p in (HERE / "parallel").glob("test_*.py"))
 SIZES = [int(n) for n in os.environ.get("HVDL_TEST_SIZES", "1,2,3").split(",")]
-TIMEOUT = int(os.environ.get("HVDL_PARALLEL_TIMEOUT", "420"))
+TIMEOUT = int(os.environ.get("HVDL_PARALLEL_TIMEOUT", "300"))
 
 
-def run_parallel(np_: int, target: str, extra_env: dict | None = None, timeout: int = TIMEOUT):
+def run_parallel(np_: int, target: str, extra_env: dict | None = None,
+                 timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
+    """Runs ``pytest target`` on every rank; returns the CompletedProcess (output combined).
+
+    The job runs in its own process group so that a timeout kills every rank, and its output
+    goes to a file so that a hang still shows what each rank printed last.
+    """
     env = dict(os.environ)
     env.update({
         "HVDL_PARALLEL_WORKER": "1",
@@ -34,14 +42,19 @@ def run_parallel(np_: int, target: str, extra_env: dict | None = None, timeout: 
     cmd = [sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_),
            sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
            "--timeout", str(max(timeout - 30, 60)), "-o", "addopts=", target]
-    try:
-        proc = subprocess.run(cmd, cwd=HERE.parent, env=env, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"")
-        out = out.decode() if isinstance(out, bytes) else out
-        pytest.fail(f"np={np_} {target}: no result after {timeout}s (hang)\n{out[-6000:]}")
-    return proc
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            log.seek(0)
+            pytest.fail(f"np={np_} {target}: no result after {timeout}s (hang)\n"
+                        f"{log.read()[-8000:]}")
+        log.seek(0)
+        return subprocess.CompletedProcess(cmd, proc.returncode, log.read(), "")
 
 
 @pytest.mark.parametrize("np_", SIZES, ids=lambda n: f"np{n}")
@@ -49,5 +62,4 @@ def run_parallel(np_: int, target: str, extra_env: dict | None = None, timeout: 
 def test_parallel(module, np_):
     proc = run_parallel(np_, f"tests/parallel/{module}")
     if proc.returncode != 0:
-        pytest.fail(f"np={np_} {module} failed (exit {proc.returncode}):\n"
-                    f"{proc.stdout[-8000:]}\n{proc.stderr[-4000:]}")
+        pytest.fail(f"np={np_} {module} failed (exit {proc.returncode}):\n{proc.stdout[-10000:]}")

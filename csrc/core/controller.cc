@@ -61,7 +61,7 @@ std::vector<std::string> Controller::PendingNames() const {
   std::vector<std::string> names;
   for (const Request& r : unsent_) names.push_back(r.name);
   for (const auto& kv : cached_pending_) names.push_back(kv.second.name);
-  for (const auto& kv : sent_) names.push_back(kv.first);
+  for (const auto& kv : sent_) names.push_back(kv.second.name);
   return names;
 }
 
@@ -150,7 +150,7 @@ Status Controller::FinishCycle(CycleResult* out) {
 Status Controller::Negotiate(CycleResult* out) {
   std::vector<Request> mine = std::move(unsent_);
   unsent_.clear();
-  for (const Request& r : mine) sent_[r.name] = r;
+  for (const Request& r : mine) sent_[r.Key()] = r;
   if (shutdown_requested_) {
     Request notice;
     notice.op = OpType::kShutdown;
@@ -174,7 +174,7 @@ Status Controller::Negotiate(CycleResult* out) {
   }
   UpdateCache(list.responses);
   for (const Response& resp : list.responses) {
-    sent_.erase(resp.name);
+    sent_.erase(resp.Key());
     if (resp.op == OpType::kJoin) joined_ = false;
   }
   out->responses.insert(out->responses.end(), std::make_move_iterator(list.responses.begin()),
@@ -202,8 +202,8 @@ ResponseList Controller::Coordinate(const std::vector<std::string>& gathered) {
     }
   }
   std::unordered_set<std::string> seen;
-  for (const std::string& name : ready) {
-    if (seen.insert(name).second) list.responses.push_back(table_.Take(name));
+  for (const std::string& key : ready) {
+    if (seen.insert(key).second) list.responses.push_back(table_.Take(key));
   }
   if (table_.AllJoined(cp_->size())) {
     Response join;
@@ -221,7 +221,7 @@ void Controller::UpdateCache(const std::vector<Response>& negotiated) {
   if (cache_.capacity() == 0) return;
   for (const Response& resp : negotiated) {
     if (resp.is_error() || !Cacheable(resp.op)) continue;
-    auto mine = sent_.find(resp.name);
+    auto mine = sent_.find(resp.Key());
     const Request* local = mine == sent_.end() ? nullptr : &mine->second;
     bool member = sets_->RankIn(resp.process_set, cp_->rank()) >= 0;
     std::optional<uint32_t> evicted = cache_.Put(resp, local, member);

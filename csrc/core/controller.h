@@ -103,7 +103,7 @@ class Controller {
 
   std::vector<Request> unsent_;                   // waiting for the next slow path
   std::map<uint32_t, Request> cached_pending_;     // announced through a cache bit
-  std::unordered_map<std::string, Request> sent_;  // sent to the coordinator, awaiting response
+  std::unordered_map<std::string, Request> sent_;  // by TensorKey: sent, awaiting response
   std::set<uint32_t> invalid_;                     // slots this rank invalidates this cycle
   bool shutdown_requested_ = false;
   std::string shutdown_reason_;

@@ -92,7 +92,7 @@ int Executor::Run(const std::vector<Response>& responses, bool joined) {
     if (!everyone && d_.sets->RankIn(r.process_set, d_.rank) < 0) continue;
     Item it;
     it.response = &r;
-    it.has_entry = d_.queue->Take(r.name, &it.entry);
+    it.has_entry = d_.queue->Take(r.Key(), &it.entry);
     bool zeros = !it.has_entry && joined && r.op == OpType::kAllreduce && !r.is_error();
     if (!it.has_entry && !zeros) continue;  // e.g. an error about a collective this rank skipped
     mine.push_back(&r);

@@ -4,6 +4,11 @@
 
 namespace hvdl {
 
+std::string TensorKey(const std::string& name, int32_t process_set) {
+  if (process_set == 0) return name;
+  return name + '\x1f' + std::to_string(process_set);
+}
+
 bool Request::SameSignature(const Request& o) const {
   return op == o.op && name == o.name && dtype == o.dtype && shape == o.shape &&
          reduce_op == o.reduce_op && prescale == o.prescale && postscale == o.postscale &&

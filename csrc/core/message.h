@@ -16,6 +16,10 @@
 
 namespace hvdl {
 
+// Names are scoped by process set (as in Horovod, where each set negotiates on its own): the same
+// name may be pending in two sets at once. Every table keys on this, never on the bare name.
+std::string TensorKey(const std::string& name, int32_t process_set);
+
 struct Request {
   OpType op = OpType::kAllreduce;
   std::string name;
@@ -34,6 +38,7 @@ struct Request {
   // True when two requests for the same name would produce the same collective on this rank
   // (everything but sender and call site). Used by the response cache.
   bool SameSignature(const Request& other) const;
+  std::string Key() const { return TensorKey(name, process_set); }
 };
 
 struct Response {
@@ -54,6 +59,7 @@ struct Response {
   std::vector<int64_t> sizes;
 
   bool is_error() const { return !error.empty(); }
+  std::string Key() const { return TensorKey(name, process_set); }
 };
 
 struct ResponseList {

@@ -19,34 +19,35 @@ void MessageTable::Add(const Request& request, std::vector<std::string>* ready) 
   auto members = sets_->Members(request.process_set);
   int pos = sets_->RankIn(request.process_set, request.rank);
   if (!members || pos < 0) return;  // validated at call time; a stale set is ignored
-  auto it = entries_.find(request.name);
+  const std::string key = request.Key();
+  auto it = entries_.find(key);
   if (it == entries_.end()) {
     Entry e;
     e.by_member.resize(members->size());
     e.process_set = request.process_set;
     e.first_seen = std::chrono::steady_clock::now();
-    e.order = order_.insert(order_.end(), request.name);
-    it = entries_.emplace(request.name, std::move(e)).first;
+    e.order = order_.insert(order_.end(), key);
+    it = entries_.emplace(key, std::move(e)).first;
   }
   Entry& e = it->second;
   if (e.by_member.size() != members->size()) return;
   if (e.by_member[pos].name.empty()) ++e.submitted;
   e.by_member[pos] = request;
-  if (Complete(e, *members)) ready->push_back(request.name);
+  if (Complete(e, *members)) ready->push_back(key);
 }
 
 void MessageTable::Join(int rank, std::vector<std::string>* ready) {
   if (!HasJoined(rank)) joined_.push_back(rank);
   last_joined_ = rank;
-  for (const std::string& name : order_) {
-    const Entry& e = entries_.at(name);
+  for (const std::string& key : order_) {
+    const Entry& e = entries_.at(key);
     auto members = sets_->Members(e.process_set);
     if (!members) continue;
     bool was_waiting_on_rank = false;
     for (size_t i = 0; i < members->size(); ++i) {
       if ((*members)[i] == rank && e.by_member[i].name.empty()) was_waiting_on_rank = true;
     }
-    if (was_waiting_on_rank && Complete(e, *members)) ready->push_back(name);
+    if (was_waiting_on_rank && Complete(e, *members)) ready->push_back(key);
   }
 }
 
@@ -63,26 +64,25 @@ void MessageTable::ResetJoins() {
   last_joined_ = -1;
 }
 
-Response MessageTable::Take(const std::string& name) {
-  Entry& e = entries_.at(name);
+Response MessageTable::Take(const std::string& key) {
+  Entry& e = entries_.at(key);
   std::vector<const Request*> reqs;
   std::vector<int> members = sets_->Members(e.process_set).value_or(std::vector<int>{});
   for (const Request& q : e.by_member) reqs.push_back(q.name.empty() ? nullptr : &q);
   Response resp = BuildResponse(reqs, members);
   order_.erase(e.order);
-  entries_.erase(name);
+  entries_.erase(key);
   return resp;
 }
 
 std::vector<WaitingName> MessageTable::Incomplete(double min_age_seconds) const {
   std::vector<WaitingName> out;
   auto now = std::chrono::steady_clock::now();
-  for (const std::string& name : order_) {
-    const Entry& e = entries_.at(name);
+  for (const std::string& key : order_) {
+    const Entry& e = entries_.at(key);
     double age = std::chrono::duration<double>(now - e.first_seen).count();
     if (age < min_age_seconds) continue;
     WaitingName w;
-    w.name = name;
     w.age_seconds = age;
     w.process_set = e.process_set;
     for (const Request& q : e.by_member) {
@@ -91,6 +91,7 @@ std::vector<WaitingName> MessageTable::Incomplete(double min_age_seconds) const 
     auto members = sets_->Members(w.process_set).value_or(std::vector<int>{});
     for (size_t i = 0; i < members.size() && i < e.by_member.size(); ++i) {
       if (!e.by_member[i].name.empty()) {
+        w.name = e.by_member[i].name;
         w.submitted.push_back(members[i]);
         w.sites.push_back(e.by_member[i].site);
       } else if (!HasJoined(members[i])) {

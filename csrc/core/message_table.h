@@ -31,7 +31,7 @@ class MessageTable {
  public:
   explicit MessageTable(const ProcessSetTable* sets);
 
-  // Records one rank's request; appends names that became complete to `ready`.
+  // Records one rank's request; appends the keys (TensorKey) that became complete to `ready`.
   void Add(const Request& request, std::vector<std::string>* ready);
   // Marks `rank` as joined; appends names that became complete because of it.
   void Join(int rank, std::vector<std::string>* ready);
@@ -40,9 +40,9 @@ class MessageTable {
   int last_joined() const { return last_joined_; }
   void ResetJoins();
 
-  // Builds the response for a complete name (validated; an error response on mismatch) and forgets
-  // the name.
-  Response Take(const std::string& name);
+  // Builds the response for a complete key (validated; an error response on mismatch) and
+  // forgets it.
+  Response Take(const std::string& key);
 
   // Names submitted by some members but not all, older than `min_age_seconds`.
   std::vector<WaitingName> Incomplete(double min_age_seconds) const;
@@ -59,8 +59,8 @@ class MessageTable {
   bool Complete(const Entry& e, const std::vector<int>& members) const;
 
   const ProcessSetTable* sets_;
-  std::unordered_map<std::string, Entry> entries_;
-  std::list<std::string> order_;  // names in first-seen order, for deterministic rescans
+  std::unordered_map<std::string, Entry> entries_;  // by TensorKey
+  std::list<std::string> order_;  // keys in first-seen order, for deterministic rescans
   std::vector<int> joined_;       // global ranks, in join order
   int last_joined_ = -1;
 };

@@ -7,7 +7,7 @@ namespace hvdl {
 ResponseCache::ResponseCache(size_t capacity) : capacity_(capacity) {}
 
 ResponseCache::Lookup ResponseCache::Find(const Request& request, uint32_t* slot) const {
-  auto it = by_name_.find(request.name);
+  auto it = by_name_.find(request.Key());
   if (it == by_name_.end()) return Lookup::kMiss;
   *slot = it->second;
   const Slot& s = slots_[it->second];
@@ -34,7 +34,7 @@ std::optional<uint32_t> ResponseCache::Put(const Response& response, const Reque
                                            bool member) {
   if (capacity_ == 0) return std::nullopt;
   std::optional<uint32_t> evicted;
-  auto existing = by_name_.find(response.name);
+  auto existing = by_name_.find(response.Key());
   if (existing != by_name_.end()) Erase(existing->second);
   uint32_t slot;
   if (!free_.empty()) {
@@ -56,7 +56,7 @@ std::optional<uint32_t> ResponseCache::Put(const Response& response, const Reque
   s.has_local = local != nullptr;
   if (local != nullptr) s.local = *local;
   s.lru = lru_.insert(lru_.end(), slot);
-  by_name_[response.name] = slot;
+  by_name_[response.Key()] = slot;
   SetBit(occupied_, slot, true);
   SetBit(expect_, slot, member);
   return evicted;
@@ -65,7 +65,7 @@ std::optional<uint32_t> ResponseCache::Put(const Response& response, const Reque
 void ResponseCache::Erase(uint32_t slot) {
   Slot& s = slots_[slot];
   if (!s.used) return;
-  by_name_.erase(s.response.name);
+  by_name_.erase(s.response.Key());
   lru_.erase(s.lru);
   s.used = false;
   s.has_local = false;

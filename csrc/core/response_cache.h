@@ -61,7 +61,7 @@ class ResponseCache {
   size_t capacity_;
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_;  // erased slots, reused lowest-first
-  std::unordered_map<std::string, uint32_t> by_name_;
+  std::unordered_map<std::string, uint32_t> by_name_;  // by TensorKey
   std::list<uint32_t> lru_;  // front = least recently used
   std::vector<uint64_t> occupied_;
   std::vector<uint64_t> expect_;

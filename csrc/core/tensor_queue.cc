@@ -8,8 +8,11 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> r
     if (closed_) return closed_status_;
     for (size_t i = 0; i < entries.size(); ++i) {
       const std::string& name = entries[i].name;
-      bool repeated = entries_.count(name) != 0;
-      for (size_t j = 0; j < i && !repeated; ++j) repeated = entries[j].name == name;
+      const std::string key = TensorKey(name, entries[i].process_set);
+      bool repeated = entries_.count(key) != 0;
+      for (size_t j = 0; j < i && !repeated; ++j) {
+        repeated = TensorKey(entries[j].name, entries[j].process_set) == key;
+      }
       if (repeated) {
         return Status::InvalidArgument(
             std::string(OpTypeName(entries[i].op)) + " '" + name +
@@ -20,8 +23,8 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> r
     auto now = std::chrono::steady_clock::now();
     for (TensorEntry& e : entries) {
       e.enqueued = now;
-      std::string name = e.name;
-      entries_.emplace(std::move(name), std::move(e));
+      std::string key = TensorKey(e.name, e.process_set);
+      entries_.emplace(std::move(key), std::move(e));
     }
     for (Request& r : requests) new_requests_.push_back(std::move(r));
     arrivals_ += requests.size();
@@ -37,9 +40,9 @@ std::vector<Request> TensorQueue::PopRequests() {
   return out;
 }
 
-bool TensorQueue::Take(const std::string& name, TensorEntry* out) {
+bool TensorQueue::Take(const std::string& key, TensorEntry* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = entries_.find(name);
+  auto it = entries_.find(key);
   if (it == entries_.end()) return false;
   *out = std::move(it->second);
   entries_.erase(it);
@@ -56,7 +59,7 @@ void TensorQueue::Close(const Status& status) {
     new_requests_.clear();
   }
   for (auto& kv : failed) {
-    Status s(status.code(), std::string(OpTypeName(kv.second.op)) + " '" + kv.first +
+    Status s(status.code(), std::string(OpTypeName(kv.second.op)) + " '" + kv.second.name +
                                 "' did not complete: " + status.message());
     kv.second.done(s, {});
   }

@@ -42,8 +42,8 @@ class TensorQueue {
   Status Add(std::vector<TensorEntry> entries, std::vector<Request> requests);
   // Moves out every request added since the last call. Background thread.
   std::vector<Request> PopRequests();
-  // Removes and returns the entry for `name`; false if there is none.
-  bool Take(const std::string& name, TensorEntry* out);
+  // Removes and returns the entry for `key` (TensorKey of name and process set); false if none.
+  bool Take(const std::string& key, TensorEntry* out);
   // Fails every pending entry with `status` and refuses further Adds with it.
   void Close(const Status& status);
   // Blocks until new requests arrive, Wake() is called, or `deadline` passes.
@@ -57,7 +57,7 @@ class TensorQueue {
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::unordered_map<std::string, TensorEntry> entries_;
+  std::unordered_map<std::string, TensorEntry> entries_;  // by TensorKey
   std::vector<Request> new_requests_;
   uint64_t arrivals_ = 0;
   bool woken_ = false;
