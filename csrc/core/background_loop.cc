@@ -115,6 +115,7 @@ void BackgroundLoop::WaitBeforeCycle(bool progressed, bool engaged) {
 }
 
 Status BackgroundLoop::RunCycle(CycleResult* result, bool engaged) {
+  if (d_.timeline != nullptr) d_.timeline->CycleStart();
   d_.controller->Submit(d_.queue->PopRequests());
   if (shutdown_requested_) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -25,6 +25,7 @@
 #include "core/controller.h"
 #include "core/executor.h"
 #include "core/tensor_queue.h"
+#include "core/timeline.h"
 
 namespace hvdl {
 
@@ -33,6 +34,7 @@ struct LoopDeps {
   Controller* controller = nullptr;
   Executor* executor = nullptr;
   const Config* config = nullptr;
+  Timeline* timeline = nullptr;  // CYCLE_START markers; may be nullptr
 };
 
 // Called on the loop thread after each cycle's negotiation, before its responses run.

@@ -6,6 +6,39 @@
 
 namespace hvdl {
 
+// Feeds execution events to the timeline (rank 0) and the performance summary.
+class Context::Observer : public ExecutionObserver {
+ public:
+  explicit Observer(Context* ctx) : ctx_(ctx) {}
+  void Activity(const std::vector<std::string>& keys, const char* activity) override {
+    if (!ctx_->timeline_->enabled()) return;
+    for (const std::string& k : keys) ctx_->timeline_->Activity(k, activity);
+  }
+  void Done(const std::vector<std::string>& keys) override {
+    if (!ctx_->timeline_->enabled()) return;
+    for (const std::string& k : keys) ctx_->timeline_->Done(k);
+  }
+  void CollectiveDone(OpType op, int tensors, int64_t bytes, int n, double seconds) override {
+    const double factor = n <= 1 ? 0.0
+                          : op == OpType::kAllreduce ? 2.0 * (n - 1) / n
+                                                     : static_cast<double>(n - 1) / n;
+    std::lock_guard<std::mutex> lock(ctx_->stats_mu_);
+    SummaryStats& s = ctx_->summary_;
+    ++s.collectives;
+    s.tensors += static_cast<uint64_t>(tensors);
+    s.bytes += bytes;
+    s.bus_bytes += static_cast<double>(bytes) * factor;
+    s.collective_seconds += seconds;
+    if (tensors > 1) {
+      ++s.fused_batches;
+      s.fused_bytes += bytes;
+    }
+  }
+
+ private:
+  Context* ctx_;
+};
+
 Context::Context(const InitOptions& options) : handles_(options.handles) {}
 
 Status Context::Create(const InitOptions& options, std::unique_ptr<Context>* out) {
@@ -28,10 +61,15 @@ Status Context::Init(const InitOptions& options) {
     HVDL_RETURN_IF_ERROR(comm_.backends.AddProcessSet(id, ranks));
     sets_->Add(id, ranks);
   }
+  timeline_ = std::make_unique<Timeline>();
+  observer_ = std::make_unique<Observer>(this);
   queue_ = std::make_unique<TensorQueue>();
   fusion_ = std::make_unique<FusionBuffer>();
+  const double stall = config_.stall_check_disable ? 0.0 : config_.stall_check_seconds;
   controller_ = std::make_unique<Controller>(comm_.control.get(), sets_.get(),
-                                             static_cast<size_t>(config_.cache_capacity));
+                                             static_cast<size_t>(config_.cache_capacity), stall,
+                                             config_.stall_shutdown_seconds);
+  controller_->set_timeline(timeline_.get());
   ExecutorDeps deps;
   deps.queue = queue_.get();
   deps.sets = sets_.get();
@@ -40,13 +78,18 @@ Status Context::Init(const InitOptions& options) {
   deps.rank = t.rank;
   executor_ = std::make_unique<Executor>(deps);
   executor_->set_fusion_threshold(config_.fusion_threshold_bytes);
+  executor_->set_observer(observer_.get());
   LoopDeps loop_deps;
   loop_deps.queue = queue_.get();
   loop_deps.controller = controller_.get();
   loop_deps.executor = executor_.get();
   loop_deps.config = &config_;
+  loop_deps.timeline = timeline_.get();
   loop_ = std::make_unique<BackgroundLoop>(loop_deps);
   loop_->set_cycle_hook([this](const CycleResult& r) { OnCycle(r); });
+  if (!config_.timeline_path.empty()) {
+    HVDL_RETURN_IF_ERROR(StartTimeline(config_.timeline_path, config_.timeline_mark_cycles));
+  }
   HVDL_LOG(Debug) << "initialized: " << t.size << " ranks, local " << t.local_rank << "/"
                   << t.local_size << ", fusion threshold " << config_.fusion_threshold_bytes
                   << " B, cycle time " << config_.cycle_time_ms << " ms, cache capacity "
@@ -60,6 +103,24 @@ Context::~Context() {
     loop_->RequestShutdown("horovodlite runtime destroyed");
     loop_->Join();
   }
+  if (timeline_) timeline_->Stop();
+}
+
+Status Context::StartTimeline(const std::string& path, bool mark_cycles) {
+  if (comm_.topology.rank != 0) return Status::Ok();
+  return timeline_->Start(path, mark_cycles);
+}
+
+void Context::StopTimeline() { timeline_->Stop(); }
+
+SummaryStats Context::TakeSummary() {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  SummaryStats out = summary_;
+  out.wait_seconds = stats_.controller.wait_seconds - summary_wait_base_;
+  out.fusion_threshold = executor_->fusion_threshold();
+  summary_wait_base_ = stats_.controller.wait_seconds;
+  summary_ = SummaryStats();
+  return out;
 }
 
 void Context::Shutdown(const std::string& reason) {

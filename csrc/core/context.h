@@ -22,6 +22,7 @@
 #include "core/handle_table.h"
 #include "core/process_set.h"
 #include "core/tensor_queue.h"
+#include "core/timeline.h"
 
 namespace hvdl {
 
@@ -30,6 +31,19 @@ struct InitOptions {
   std::vector<std::vector<int>> process_sets;  // static sets; they get ids 1, 2, ... in order
   int dynamic_process_sets = -1;               // -1: HOROVOD_DYNAMIC_PROCESS_SETS decides
   HandleTable* handles = nullptr;              // required
+};
+
+// Per-rank performance counters since the last TakeSummary (hvd.summary()).
+struct SummaryStats {
+  uint64_t collectives = 0;       // collective calls (a fused batch counts once)
+  uint64_t tensors = 0;           // tensors they carried
+  int64_t bytes = 0;              // payload bytes
+  double bus_bytes = 0;           // bytes x the collective's bus factor (2(n-1)/n for allreduce)
+  double collective_seconds = 0;  // time inside collectives (packing included)
+  double wait_seconds = 0;        // time this rank's requests waited for the other ranks
+  uint64_t fused_batches = 0;     // collectives that carried more than one tensor
+  int64_t fused_bytes = 0;
+  int64_t fusion_threshold = 0;
 };
 
 struct RuntimeStats {
@@ -61,24 +75,33 @@ class Context {
   // Empty while the loop runs; otherwise why it stopped.
   std::string stop_reason() const;
   RuntimeStats stats() const;
+  SummaryStats TakeSummary();
+  // Rank 0 writes the timeline; elsewhere these are no-ops.
+  Status StartTimeline(const std::string& path, bool mark_cycles);
+  void StopTimeline();
 
  private:
   explicit Context(const InitOptions& options);
   Status Init(const InitOptions& options);
   void OnCycle(const CycleResult& result);
+  class Observer;
 
   Config config_;
   CommRuntime comm_;
   HandleTable* handles_;
   bool dynamic_sets_ = false;
   std::unique_ptr<ProcessSetTable> sets_;
+  std::unique_ptr<Timeline> timeline_;
+  std::unique_ptr<Observer> observer_;
   std::unique_ptr<TensorQueue> queue_;
   std::unique_ptr<FusionBuffer> fusion_;
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<BackgroundLoop> loop_;
-  mutable std::mutex stats_mu_;
+  mutable std::mutex stats_mu_;  // guards stats_, summary_, summary_wait_base_
   RuntimeStats stats_;
+  SummaryStats summary_;
+  double summary_wait_base_ = 0;
 };
 
 }  // namespace hvdl

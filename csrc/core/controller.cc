@@ -16,14 +16,83 @@ size_t WordsFor(size_t slots) { return (slots + 63) / 64; }
 
 }  // namespace
 
-Controller::Controller(ControlPlane* cp, ProcessSetTable* sets, size_t cache_capacity)
-    : cp_(cp), sets_(sets), cache_(cache_capacity), table_(sets) {}
+Controller::Controller(ControlPlane* cp, ProcessSetTable* sets, size_t cache_capacity,
+                       double stall_seconds, double stall_shutdown_seconds)
+    : cp_(cp),
+      sets_(sets),
+      cache_(cache_capacity),
+      table_(sets),
+      stall_seconds_(stall_seconds),
+      inspector_(stall_seconds, stall_shutdown_seconds) {}
 
 void Controller::Submit(std::vector<Request> requests) {
+  const TimePoint now = std::chrono::steady_clock::now();
   for (Request& r : requests) {
     r.rank = cp_->rank();
+    since_[r.Key()] = now;
+    TraceStart(r);
+    last_ = PendingInfo{r.name, r.op, r.process_set, r.site, 0};
+    last_time_ = now;
     Classify(std::move(r));
   }
+}
+
+// True at most once per check period, when this rank's oldest request has waited too long.
+bool Controller::StallCheckDue() {
+  if (stall_seconds_ <= 0 || since_.empty()) return false;
+  const TimePoint now = std::chrono::steady_clock::now();
+  const auto period = std::chrono::duration<double>(stall_seconds_);
+  if (now - last_check_ < period) return false;
+  for (const auto& kv : since_) {
+    if (now - kv.second >= period) {
+      last_check_ = now;
+      return true;
+    }
+  }
+  return false;
+}
+
+RankMessage Controller::ReportPending(std::vector<Request> requests) const {
+  RankMessage m;
+  m.requests = std::move(requests);
+  m.has_report = true;
+  const TimePoint now = std::chrono::steady_clock::now();
+  auto age = [&](const std::string& key) {
+    auto it = since_.find(key);
+    return it == since_.end() ? 0.0 : std::chrono::duration<double>(now - it->second).count();
+  };
+  auto add = [&](const Request& q) {
+    m.pending.push_back(PendingInfo{q.name, q.op, q.process_set, q.site, age(q.Key())});
+  };
+  for (const auto& kv : sent_) add(kv.second);
+  for (const auto& kv : cached_pending_) add(kv.second);
+  m.last = last_;
+  if (!last_.name.empty()) {
+    m.last.age_seconds = std::chrono::duration<double>(now - last_time_).count();
+  }
+  return m;
+}
+
+// Agreement reached: account this rank's wait and close the negotiation span on the timeline.
+void Controller::Forget(const Response& response, bool cached) {
+  const std::string key = response.Key();
+  auto it = since_.find(key);
+  if (it != since_.end()) {
+    stats_.wait_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - it->second).count();
+    since_.erase(it);
+  }
+  if (timeline_ != nullptr && timeline_->enabled()) {
+    if (cached) timeline_->CacheHit(key);
+    timeline_->NegotiateEnd(key, response.op);
+  }
+}
+
+// On rank 0, a name it takes part in starts its NEGOTIATE span when first heard of.
+void Controller::TraceStart(const Request& q) {
+  if (timeline_ == nullptr || !timeline_->enabled() || cp_->rank() != 0) return;
+  if (q.op == OpType::kShutdown || sets_->RankIn(q.process_set, 0) < 0) return;
+  timeline_->NegotiateStart(q.Key(), q.name, q.op, q.dtype, q.shape);
 }
 
 void Controller::Classify(Request request) {
@@ -73,6 +142,7 @@ void Controller::BuildBits() {
   uint64_t flags = 0;
   if (!unsent_.empty() || shutdown_requested_) flags |= kFlagUncached;
   if (shutdown_requested_) flags |= kFlagShutdown;
+  if (StallCheckDue()) flags |= kFlagStall;
   if (num_pending() > 0) flags |= kFlagPending;
   if (joined_) flags |= kFlagJoined;
   words_[0] = flags;
@@ -141,13 +211,17 @@ Status Controller::FinishCycle(CycleResult* out) {
   ApplyInvalidations(w);
   CollectCachedReady(w, out);
   stats_.cache_hits += static_cast<uint64_t>(out->cache_hits);
-  if (flags & kFlagUncached) HVDL_RETURN_IF_ERROR(Negotiate(out));
+  if (flags & kFlagStall) last_check_ = std::chrono::steady_clock::now();  // one per period
+  if (flags & (kFlagUncached | kFlagStall)) HVDL_RETURN_IF_ERROR(Negotiate(out, flags));
   if (flags & kFlagShutdown) out->shutdown = true;
+  for (size_t i = 0; i < out->responses.size(); ++i) {
+    Forget(out->responses[i], static_cast<int>(i) < out->cache_hits);
+  }
   stats_.responses += out->responses.size();
   return Status::Ok();
 }
 
-Status Controller::Negotiate(CycleResult* out) {
+Status Controller::Negotiate(CycleResult* out, uint64_t flags) {
   std::vector<Request> mine = std::move(unsent_);
   unsent_.clear();
   for (const Request& r : mine) sent_[r.Key()] = r;
@@ -159,8 +233,14 @@ Status Controller::Negotiate(CycleResult* out) {
     notice.site = shutdown_reason_;
     mine.push_back(std::move(notice));
   }
+  RankMessage message;
+  if (flags & kFlagStall) {
+    message = ReportPending(std::move(mine));
+  } else {
+    message.requests = std::move(mine);
+  }
   std::vector<std::string> gathered;
-  HVDL_RETURN_IF_ERROR(cp_->Gather(SerializeRequests(mine), &gathered));
+  HVDL_RETURN_IF_ERROR(cp_->Gather(SerializeRankMessage(message), &gathered));
   std::string bytes;
   if (cp_->rank() == 0) bytes = SerializeResponses(Coordinate(gathered));
   HVDL_RETURN_IF_ERROR(cp_->Broadcast(&bytes));
@@ -185,11 +265,13 @@ Status Controller::Negotiate(CycleResult* out) {
 ResponseList Controller::Coordinate(const std::vector<std::string>& gathered) {
   ResponseList list;
   std::vector<std::string> ready;
+  std::vector<RankMessage> messages(gathered.size());
   for (size_t r = 0; r < gathered.size(); ++r) {
-    std::vector<Request> requests;
-    Status s = ParseRequests(gathered[r], &requests);
-    HVDL_CHECK(s.ok(), "rank " + std::to_string(r) + " sent a corrupt request list: " + s.message());
-    for (const Request& q : requests) {
+    Status s = ParseRankMessage(gathered[r], &messages[r]);
+    HVDL_CHECK(s.ok(), "rank " + std::to_string(r) + " sent a corrupt message: " + s.message());
+    for (const Request& q : messages[r].requests) {
+      TraceStart(q);
+      if (timeline_ != nullptr && timeline_->enabled()) timeline_->RankReady(q.Key(), q.rank);
       if (q.op == OpType::kShutdown) {
         list.shutdown = true;
         if (!list.shutdown_reason.empty()) list.shutdown_reason += "; ";
@@ -212,6 +294,15 @@ ResponseList Controller::Coordinate(const std::vector<std::string>& gathered) {
     join.sizes = {table_.last_joined()};
     list.responses.push_back(std::move(join));
     table_.ResetJoins();
+  }
+  if (!messages.empty() && messages[0].has_report) {
+    StallVerdict verdict = inspector_.Inspect(messages, *sets_);
+    if (!verdict.report.empty()) HVDL_LOG(Warning) << verdict.report;
+    if (verdict.shutdown) {
+      list.shutdown = true;
+      if (!list.shutdown_reason.empty()) list.shutdown_reason += "; ";
+      list.shutdown_reason += verdict.report;
+    }
   }
   if (hook_) hook_(table_, &list);
   return list;

@@ -17,6 +17,7 @@
 // requests to set bits for, so every name goes through the coordinator, which knows who joined.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -31,6 +32,8 @@
 #include "core/message_table.h"
 #include "core/process_set.h"
 #include "core/response_cache.h"
+#include "core/stall_inspector.h"
+#include "core/timeline.h"
 
 namespace hvdl {
 
@@ -39,6 +42,7 @@ enum CycleFlag : uint64_t {
   kFlagShutdown = 1u << 1,  // some rank asks the job to stop
   kFlagPending = 1u << 2,   // some rank waits for a response: everyone keeps polling quickly
   kFlagJoined = 1u << 3,    // some rank has joined: cache fast path suspended
+  kFlagStall = 1u << 4,     // some rank waited too long: everyone reports what it waits for
 };
 
 struct CycleResult {
@@ -57,6 +61,7 @@ struct ControllerStats {
   uint64_t cache_hits = 0;    // responses agreed through the bit vector
   uint64_t invalidations = 0;
   uint64_t responses = 0;
+  double wait_seconds = 0;  // this rank's submit-to-agreement time, summed over its requests
 };
 
 // Coordinator-side hook run after merging requests each slow-path cycle (stall inspection).
@@ -64,13 +69,17 @@ using CoordinatorHook = std::function<void(MessageTable& table, ResponseList* li
 
 class Controller {
  public:
-  Controller(ControlPlane* cp, ProcessSetTable* sets, size_t cache_capacity);
+  // `stall_seconds` <= 0 disables stall checks; `stall_shutdown_seconds` <= 0 only warns.
+  Controller(ControlPlane* cp, ProcessSetTable* sets, size_t cache_capacity,
+             double stall_seconds = 0, double stall_shutdown_seconds = 0);
 
   // Adds this rank's new requests (background thread). Their rank field is filled in here.
   void Submit(std::vector<Request> requests);
   // Asks every rank to stop at the end of the next cycle; `reason` reaches every rank.
   void RequestShutdown(const std::string& reason);
   void set_coordinator_hook(CoordinatorHook hook) { hook_ = std::move(hook); }
+  // Rank 0 records negotiation into `timeline` (may be nullptr).
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
   Status StartCycle();
   Status TestCycle(bool* done);
@@ -90,16 +99,21 @@ class Controller {
   void BuildBits();
   void ApplyInvalidations(size_t words);
   void CollectCachedReady(size_t words, CycleResult* out);
-  Status Negotiate(CycleResult* out);
+  Status Negotiate(CycleResult* out, uint64_t flags);
   ResponseList Coordinate(const std::vector<std::string>& gathered);
   void UpdateCache(const std::vector<Response>& negotiated);
   void Requeue(uint32_t slot);
+  bool StallCheckDue();
+  RankMessage ReportPending(std::vector<Request> requests) const;
+  void Forget(const Response& response, bool cached);
+  void TraceStart(const Request& q);
 
   ControlPlane* cp_;
   ProcessSetTable* sets_;
   ResponseCache cache_;
   MessageTable table_;  // used on rank 0 only
   CoordinatorHook hook_;
+  Timeline* timeline_ = nullptr;
 
   std::vector<Request> unsent_;                   // waiting for the next slow path
   std::map<uint32_t, Request> cached_pending_;     // announced through a cache bit
@@ -109,6 +123,14 @@ class Controller {
   std::string shutdown_reason_;
   bool joined_ = false;        // this rank has a join pending
   bool cache_suspended_ = false;
+  // Stall inspection: when each pending request was submitted, and this rank's last submission.
+  using TimePoint = std::chrono::steady_clock::time_point;
+  std::unordered_map<std::string, TimePoint> since_;  // by TensorKey
+  PendingInfo last_;
+  TimePoint last_time_;
+  TimePoint last_check_;
+  double stall_seconds_;
+  StallInspector inspector_;
   std::vector<uint64_t> words_;
   size_t slots_in_cycle_ = 0;  // cache slots covered by the posted bit vector
   ControllerStats stats_;

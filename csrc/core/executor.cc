@@ -137,7 +137,8 @@ void Executor::RunBatch(Items& items) {
         int64_t total = 0;
         for (const Item& it : items) total += PayloadBytes(*it.response);
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        observer_->CollectiveDone(r.op, total, d_.sets->Size(r.process_set), secs);
+        observer_->CollectiveDone(r.op, static_cast<int>(items.size()), total,
+                                  d_.sets->Size(r.process_set), secs);
       }
     }
   }
@@ -145,6 +146,11 @@ void Executor::RunBatch(Items& items) {
 }
 
 void Executor::Finish(Items& items, const Status& status, const std::vector<int64_t>& extra) {
+  if (observer_ != nullptr) {
+    std::vector<std::string> keys;
+    for (const Item& it : items) keys.push_back(it.response->Key());
+    observer_->Done(keys);
+  }
   for (Item& it : items) {
     if (!it.has_entry) continue;
     Status s = status;
@@ -158,16 +164,9 @@ void Executor::Finish(Items& items, const Status& status, const std::vector<int6
 
 void Executor::Phase(const Items& items, const char* activity) {
   if (observer_ == nullptr) return;
-  std::vector<std::string> names;
-  for (const Item& it : items) names.push_back(it.response->name);
-  observer_->ActivityStart(names, activity);
-}
-
-void Executor::EndPhase(const Items& items) {
-  if (observer_ == nullptr) return;
-  std::vector<std::string> names;
-  for (const Item& it : items) names.push_back(it.response->name);
-  observer_->ActivityEnd(names);
+  std::vector<std::string> keys;
+  for (const Item& it : items) keys.push_back(it.response->Key());
+  observer_->Activity(keys, activity);
 }
 
 Status Executor::RunAllreduce(Items& items, DataBackend* be) {
@@ -193,7 +192,6 @@ Status Executor::RunAllreduce(Items& items, DataBackend* be) {
     a.count = total;
     Phase(items, algo);
     Status s = be->Allreduce(a);
-    EndPhase(items);
     return s;
   }
   void* buf = d_.fusion->Reserve(static_cast<size_t>(total) * esize);
@@ -213,12 +211,10 @@ Status Executor::RunAllreduce(Items& items, DataBackend* be) {
       std::memset(At(buf, p.dst, esize), 0, static_cast<size_t>(p.count) * esize);  // joined
     }
   }
-  EndPhase(items);
   a.buf = buf;
   a.count = total;
   Phase(items, algo);
   Status s = be->Allreduce(a);
-  EndPhase(items);
   if (!s.ok()) return s;
   Phase(items, "MEMCPY_OUT_FUSION_BUFFER");
   for (const Piece& p : pieces) {
@@ -228,7 +224,6 @@ Status Executor::RunAllreduce(Items& items, DataBackend* be) {
                   static_cast<size_t>(p.count) * esize);
     }
   }
-  EndPhase(items);
   return Status::Ok();
 }
 
@@ -252,7 +247,6 @@ Status Executor::RunAllgather(Items& items, DataBackend* be) {
     Phase(items, "MPI_ALLGATHER");
     Status s = be->Allgatherv(items[0].entry.input.data, items[0].entry.output.data, counts,
                               r0.dtype, r0.process_set);
-    EndPhase(items);
     return s;
   }
   std::vector<int64_t> displ(static_cast<size_t>(n), 0);
@@ -268,10 +262,8 @@ Status Executor::RunAllgather(Items& items, DataBackend* be) {
     std::memcpy(At(buf, off, esize), it.entry.input.data, static_cast<size_t>(c) * esize);
     off += c;
   }
-  EndPhase(items);
   Phase(items, "MPI_ALLGATHER");
   Status s = be->Allgatherv(nullptr, buf, counts, r0.dtype, r0.process_set);
-  EndPhase(items);
   if (!s.ok()) return s;
   Phase(items, "MEMCPY_OUT_FUSION_BUFFER");
   std::vector<int64_t> written(items.size(), 0);
@@ -286,7 +278,6 @@ Status Executor::RunAllgather(Items& items, DataBackend* be) {
       src += c;
     }
   }
-  EndPhase(items);
   return Status::Ok();
 }
 
@@ -324,11 +315,9 @@ Status Executor::RunReducescatter(Items& items, DataBackend* be) {
       dst += c;
     }
   }
-  EndPhase(items);
   void* recv = At(buf, total, esize);
   Phase(items, "MPI_REDUCESCATTER");
   Status s = be->ReduceScatter(buf, recv, counts, r0.dtype, op, r0.process_set);
-  EndPhase(items);
   if (!s.ok()) return s;
   Phase(items, "MEMCPY_OUT_FUSION_BUFFER");
   int64_t src = 0;
@@ -337,7 +326,6 @@ Status Executor::RunReducescatter(Items& items, DataBackend* be) {
     ScaleCopy(it.entry.output.data, At(recv, src, esize), c, r0.dtype, post);
     src += c;
   }
-  EndPhase(items);
   return Status::Ok();
 }
 
@@ -349,10 +337,8 @@ Status Executor::RunBroadcast(Item& item, DataBackend* be) {
   if (d_.rank == r.root && e.output.data != e.input.data) {
     std::memcpy(e.output.data, e.input.data, static_cast<size_t>(count) * DataTypeSize(r.dtype));
   }
-  if (observer_ != nullptr) observer_->ActivityStart({r.name}, "MPI_BROADCAST");
-  Status s = be->Broadcast(e.output.data, count, r.dtype, root, r.process_set);
-  if (observer_ != nullptr) observer_->ActivityEnd({r.name});
-  return s;
+  if (observer_ != nullptr) observer_->Activity({r.Key()}, "MPI_BROADCAST");
+  return be->Broadcast(e.output.data, count, r.dtype, root, r.process_set);
 }
 
 Status Executor::RunAlltoall(Item& item, DataBackend* be, std::vector<int64_t>* received) {
@@ -373,11 +359,9 @@ Status Executor::RunAlltoall(Item& item, DataBackend* be, std::vector<int64_t>* 
     out_shape[0] += from_m;
   }
   HVDL_RETURN_IF_ERROR(item.entry.allocate(out_shape, &item.entry.output));
-  if (observer_ != nullptr) observer_->ActivityStart({r.name}, "MPI_ALLTOALL");
-  Status s = be->Alltoallv(item.entry.input.data, send, item.entry.output.data, recv, r.dtype,
-                           r.process_set);
-  if (observer_ != nullptr) observer_->ActivityEnd({r.name});
-  return s;
+  if (observer_ != nullptr) observer_->Activity({r.Key()}, "MPI_ALLTOALL");
+  return be->Alltoallv(item.entry.input.data, send, item.entry.output.data, recv, r.dtype,
+                       r.process_set);
 }
 
 Status Executor::RunProcessSet(Item& item, std::vector<int64_t>* extra) {

@@ -24,11 +24,14 @@ namespace hvdl {
 class ExecutionObserver {
  public:
   virtual ~ExecutionObserver() = default;
-  // `activity` is e.g. "MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE"; names are the tensors involved.
-  virtual void ActivityStart(const std::vector<std::string>& names, const char* activity) = 0;
-  virtual void ActivityEnd(const std::vector<std::string>& names) = 0;
-  // One collective finished: `bytes` of payload moved for `names` in `seconds`.
-  virtual void CollectiveDone(OpType op, int64_t bytes, int set_size, double seconds) = 0;
+  // The tensors `keys` (TensorKey) enter `activity`, e.g. "MEMCPY_IN_FUSION_BUFFER",
+  // "MPI_ALLREDUCE"; the previous activity of each ends.
+  virtual void Activity(const std::vector<std::string>& keys, const char* activity) = 0;
+  // The tensors `keys` completed (successfully or not).
+  virtual void Done(const std::vector<std::string>& keys) = 0;
+  // One collective of `tensors` tensors moved `bytes` of payload in `seconds`.
+  virtual void CollectiveDone(OpType op, int tensors, int64_t bytes, int set_size,
+                              double seconds) = 0;
 };
 
 struct ExecutorDeps {
@@ -69,7 +72,6 @@ class Executor {
   Status RunProcessSet(Item& item, std::vector<int64_t>* extra);
   int64_t PayloadBytes(const Response& r) const;
   void Phase(const Items& items, const char* activity);
-  void EndPhase(const Items& items);
   void Finish(Items& items, const Status& status, const std::vector<int64_t>& extra);
 
   ExecutorDeps d_;

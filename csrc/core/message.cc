@@ -105,7 +105,54 @@ bool ReadResponse(ByteReader& r, Response* p) {
          r.I32(&p->root) && r.I32(&p->device) && r.I32(&p->process_set) && r.I64s(&p->sizes);
 }
 
+void WritePending(ByteWriter& w, const PendingInfo& p) {
+  w.Str(p.name);
+  w.I32(static_cast<int32_t>(p.op));
+  w.I32(p.process_set);
+  w.Str(p.site);
+  w.F64(p.age_seconds);
+}
+
+bool ReadPending(ByteReader& r, PendingInfo* p) {
+  return r.Str(&p->name) && ReadEnum(r, &p->op) && r.I32(&p->process_set) && r.Str(&p->site) &&
+         r.F64(&p->age_seconds);
+}
+
 }  // namespace
+
+std::string SerializeRankMessage(const RankMessage& m) {
+  ByteWriter w;
+  w.Str(SerializeRequests(m.requests));
+  w.I32(m.has_report ? 1 : 0);
+  if (m.has_report) {
+    w.I64(static_cast<int64_t>(m.pending.size()));
+    for (const PendingInfo& p : m.pending) WritePending(w, p);
+    WritePending(w, m.last);
+  }
+  return w.Take();
+}
+
+Status ParseRankMessage(const std::string& bytes, RankMessage* out) {
+  ByteReader r(bytes);
+  std::string requests;
+  int32_t has_report = 0;
+  if (!r.Str(&requests) || !r.I32(&has_report)) return Status::Internal("corrupt rank message");
+  HVDL_RETURN_IF_ERROR(ParseRequests(requests, &out->requests));
+  out->has_report = has_report != 0;
+  out->pending.clear();
+  if (out->has_report) {
+    int64_t n = 0;
+    if (!r.I64(&n) || n < 0) return Status::Internal("corrupt stall report");
+    for (int64_t i = 0; i < n; ++i) {
+      PendingInfo p;
+      if (!ReadPending(r, &p)) return Status::Internal("corrupt stall report entry");
+      out->pending.push_back(std::move(p));
+    }
+    if (!ReadPending(r, &out->last)) return Status::Internal("corrupt stall report tail");
+  }
+  if (!r.done()) return Status::Internal("trailing bytes after rank message");
+  return Status::Ok();
+}
 
 std::string SerializeRequests(const std::vector<Request>& requests) {
   ByteWriter w;

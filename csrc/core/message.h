@@ -62,6 +62,23 @@ struct Response {
   std::string Key() const { return TensorKey(name, process_set); }
 };
 
+// One pending request as a rank reports it to the stall inspector.
+struct PendingInfo {
+  std::string name;
+  OpType op = OpType::kAllreduce;
+  int32_t process_set = 0;
+  std::string site;
+  double age_seconds = 0;
+};
+
+// What one rank sends to the coordinator in a slow-path cycle.
+struct RankMessage {
+  std::vector<Request> requests;
+  bool has_report = false;           // set in stall-check cycles
+  std::vector<PendingInfo> pending;  // everything this rank waits for
+  PendingInfo last;                  // this rank's most recent submission (name empty if none)
+};
+
 struct ResponseList {
   std::vector<Response> responses;
   bool shutdown = false;
@@ -100,6 +117,8 @@ class ByteReader {
 
 std::string SerializeRequests(const std::vector<Request>& requests);
 Status ParseRequests(const std::string& bytes, std::vector<Request>* out);
+std::string SerializeRankMessage(const RankMessage& message);
+Status ParseRankMessage(const std::string& bytes, RankMessage* out);
 std::string SerializeResponses(const ResponseList& list);
 Status ParseResponses(const std::string& bytes, ResponseList* out);
 

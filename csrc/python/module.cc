@@ -67,6 +67,21 @@ py::dict Stats() {
   return d;
 }
 
+py::dict Summary() {
+  SummaryStats s = Runtime::Get().RequireContext().TakeSummary();
+  py::dict d;
+  d["collectives"] = s.collectives;
+  d["tensors"] = s.tensors;
+  d["bytes"] = s.bytes;
+  d["bus_bytes"] = s.bus_bytes;
+  d["collective_seconds"] = s.collective_seconds;
+  d["wait_seconds"] = s.wait_seconds;
+  d["fused_batches"] = s.fused_batches;
+  d["fused_bytes"] = s.fused_bytes;
+  d["fusion_threshold"] = s.fusion_threshold;
+  return d;
+}
+
 py::list KnobTable() {
   py::list out;
   for (const KnobInfo& k : Knobs()) out.append(py::make_tuple(k.name, k.default_value, k.doc));
@@ -85,6 +100,7 @@ py::dict ConfigDict() {
   d["timeline"] = c.timeline_path;
   d["autotune"] = c.autotune;
   d["allreduce_algorithm"] = AllreduceAlgorithmName(c.allreduce_algorithm);
+  d["summary_steps"] = c.summary_steps;
   return d;
 }
 
@@ -113,6 +129,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("poll", &Poll, py::arg("handle"));
   m.def("release", [](int h) { Runtime::Get().handles().Release(h); }, py::arg("handle"));
   m.def("stats", &Stats);
+  m.def("take_summary", &Summary);
+  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
+    ThrowIfError(Runtime::Get().RequireContext().StartTimeline(path, mark_cycles));
+  }, py::arg("path"), py::arg("mark_cycles") = false);
+  m.def("stop_timeline", [] {
+    Context& ctx = Runtime::Get().RequireContext();
+    py::gil_scoped_release nogil;
+    ctx.StopTimeline();
+  });
   m.def("config", &ConfigDict);
   m.def("knobs", &KnobTable);
   m.def("stop_reason", [] { return Runtime::Get().RequireContext().stop_reason(); });

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import atexit
+import os
+import sys
 import threading
+import time
+import traceback
 
 from horovodlite._extension import load
 from horovodlite.common import process_sets as _ps
 
 _C = load()
 _lock = threading.Lock()
-_atexit_registered = False
+_hooks_installed = False
+# After telling the other ranks why this one fails, wait this long before the process exits so
+# they can raise and print before mpirun tears the job down.
+_FAILURE_GRACE_SECONDS = 1.5
 
 
 def _comm_args(comm):
@@ -30,9 +37,42 @@ def _comm_args(comm):
     return None, sorted(ranks)
 
 
+def _user_site(tb) -> str:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frames = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(here)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
+def _on_uncaught(exc_type, exc, tb, previous) -> None:
+    """Uncaught exception: print it, then stop the job on every rank with the reason, so the
+    other ranks raise HorovodInternalError naming this rank instead of hanging."""
+    previous(exc_type, exc, tb)
+    if _C.is_initialized() and not issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+        _stop(f"raised {exc_type.__name__}: {exc} (at {_user_site(tb)})")
+        time.sleep(_FAILURE_GRACE_SECONDS)
+
+
+def _stop(reason: str) -> None:
+    with _lock:
+        if _C.is_initialized():
+            _C.shutdown(reason)
+            _ps._teardown()
+
+
 def _at_exit() -> None:
-    shutdown()
+    # A rank leaving while the runtime still runs tells the others why their collectives end.
+    _stop("exited while horovodlite was running (its process ended)")
     _C.finalize_transport()
+
+
+def _install_hooks() -> None:
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(_at_exit)
+    previous = sys.excepthook
+    sys.excepthook = lambda t, e, tb: _on_uncaught(t, e, tb, previous)
 
 
 def init(comm=None, process_sets=None) -> None:
@@ -43,7 +83,6 @@ def init(comm=None, process_sets=None) -> None:
     MPI that mpi4py already initialised is reused and never finalised by horovodlite; MPI that
     horovodlite initialised is finalised at process exit.
     """
-    global _atexit_registered
     with _lock:
         if _C.is_initialized():
             return
@@ -61,9 +100,7 @@ def init(comm=None, process_sets=None) -> None:
         _C.init(comm_f2c=f2c, ranks=ranks, process_sets=_ps._static_rank_lists(static),
                 dynamic=dynamic)
         _ps._setup(static)
-        if not _atexit_registered:
-            atexit.register(_at_exit)
-            _atexit_registered = True
+        _install_hooks()
 
 
 def shutdown() -> None:
@@ -71,10 +108,7 @@ def shutdown() -> None:
 
     MPI stays initialised (it cannot be initialised twice), so ``init()`` works again.
     """
-    with _lock:
-        if _C.is_initialized():
-            _C.shutdown("hvd.shutdown() was called")
-            _ps._teardown()
+    _stop("called hvd.shutdown()")
 
 
 def is_initialized() -> bool:
@@ -169,3 +203,15 @@ def _knobs() -> list:
 
 def _transport() -> str | None:
     return _C.transport_version() or None
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Starts writing a Chrome-trace timeline to ``file_path`` (rank 0 writes; call on every
+    rank). View it in Perfetto or chrome://tracing, or summarise it with
+    ``python -m horovodlite.timeline FILE``."""
+    _C.start_timeline(str(file_path), bool(mark_cycles))
+
+
+def stop_timeline() -> None:
+    """Flushes and closes the timeline started by start_timeline or HOROVOD_TIMELINE."""
+    _C.stop_timeline()

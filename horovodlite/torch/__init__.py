@@ -25,6 +25,8 @@ from horovodlite.common.basics import (
     rank,
     rocm_built,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from horovodlite.common.basics import shutdown as _shutdown_runtime
 from horovodlite.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
@@ -80,6 +82,7 @@ from horovodlite.torch.mpi_ops import (
     poll,
     synchronize,
 )
+from horovodlite.torch.summary import summary
 
 
 def shutdown() -> None:
@@ -87,6 +90,7 @@ def shutdown() -> None:
     ``init()`` works again afterwards in the same process."""
     _shutdown_runtime()
     _mpi_ops._reset_names()
+    _mpi_ops._reset_handles()
     _collectives._reset()
 
 
@@ -95,7 +99,8 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "mpi_threads_supported", "mpi_enabled", "mpi_built",
     "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
-    "rocm_built", "HorovodInternalError", "HostsUpdatedInterrupt",
+    "rocm_built", "HorovodInternalError", "HostsUpdatedInterrupt", "start_timeline",
+    "stop_timeline", "summary",
     # reduce ops
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     # process sets

@@ -19,7 +19,7 @@ from horovodlite.torch.mpi_ops import (
     _auto_name,
     _group_names,
     _site,
-    _track,
+    _submit,
     allreduce,
     synchronize,
 )
@@ -34,15 +34,17 @@ _barrier_counts: dict[int, int] = {}
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
     """Concatenates every rank's ``tensor`` along dim 0 (first dims may differ)."""
     name = _auto_name("allgather", name)
-    h = _C.enqueue_allgather([tensor], [name], _id_of(process_set), [_site()])
-    return _track(h, "allgather", tensor)
+    ps, site = _id_of(process_set), [_site()]
+    return _submit("allgather", "allgather", [name], ps,
+                   lambda: _C.enqueue_allgather([tensor], [name], ps, site), tensor)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
     tensors = list(tensors)
     names = _group_names("grouped_allgather", name, len(tensors))
-    h = _C.enqueue_allgather(tensors, names, _id_of(process_set), [_site()] * len(tensors))
-    return _track(h, "grouped_allgather", tensors)
+    ps, sites = _id_of(process_set), [_site()] * len(tensors)
+    return _submit("grouped_allgather", "allgather", names, ps,
+                   lambda: _C.enqueue_allgather(tensors, names, ps, sites), tensors)
 
 
 def _own_rows(process_set, sizes):
@@ -112,17 +114,17 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     """Out-of-place broadcast from global rank ``root_rank``; the input is left untouched."""
     name = _auto_name("broadcast", name)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    h = _C.enqueue_broadcast([tensor], [output], [name], int(root_rank), _id_of(process_set),
-                             [_site()])
-    return _track(h, "broadcast", tensor, output)
+    ps, site = _id_of(process_set), [_site()]
+    return _submit("broadcast", "broadcast", [name], ps, lambda: _C.enqueue_broadcast(
+        [tensor], [output], [name], int(root_rank), ps, site), tensor, output)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> int:
     """In-place broadcast from global rank ``root_rank``."""
     name = _auto_name("broadcast", name)
-    h = _C.enqueue_broadcast([tensor], [tensor], [name], int(root_rank), _id_of(process_set),
-                             [_site()])
-    return _track(h, "broadcast_", tensor)
+    ps, site = _id_of(process_set), [_site()]
+    return _submit("broadcast_", "broadcast", [name], ps, lambda: _C.enqueue_broadcast(
+        [tensor], [tensor], [name], int(root_rank), ps, site), tensor)
 
 
 class _BroadcastFunction(torch.autograd.Function):
@@ -153,7 +155,7 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 # ----------------------------------------------------------------------------------- alltoall
 
 
-def _splits_list(splits, tensor, process_set) -> list:
+def _splits_list(splits) -> list:
     if splits is None:
         return []
     if isinstance(splits, torch.Tensor):
@@ -169,9 +171,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     """Sends rows ``splits[i]`` of ``tensor`` (dim 0) to rank i; ``synchronize`` returns
     ``(output, received_splits)``."""
     name = _auto_name("alltoall", name)
-    h = _C.enqueue_alltoall(tensor, _splits_list(splits, tensor, process_set), name,
-                            _id_of(process_set), _site())
-    return _track(h, "alltoall", tensor)
+    ps, site, split_list = _id_of(process_set), _site(), _splits_list(splits)
+    return _submit("alltoall", "alltoall", [name], ps,
+                   lambda: _C.enqueue_alltoall(tensor, split_list, name, ps, site), tensor)
 
 
 class _AlltoallFunction(torch.autograd.Function):
@@ -213,9 +215,9 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     rows)."""
     op = _check_rs_op(op)
     name = _auto_name("reducescatter", name)
-    h = _C.enqueue_reducescatter([tensor], [name], op, float(prescale_factor),
-                                 float(postscale_factor), _id_of(process_set), [_site()])
-    return _track(h, "reducescatter", tensor)
+    ps, site = _id_of(process_set), [_site()]
+    return _submit("reducescatter", "reducescatter", [name], ps, lambda: _C.enqueue_reducescatter(
+        [tensor], [name], op, float(prescale_factor), float(postscale_factor), ps, site), tensor)
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
@@ -223,10 +225,10 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     op = _check_rs_op(op)
     tensors = list(tensors)
     names = _group_names("grouped_reducescatter", name, len(tensors))
-    h = _C.enqueue_reducescatter(tensors, names, op, float(prescale_factor),
-                                 float(postscale_factor), _id_of(process_set),
-                                 [_site()] * len(tensors))
-    return _track(h, "grouped_reducescatter", tensors)
+    ps, sites = _id_of(process_set), [_site()] * len(tensors)
+    return _submit("grouped_reducescatter", "reducescatter", names, ps,
+                   lambda: _C.enqueue_reducescatter(tensors, names, op, float(prescale_factor),
+                                                    float(postscale_factor), ps, sites), tensors)
 
 
 def _rs_backward(grad, op, process_set):
@@ -291,13 +293,15 @@ def barrier(process_set=global_process_set) -> None:
     ps_id = _id_of(process_set)
     count = _barrier_counts.get(ps_id, 0)
     _barrier_counts[ps_id] = count + 1
-    synchronize(_track(_C.enqueue_barrier(f"barrier.{ps_id}.{count}", ps_id), "barrier"))
+    name = f"barrier.{ps_id}.{count}"
+    synchronize(_submit("barrier", "barrier", [name], ps_id,
+                        lambda: _C.enqueue_barrier(name, ps_id)))
 
 
 def join(device=-1) -> int:
     """This rank has no more data: serve other ranks' allreduces with zeros until every rank
     has joined. Returns the last rank to join (the same on every rank)."""
-    return synchronize(_track(_C.enqueue_join(), "join"))
+    return synchronize(_submit("join", "join", ["join"], 0, _C.enqueue_join))
 
 
 def _reset() -> None:

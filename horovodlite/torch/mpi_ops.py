@@ -33,10 +33,15 @@ Product = 5
 _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
              Product: "Product"}
 
-# handle -> (kind, python-side objects kept alive and needed to build the result)
+# handle -> (kind, python-side objects kept alive and needed to build the result, reserved keys)
 _handles: dict[int, tuple] = {}
+# (process set id, name) -> handle: a name stays reserved until its handle is synchronized, so
+# reusing it too early is a ValueError whether or not the first op happened to finish already.
+_reserved: dict[tuple, int] = {}
 _counters: dict[str, itertools.count] = {}
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Frames from these folders are never "the user's call site" (autograd Functions add torch's).
+_INTERNAL_DIRS = (_PKG_DIR, os.path.dirname(os.path.abspath(torch.__file__)))
 
 
 def _auto_name(op: str, name: str | None) -> str:
@@ -53,7 +58,7 @@ def _reset_names() -> None:
 def _site() -> str:
     """file:line of the user code that called into horovodlite (for stall reports)."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_PKG_DIR):
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRS):
         frame = frame.f_back
     if frame is None:
         return ""
@@ -76,9 +81,27 @@ def _resolve_op(average, op, fn: str) -> int:
     return op
 
 
-def _track(handle: int, kind: str, *objects) -> int:
-    _handles[handle] = (kind, objects)
+def _submit(kind: str, op: str, names, ps_id: int, enqueue, *objects) -> int:
+    """Checks the names are free on this rank, enqueues, and remembers the handle."""
+    for name in names:
+        holder = _reserved.get((ps_id, name))
+        if holder is not None:
+            raise ValueError(
+                f"{op} '{name}': a collective with this name is still pending on this rank "
+                f"(handle {holder}); synchronize() it before reusing the name, or pass a "
+                "different name."
+            )
+    handle = enqueue()
+    keys = [(ps_id, name) for name in names]
+    for key in keys:
+        _reserved[key] = handle
+    _handles[handle] = (kind, objects, keys)
     return handle
+
+
+def _reset_handles() -> None:
+    """After shutdown: handles stay synchronizable (they report the shutdown), names are freed."""
+    _reserved.clear()
 
 
 def poll(handle: int) -> bool:
@@ -91,7 +114,10 @@ def synchronize(handle: int):
 
     An unknown or already-synchronized handle raises ValueError.
     """
-    kind, objects = _handles.pop(handle, (None, ()))
+    kind, objects, keys = _handles.pop(handle, (None, (), ()))
+    for key in keys:
+        if _reserved.get(key) == handle:
+            del _reserved[key]
     outputs, extra = _C.wait(handle)
     if kind in ("allreduce_", "broadcast_"):
         return objects[0]
@@ -119,9 +145,12 @@ def _check_average_op(op: int, fn: str) -> None:
                          "tensors (see horovodlite.torch.adasum)")
 
 
-def _enqueue_allreduce(tensors, outputs, names, op, prescale, postscale, process_set):
-    return _C.enqueue_allreduce(tensors, outputs, names, op, float(prescale), float(postscale),
-                                _id_of(process_set), [_site()] * len(tensors))
+def _enqueue_allreduce(kind, tensors, outputs, names, op, prescale, postscale, process_set,
+                       *objects):
+    ps_id = _id_of(process_set)
+    sites = [_site()] * len(tensors)
+    return _submit(kind, "allreduce", names, ps_id, lambda: _C.enqueue_allreduce(
+        tensors, outputs, names, op, float(prescale), float(postscale), ps_id, sites), *objects)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -134,9 +163,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                                       process_set, inplace=False)
     name = _auto_name("allreduce", name)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    h = _enqueue_allreduce([tensor], [output], [name], op, prescale_factor, postscale_factor,
-                           process_set)
-    return _track(h, "allreduce", tensor, output)
+    return _enqueue_allreduce("allreduce", [tensor], [output], [name], op, prescale_factor,
+                              postscale_factor, process_set, tensor, output)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -148,9 +176,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         return adasum_allreduce_async(tensor, name, prescale_factor, postscale_factor,
                                       process_set, inplace=True)
     name = _auto_name("allreduce", name)
-    h = _enqueue_allreduce([tensor], [tensor], [name], op, prescale_factor, postscale_factor,
-                           process_set)
-    return _track(h, "allreduce_", tensor)
+    return _enqueue_allreduce("allreduce_", [tensor], [tensor], [name], op, prescale_factor,
+                              postscale_factor, process_set, tensor)
 
 
 class _AllreduceFunction(torch.autograd.Function):
@@ -199,9 +226,8 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     tensors = list(tensors)
     outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     names = _group_names("grouped_allreduce", name, len(tensors))
-    h = _enqueue_allreduce(tensors, outputs, names, op, prescale_factor, postscale_factor,
-                           process_set)
-    return _track(h, "grouped_allreduce", tensors, outputs)
+    return _enqueue_allreduce("grouped_allreduce", tensors, outputs, names, op, prescale_factor,
+                              postscale_factor, process_set, tensors, outputs)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -211,9 +237,8 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     _check_average_op(op, "grouped_allreduce_async_")
     tensors = list(tensors)
     names = _group_names("grouped_allreduce", name, len(tensors))
-    h = _enqueue_allreduce(tensors, tensors, names, op, prescale_factor, postscale_factor,
-                           process_set)
-    return _track(h, "grouped_allreduce_", tensors)
+    return _enqueue_allreduce("grouped_allreduce_", tensors, tensors, names, op,
+                              prescale_factor, postscale_factor, process_set, tensors)
 
 
 class _GroupedAllreduceFunction(torch.autograd.Function):

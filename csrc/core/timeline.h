@@ -1,0 +1,90 @@
+// Timeline: a Chrome trace (chrome://tracing, Perfetto) of what every tensor went through.
+//
+// One track (tid) per tensor name. For each collective:
+//   NEGOTIATE_<OP>  from the first time the coordinator hears of the name until every rank
+//                   agreed; instant events inside say which rank reported when (or that the
+//                   response cache agreed), args carry dtype and shape;
+//   <OP>            the execution span, containing QUEUE, MEMCPY_IN_FUSION_BUFFER, the
+//                   collective (MPI_ALLREDUCE, RING_ALLREDUCE, ...) and MEMCPY_OUT_FUSION_BUFFER.
+// With mark_cycles, CYCLE_START instant events mark each background-loop cycle.
+//
+// Only rank 0 (the coordinator) records. Recording is off the hot path: the background thread
+// appends small fixed-size events to a queue; a writer thread formats them and appends to the
+// file every 50 ms. The file always ends with "]" after each write (the writer seeks back over
+// it before appending), so it is valid JSON even if the job is killed mid-run.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "common/types.h"
+
+namespace hvdl {
+
+class Timeline {
+ public:
+  Timeline() = default;
+  ~Timeline();
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+
+  // Any thread. Starts writing to `path` (truncating it); an open timeline is stopped first.
+  Status Start(const std::string& path, bool mark_cycles);
+  // Any thread. Flushes and closes the file.
+  void Stop();
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+  bool mark_cycles() const { return mark_cycles_.load(std::memory_order_relaxed); }
+
+  // Background thread. `key` identifies the tensor (TensorKey); `label` is the name shown.
+  void NegotiateStart(const std::string& key, const std::string& label, OpType op,
+                      DataType dtype, const Shape& shape);
+  void RankReady(const std::string& key, int rank);
+  void CacheHit(const std::string& key);
+  void NegotiateEnd(const std::string& key, OpType op);  // also opens the <OP> span with QUEUE
+  void Activity(const std::string& key, const char* activity);  // ends the previous activity
+  void Done(const std::string& key);  // closes the <OP> span
+  void CycleStart();
+
+ private:
+  enum class Kind : char { kBegin, kEnd, kInstant, kMeta, kGlobalInstant };
+  struct Event {
+    Kind kind;
+    int64_t ts_us;
+    int32_t tid;
+    const char* name;   // static string (activity, op) or nullptr when `text` is used
+    std::string text;   // dynamic name (meta) or args
+  };
+  struct Track {
+    int32_t tid;
+    int depth = 0;               // 1 while negotiating or executing
+    bool activity_open = false;  // an activity span inside <OP> is open
+  };
+  Track& TrackFor(const std::string& key, const std::string& label);
+  void Push(Event e);
+  void WriterLoop();
+  void WriteBatch(std::vector<Event>& batch);
+  std::string Format(const Event& e) const;
+
+  std::atomic<bool> enabled_{false};
+  std::atomic<bool> mark_cycles_{false};
+  std::mutex mu_;  // guards queue_ and stop_; the writer thread owns the file while it runs
+  std::condition_variable cv_;
+  std::vector<Event> queue_;
+  bool stop_ = false;
+  std::thread writer_;
+  std::FILE* file_ = nullptr;
+  bool wrote_any_ = false;
+  int64_t origin_us_ = 0;
+  // Background thread only.
+  std::unordered_map<std::string, Track> tracks_;
+};
+
+}  // namespace hvdl

@@ -1,0 +1,168 @@
+"""Never hang silently: stalls are reported (tensors, ranks, file:line) and with a shutdown time
+become errors on every rank; a rank that raises, exits early or is killed is named by the others
+or the launcher; timelines are valid Chrome traces; the summary agrees with the timeline.
+Every scenario is a real multi-process job, bounded in time."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+SCRIPTS = HERE / "scripts"
+
+
+def job(np_: int, script: str, *args, env: dict | None = None, timeout: float = 90):
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", HOROVOD_LOG_HIDE_TIME="1")
+    full_env.update(env or {})
+    cmd = [sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_), sys.executable,
+           str(SCRIPTS / script), *map(str, args)]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=HERE.parent, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"job did not end within {timeout}s:\n{out[-5000:]}")
+    return proc.returncode, out, time.monotonic() - start
+
+
+def line_of(script: str, text: str) -> int:
+    for i, line in enumerate((SCRIPTS / script).read_text().splitlines(), 1):
+        if text in line:
+            return i
+    raise AssertionError(text)
+
+
+STALL = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"}
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_missing_rank_is_reported_with_call_sites_then_every_rank_errors(np_):
+    rc, out, took = job(np_, "stall.py", "missing", 5, env=STALL)
+    submit = line_of("stall.py", 'name="grad.w"')
+    warmup = line_of("stall.py", 'name="warmup"')
+    others = [r for r in range(np_) if r != 1]
+    assert "WARNING" in out and "allreduce 'grad.w'" in out
+    submitted = re.search(r"submitted by:(.*)", out).group(1)
+    for r in others:
+        assert f"rank {r} at {SCRIPTS / 'stall.py'}:{submit}" in submitted, out
+    assert (f"missing on: rank 1 (its last submission: allreduce 'warmup' at "
+            f"{SCRIPTS / 'stall.py'}:{warmup}") in out
+    for r in range(np_):
+        assert re.search(rf"rank {r}: HorovodInternalError after [\d.]+s: .*stall", out), out
+    for r in others:  # the waiting ranks error out around the shutdown time
+        secs = float(re.search(rf"rank {r}: HorovodInternalError after ([\d.]+)s", out).group(1))
+        assert 2.5 <= secs <= 10, out
+    assert rc != 0 and took < 60
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_mismatched_names_show_both_sides(np_):
+    rc, out, _ = job(np_, "stall.py", "names", env=STALL)
+    assert "allreduce 'grad.a'" in out and "allreduce 'grad.b'" in out
+    assert re.search(r"'grad.a'.*\n\s+submitted by: rank 0 at .*stall.py:\d+;"
+                     r"\n\s+missing on: rank 1 \(its last submission: allreduce 'grad.b'", out), out
+    assert re.search(r"'grad.b'.*\n\s+submitted by: rank 1 at", out), out
+    assert rc != 0
+
+
+def test_a_slow_rank_is_warned_about_and_the_check_can_be_disabled():
+    warn_only = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}
+    rc, out, _ = job(2, "stall.py", "late", 2.5, env=warn_only)
+    assert rc == 0 and "finished without error" in out and "stall:" in out, out
+    disabled = dict(warn_only, HOROVOD_STALL_CHECK_DISABLE="1")
+    rc, out, _ = job(2, "stall.py", "late", 2.5, env=disabled)
+    assert rc == 0 and "stall:" not in out, out
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_rank_raising_is_named_by_the_others(np_):
+    rc, out, took = job(np_, "crash.py", "raise")
+    raise_line = line_of("crash.py", 'raise ValueError("bad batch 17")')
+    assert "ValueError: bad batch 17" in out  # the failing rank's own traceback
+    for r in range(np_):
+        if r == 1:
+            continue
+        assert re.search(rf"rank {r}: HorovodInternalError after [\d.]+s: .*rank 1: raised "
+                         rf"ValueError: bad batch 17 \(at .*crash.py:{raise_line}\)", out), out
+    assert rc != 0 and took < 30
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_rank_exiting_early_is_named_by_the_others(np_):
+    rc, out, took = job(np_, "crash.py", "exit")
+    for r in range(np_):
+        if r != 1:
+            assert re.search(rf"rank {r}: HorovodInternalError .*rank 1: exited", out), out
+    assert rc != 0 and took < 30
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_rank_killed_by_a_signal_ends_the_job_naming_it(np_):
+    rc, out, took = job(np_, "crash.py", "kill", timeout=60)
+    assert rc != 0 and took < 45
+    assert re.search(r"rank 1 .*(signal 9|Killed)", out, re.S), out
+
+
+def test_timeline_is_valid_and_agrees_with_the_summary(tmp_path):
+    path = tmp_path / "timeline.json"
+    rc, out, _ = job(2, "timeline_summary.py", path)
+    assert rc == 0, out
+    events = json.loads(path.read_text())
+    names = {e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
+    assert {"grad.0", "grad.4", "gathered", "bcast"} <= names
+    begins = [e for e in events if e.get("ph") == "B"]
+    kinds = {e["name"] for e in begins}
+    assert {"NEGOTIATE_ALLREDUCE", "NEGOTIATE_ALLGATHER", "NEGOTIATE_BROADCAST", "ALLREDUCE",
+            "ALLGATHER", "BROADCAST", "QUEUE", "MPI_ALLREDUCE", "MPI_ALLGATHER",
+            "MPI_BROADCAST", "MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"} <= kinds, kinds
+    negotiate = [e for e in begins if e["name"] == "NEGOTIATE_ALLREDUCE"]
+    assert all(e["args"]["dtype"] == "float32" for e in negotiate)
+    assert any(e.get("name", "").startswith("rank 1 ready") for e in events)
+    assert any(e.get("name") == "agreed via response cache" for e in events)
+    assert any(e.get("name") == "CYCLE_START" for e in events)
+    assert len([e for e in events if e.get("ph") == "B"]) == len(
+        [e for e in events if e.get("ph") == "E"])
+    stats = json.loads(out.strip().splitlines()[-1])
+    executed = [e for e in begins if e["name"] in ("ALLREDUCE", "ALLGATHER", "BROADCAST")]
+    assert stats["tensors"] == len(executed)
+    nbytes = {"grad": sum(100 * (i + 1) * 4 for i in range(5)), "gathered": (1 + 2) * 2 * 4,
+              "bcast": 3 * 8}
+    assert stats["bytes"] == 4 * sum(nbytes.values())
+    assert "[hvdl summary 0/2" in out and "[hvdl summary 1/2" in out
+
+
+def test_timeline_stays_valid_json_when_the_job_is_killed(tmp_path):
+    path = tmp_path / "killed.json"
+    script = tmp_path / "endless.py"
+    script.write_text(
+        "import torch, horovodlite.torch as hvd\n"
+        "hvd.init()\n"
+        "while True:\n"
+        "    hvd.allreduce(torch.ones(10), name='forever')\n")
+    env = dict(os.environ, HOROVOD_TIMELINE=str(path))
+    proc = subprocess.Popen([sys.executable, "-m", "horovodlite.runner.launch", "-np", "2",
+                             sys.executable, str(script)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(6)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    events = json.loads(path.read_text())
+    assert any(e.get("name") == "MPI_ALLREDUCE" for e in events)
+
+
+def test_log_lines_carry_rank_and_host_pid():
+    rc, out, _ = job(2, "stall.py", "names", env=STALL)
+    assert re.search(r"\[hvdl 0/2 [^ ]+:\d+\] WARNING", out), out
+    assert not re.search(r"^\d{4}-\d\d-\d\d", out, re.M)  # HOROVOD_LOG_HIDE_TIME
