@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/tensor_ref.h"
 #include "common/types.h"
 
 namespace hvdl {
@@ -22,8 +23,10 @@ struct AllreduceArgs {
   DataType dtype = DataType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   int ps = 0;
-  double postscale = 1.0;       // applied to the result by the backend
-  std::vector<int64_t> chunks;  // ring chunk boundaries (sum == count); empty: even split
+  double postscale = 1.0;  // applied to the result by the backend
+  // Ring only: the data as spans per ring chunk (tensors reduced in place, no fusion buffer).
+  // When set, `buf` is unused; `count` is the total.
+  std::vector<std::vector<Span>> chunks;
 };
 
 class DataBackend {

@@ -16,4 +16,11 @@ struct TensorRef {
   size_t num_bytes() const { return static_cast<size_t>(num_elements()) * DataTypeSize(dtype); }
 };
 
+// A run of `count` elements at `data`: a piece of a (possibly fused) collective buffer that lives
+// inside some tensor. Lists of spans let collectives work on tensors in place, without packing.
+struct Span {
+  void* data = nullptr;
+  int64_t count = 0;
+};
+
 }  // namespace hvdl

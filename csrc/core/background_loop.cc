@@ -15,13 +15,21 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::microseconds;
 
-// Sleeping is expensive on small VMs (a 1 us sleep or a condition-variable wake-up costs 15-20 us
-// there), so the latency-critical waits spin with yield for a short, bounded window first.
+// Polling policy. Sleeping is expensive on small VMs (a 1 us sleep or a condition-variable
+// wake-up costs 15-20 us there) and every wake-up steals CPU from training, so:
+//  - only a rank that itself waits for a response polls quickly, and it backs off in proportion
+//    to how long it has waited (period <= 1/8 of the wait so far, at most kWaitingCap): short
+//    waits stay short, long waits cost ~2% of a core;
+//  - a rank with nothing pending never needs to poll quickly - its own next submission wakes it
+//    through the queue's condition variable - it only keeps other process sets moving
+//    (kOthersCap) or, when the whole job is idle, checks in rarely (kIdleCap).
 constexpr microseconds kMinBackoff{4};
-constexpr microseconds kEngagedCap{50};   // polling period while any rank has work pending
-constexpr microseconds kIdleCap{10000};   // polling period once the whole job is idle
-constexpr microseconds kSpinAfterWork{200};  // watch for the next submission after progress
-constexpr microseconds kSpinEngaged{50};     // spin before the first sleep while engaged
+constexpr microseconds kWaitingFloor{16};
+constexpr microseconds kWaitingCap{1000};
+constexpr microseconds kOthersCap{1000};
+constexpr microseconds kIdleCap{10000};
+constexpr microseconds kSpinAfterWork{60};  // watch for the next submission after progress
+constexpr microseconds kSpinWaiting{40};    // spin before the first sleep while waiting
 
 void TuneThisThread() {
 #if defined(__linux__)
@@ -84,7 +92,17 @@ void BackgroundLoop::set_cycle_time_ms(double ms) {
 
 double BackgroundLoop::cycle_time_ms() const { return cycle_time_us_.load() / 1000.0; }
 
-void BackgroundLoop::WaitBeforeCycle(bool progressed, bool engaged) {
+// How long to sleep between polls: see the policy at the top of this file.
+microseconds BackgroundLoop::PollCap(bool waiting, bool others_pending,
+                                     Clock::time_point waiting_since) const {
+  if (waiting) {
+    auto waited = std::chrono::duration_cast<microseconds>(Clock::now() - waiting_since);
+    return std::clamp(waited / 8, kWaitingFloor, kWaitingCap);
+  }
+  return others_pending ? kOthersCap : kIdleCap;
+}
+
+void BackgroundLoop::WaitBeforeCycle(bool progressed, bool others_pending) {
   if (shutdown_requested_) return;
   auto has_new = [this] { return d_.queue->HasNew() || shutdown_requested_.load(); };
   if (!has_new()) {
@@ -96,7 +114,8 @@ void BackgroundLoop::WaitBeforeCycle(bool progressed, bool engaged) {
       if (!has_new()) return;
     } else {
       d_.queue->WaitForRequests(Clock::now() + backoff_);
-      backoff_ = std::min(backoff_ * 2, engaged ? kEngagedCap : kIdleCap);
+      const bool waiting = d_.controller->num_pending() > 0;
+      backoff_ = std::min(backoff_ * 2, PollCap(waiting, others_pending, waiting_since_));
       if (!has_new()) return;
     }
   }
@@ -114,7 +133,7 @@ void BackgroundLoop::WaitBeforeCycle(bool progressed, bool engaged) {
   }
 }
 
-Status BackgroundLoop::RunCycle(CycleResult* result, bool engaged) {
+Status BackgroundLoop::RunCycle(CycleResult* result, bool others_pending) {
   if (d_.timeline != nullptr) d_.timeline->CycleStart();
   d_.controller->Submit(d_.queue->PopRequests());
   if (shutdown_requested_) {
@@ -122,19 +141,30 @@ Status BackgroundLoop::RunCycle(CycleResult* result, bool engaged) {
     d_.controller->RequestShutdown(shutdown_reason_);
   }
   HVDL_RETURN_IF_ERROR(d_.controller->StartCycle());
-  engaged = engaged || d_.controller->num_pending() > 0;
+  bool waiting = d_.controller->num_pending() > 0;
+  if (!waiting) waiting_since_ = Clock::now();
   bool done = false;
   Status test;
   auto tested_done = [&] {
     test = d_.controller->TestCycle(&done);
     return done || !test.ok();
   };
-  if (!engaged || !SpinFor(kSpinEngaged, tested_done)) {
+  // Wait for the other ranks. Between tests, sleep on the queue's condition variable so that
+  // local work arriving meanwhile wakes us: the other ranks may be waiting for it.
+  if (!waiting || !SpinFor(kSpinWaiting, tested_done)) {
     microseconds sleep = kMinBackoff;
-    const microseconds cap = engaged ? kEngagedCap : kIdleCap;
+    uint64_t seen = d_.queue->arrivals();
     while (!tested_done()) {
-      std::this_thread::sleep_for(sleep);
-      sleep = std::min(sleep * 2, cap);
+      d_.queue->WaitForArrival(seen, Clock::now() + sleep);
+      uint64_t now_seen = d_.queue->arrivals();
+      if (now_seen != seen && !waiting) {
+        waiting = true;  // the new work will need this cycle to finish quickly
+        waiting_since_ = Clock::now();
+        sleep = kMinBackoff;
+        if (SpinFor(kSpinWaiting, tested_done)) break;
+      }
+      seen = now_seen;
+      sleep = std::min(sleep * 2, PollCap(waiting, others_pending, waiting_since_));
     }
   }
   HVDL_RETURN_IF_ERROR(test);
@@ -144,12 +174,12 @@ Status BackgroundLoop::RunCycle(CycleResult* result, bool engaged) {
 void BackgroundLoop::Run() {
   TuneThisThread();
   bool progressed = false;
-  bool engaged = false;
+  bool others_pending = false;
   Status failure;
   while (true) {
-    WaitBeforeCycle(progressed, engaged);
+    WaitBeforeCycle(progressed, others_pending);
     CycleResult result;
-    Status s = RunCycle(&result, engaged);
+    Status s = RunCycle(&result, others_pending);
     if (!s.ok()) {
       failure = s;
       break;
@@ -157,7 +187,8 @@ void BackgroundLoop::Run() {
     if (hook_) hook_(result);  // before execution: completions must see up-to-date state
     int ran = d_.executor->Run(result.responses, result.this_rank_joined);
     progressed = ran > 0 || result.negotiated;
-    engaged = result.anyone_pending;
+    others_pending = result.anyone_pending;
+    if (d_.controller->num_pending() == 0) waiting_since_ = Clock::now();
     if (result.shutdown) {
       std::string reason = result.shutdown_reason.empty() ? "a rank called hvd.shutdown()"
                                                           : result.shutdown_reason;

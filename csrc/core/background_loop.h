@@ -9,9 +9,9 @@
 //   - new local work wakes it at once (condition variable); it then lets a burst of submissions
 //     finish (a short quiet gap, at most HOROVOD_CYCLE_TIME) so they fuse, instead of waiting for a
 //     fixed tick;
-//   - while any rank has work pending it polls for the other ranks every few tens of microseconds;
-//   - when the whole job is idle it backs off to a few milliseconds between cycles, so an idle
-//     loop costs a fraction of a percent of one core.
+//   - while this rank waits for others it polls, at a period that grows with the wait;
+//   - a rank with nothing pending is woken by its own submissions and otherwise checks in rarely,
+//     so an idle loop costs about 1% of one core (policy details in background_loop.cc).
 #pragma once
 
 #include <atomic>
@@ -59,8 +59,11 @@ class BackgroundLoop {
 
  private:
   void Run();
-  void WaitBeforeCycle(bool progressed, bool engaged);
-  Status RunCycle(CycleResult* result, bool engaged);
+  using Clock = std::chrono::steady_clock;
+  void WaitBeforeCycle(bool progressed, bool others_pending);
+  Status RunCycle(CycleResult* result, bool others_pending);
+  std::chrono::microseconds PollCap(bool waiting, bool others_pending,
+                                    Clock::time_point waiting_since) const;
   void Stop(const Status& status);
 
   LoopDeps d_;
@@ -73,6 +76,7 @@ class BackgroundLoop {
   std::string stop_reason_;
   std::atomic<int64_t> cycle_time_us_;
   std::chrono::microseconds backoff_;
+  Clock::time_point waiting_since_ = Clock::now();  // since when this rank has had work pending
 };
 
 }  // namespace hvdl

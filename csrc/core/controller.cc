@@ -99,8 +99,13 @@ void Controller::Classify(Request request) {
   if (request.op == OpType::kJoin) joined_ = true;
   uint32_t slot = 0;
   ResponseCache::Lookup found = ResponseCache::Lookup::kMiss;
-  if (cache_.capacity() > 0 && !cache_suspended_ && Cacheable(request.op)) {
-    found = cache_.Find(request, &slot);
+  if (cache_.capacity() > 0 && Cacheable(request.op)) found = cache_.Find(request, &slot);
+  // Invariant: a cached name is agreed either through the bit vector on every rank or through
+  // the coordinator on every rank. Whenever this rank must use the coordinator for a cached name
+  // (here: the fast path is suspended because a rank joined), it invalidates the entry so that
+  // every other rank switches too.
+  if (cache_suspended_ && found == ResponseCache::Lookup::kHit) {
+    found = ResponseCache::Lookup::kInvalid;
   }
   switch (found) {
     case ResponseCache::Lookup::kHit:
@@ -185,8 +190,12 @@ void Controller::ApplyInvalidations(size_t w) {
 void Controller::CollectCachedReady(size_t w, CycleResult* out) {
   cache_suspended_ = (words_[0] & kFlagJoined) != 0;
   if (cache_suspended_) {
-    // Joined ranks cannot set bits for names they never submit; route everything via rank 0.
-    while (!cached_pending_.empty()) Requeue(cached_pending_.begin()->first);
+    // Joined ranks cannot set bits for names they never submit; route everything via rank 0
+    // (and invalidate those entries, see Classify).
+    while (!cached_pending_.empty()) {
+      invalid_.insert(cached_pending_.begin()->first);
+      Requeue(cached_pending_.begin()->first);
+    }
     return;
   }
   const std::vector<uint64_t>& occupied = cache_.occupied_mask();

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "comm/reduce_kernels.h"
+#include "comm/ring.h"
 #include "common/logging.h"
 
 namespace hvdl {
@@ -18,47 +19,31 @@ int64_t Trailing(const Shape& shape) {
 char* At(void* base, int64_t elems, size_t esize) {
   return static_cast<char*>(base) + elems * static_cast<int64_t>(esize);
 }
-const char* At(const void* base, int64_t elems, size_t esize) {
-  return static_cast<const char*>(base) + elems * static_cast<int64_t>(esize);
-}
 
 // Rows of a dim-0 split of `rows` across `n` members: the first rows % n get one extra.
 int64_t RowsOf(int64_t rows, int n, int m) { return rows / n + (m < rows % n ? 1 : 0); }
 
-// Where each piece of each fused allreduce tensor goes in the buffer. With nchunks > 1 the buffer
-// is chunk-major (chunk c holds every tensor's c-th piece), so an element's ring chunk - and hence
-// its reduction order - does not depend on what it was fused with.
+// The element ranges of each tensor that fall in each ring chunk. Chunk-major: chunk c holds
+// every tensor's c-th even piece, so an element's chunk - and hence its reduction order - depends
+// only on its own tensor's size, never on what it was fused with.
 struct Piece {
   size_t item;
-  int64_t src;  // element offset in the tensor
-  int64_t dst;  // element offset in the buffer
+  int64_t offset;  // element offset in the tensor
   int64_t count;
 };
 
-std::vector<Piece> AllreduceLayout(const std::vector<int64_t>& counts, int nchunks,
-                                   std::vector<int64_t>* chunks) {
-  std::vector<std::vector<int64_t>> per;
-  chunks->assign(static_cast<size_t>(nchunks), 0);
-  for (int64_t c : counts) {
-    per.push_back(nchunks == 1 ? std::vector<int64_t>{c} : std::vector<int64_t>());
-    if (nchunks > 1) {
-      per.back().assign(static_cast<size_t>(nchunks), c / nchunks);
-      for (int64_t k = 0; k < c % nchunks; ++k) ++per.back()[static_cast<size_t>(k)];
-    }
-    for (int k = 0; k < nchunks; ++k) (*chunks)[static_cast<size_t>(k)] += per.back()[static_cast<size_t>(k)];
-  }
-  std::vector<Piece> pieces;
-  std::vector<int64_t> src(counts.size(), 0);
-  int64_t dst = 0;
-  for (int k = 0; k < nchunks; ++k) {
-    for (size_t i = 0; i < counts.size(); ++i) {
-      int64_t n = per[i][static_cast<size_t>(k)];
-      if (n > 0) pieces.push_back(Piece{i, src[i], dst, n});
-      src[i] += n;
-      dst += n;
+std::vector<std::vector<Piece>> ChunkPieces(const std::vector<int64_t>& counts, int nchunks) {
+  std::vector<std::vector<Piece>> chunks(static_cast<size_t>(nchunks));
+  for (size_t i = 0; i < counts.size(); ++i) {
+    std::vector<int64_t> even = EvenChunks(counts[i], nchunks);
+    int64_t offset = 0;
+    for (int k = 0; k < nchunks; ++k) {
+      int64_t n = even[static_cast<size_t>(k)];
+      if (n > 0) chunks[static_cast<size_t>(k)].push_back(Piece{i, offset, n});
+      offset += n;
     }
   }
-  return pieces;
+  return chunks;
 }
 
 }  // namespace
@@ -180,51 +165,89 @@ Status Executor::RunAllreduce(Items& items, DataBackend* be) {
   const size_t esize = DataTypeSize(r.dtype);
   std::vector<int64_t> counts;
   for (const Item& it : items) counts.push_back(NumElements(it.response->shape));
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  const bool ring = be->UsesRing(total * static_cast<int64_t>(esize), a.dtype, a.op, a.ps);
+  for (int64_t c : counts) a.count += c;
+  const bool ring = be->UsesRing(a.count * static_cast<int64_t>(esize), a.dtype, a.op, a.ps);
   const char* algo = ring ? "RING_ALLREDUCE" : "MPI_ALLREDUCE";
 
   if (items.size() == 1 && items.front().has_entry) {  // alone: in place on the output
     TensorEntry& e = items.front().entry;
-    ScaleCopy(e.output.data, e.input.data, total, r.dtype, r.prescale);
+    ScaleCopy(e.output.data, e.input.data, a.count, r.dtype, r.prescale);
     a.buf = e.output.data;
-    a.count = total;
     Phase(items, algo);
-    Status s = be->Allreduce(a);
-    return s;
+    return be->Allreduce(a);
   }
-  void* buf = d_.fusion->Reserve(static_cast<size_t>(total) * esize);
-  if (buf == nullptr) {
-    return Status::Internal("out of memory allocating a " + std::to_string(total * esize) +
-                            "-byte fusion buffer; lower HOROVOD_FUSION_THRESHOLD");
-  }
-  std::vector<Piece> pieces = AllreduceLayout(counts, ring ? n : 1, &a.chunks);
-  if (!ring) a.chunks.clear();
+  if (ring) return RunFusedRing(items, be, &a, counts, n);
+  // MPI_Allreduce needs one contiguous buffer: pack, reduce, unpack.
+  void* buf = d_.fusion->Reserve(static_cast<size_t>(a.count) * esize);
+  if (buf == nullptr) return OutOfMemory(a.count * static_cast<int64_t>(esize));
   Phase(items, "MEMCPY_IN_FUSION_BUFFER");
-  for (const Piece& p : pieces) {
-    const Item& it = items[p.item];
-    if (it.has_entry) {
-      ScaleCopy(At(buf, p.dst, esize), At(it.entry.input.data, p.src, esize), p.count, r.dtype,
-                r.prescale);
+  int64_t offset = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].has_entry) {
+      ScaleCopy(At(buf, offset, esize), items[i].entry.input.data, counts[i], r.dtype, r.prescale);
     } else {
-      std::memset(At(buf, p.dst, esize), 0, static_cast<size_t>(p.count) * esize);  // joined
+      std::memset(At(buf, offset, esize), 0, static_cast<size_t>(counts[i]) * esize);  // joined
     }
+    offset += counts[i];
   }
   a.buf = buf;
-  a.count = total;
   Phase(items, algo);
-  Status s = be->Allreduce(a);
-  if (!s.ok()) return s;
+  HVDL_RETURN_IF_ERROR(be->Allreduce(a));
   Phase(items, "MEMCPY_OUT_FUSION_BUFFER");
-  for (const Piece& p : pieces) {
-    const Item& it = items[p.item];
-    if (it.has_entry) {
-      std::memcpy(At(it.entry.output.data, p.src, esize), At(buf, p.dst, esize),
-                  static_cast<size_t>(p.count) * esize);
+  offset = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].has_entry) {
+      std::memcpy(items[i].entry.output.data, At(buf, offset, esize),
+                  static_cast<size_t>(counts[i]) * esize);
     }
+    offset += counts[i];
   }
   return Status::Ok();
+}
+
+// The ring reduces the tensors where they are: each ring chunk is a list of spans inside the
+// outputs, laid out chunk-major. Only prescaling (and out-of-place inputs) need a pass first.
+Status Executor::RunFusedRing(Items& items, DataBackend* be, AllreduceArgs* a,
+                              const std::vector<int64_t>& counts, int n) {
+  const Response& r = *items.front().response;
+  const size_t esize = DataTypeSize(r.dtype);
+  int64_t zeros = 0;  // joined ranks contribute zeros for tensors they do not have
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].has_entry) zeros += counts[i];
+  }
+  void* zero_buf = nullptr;
+  if (zeros > 0) {
+    zero_buf = d_.fusion->Reserve(static_cast<size_t>(zeros) * esize);
+    if (zero_buf == nullptr) return OutOfMemory(zeros * static_cast<int64_t>(esize));
+    std::memset(zero_buf, 0, static_cast<size_t>(zeros) * esize);
+  }
+  std::vector<char*> base(items.size());
+  int64_t zero_offset = 0;
+  Phase(items, "SCALE_INPUTS");
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].has_entry) {
+      TensorEntry& e = items[i].entry;
+      ScaleCopy(e.output.data, e.input.data, counts[i], r.dtype, r.prescale);
+      base[i] = static_cast<char*>(e.output.data);
+    } else {
+      base[i] = At(zero_buf, zero_offset, esize);
+      zero_offset += counts[i];
+    }
+  }
+  for (const auto& pieces : ChunkPieces(counts, n)) {
+    a->chunks.emplace_back();
+    for (const Piece& p : pieces) {
+      a->chunks.back().push_back(Span{base[p.item] + p.offset * static_cast<int64_t>(esize),
+                                      p.count});
+    }
+  }
+  Phase(items, "RING_ALLREDUCE");
+  return be->Allreduce(*a);
+}
+
+Status Executor::OutOfMemory(int64_t bytes) const {
+  return Status::Internal("out of memory allocating a " + std::to_string(bytes) +
+                          "-byte fusion buffer; lower HOROVOD_FUSION_THRESHOLD");
 }
 
 Status Executor::RunAllgather(Items& items, DataBackend* be) {
@@ -253,7 +276,7 @@ Status Executor::RunAllgather(Items& items, DataBackend* be) {
   for (int m = 1; m < n; ++m) displ[static_cast<size_t>(m)] = displ[static_cast<size_t>(m - 1)] + counts[static_cast<size_t>(m - 1)];
   int64_t total = displ.back() + counts.back();
   void* buf = d_.fusion->Reserve(static_cast<size_t>(total) * esize);
-  if (buf == nullptr) return Status::Internal("out of memory allocating the fusion buffer");
+  if (buf == nullptr) return OutOfMemory(total * static_cast<int64_t>(esize));
   // Member-major buffer: member m's block holds its rows of every tensor, tensor by tensor.
   Phase(items, "MEMCPY_IN_FUSION_BUFFER");
   int64_t off = displ[static_cast<size_t>(me)];
@@ -300,7 +323,7 @@ Status Executor::RunReducescatter(Items& items, DataBackend* be) {
   for (int64_t c : counts) total += c;
   const int64_t mine = counts[static_cast<size_t>(me)];
   void* buf = d_.fusion->Reserve(static_cast<size_t>(total + mine) * esize);
-  if (buf == nullptr) return Status::Internal("out of memory allocating the fusion buffer");
+  if (buf == nullptr) return OutOfMemory((total + mine) * static_cast<int64_t>(esize));
   // Member-major send buffer: block m holds member m's rows of every tensor, prescaled.
   Phase(items, "MEMCPY_IN_FUSION_BUFFER");
   int64_t dst = 0;

@@ -65,6 +65,9 @@ class Executor {
 
   void RunBatch(Items& items);
   Status RunAllreduce(Items& items, DataBackend* be);
+  Status RunFusedRing(Items& items, DataBackend* be, AllreduceArgs* args,
+                      const std::vector<int64_t>& counts, int n);
+  Status OutOfMemory(int64_t bytes) const;
   Status RunAllgather(Items& items, DataBackend* be);
   Status RunReducescatter(Items& items, DataBackend* be);
   Status RunBroadcast(Item& item, DataBackend* be);

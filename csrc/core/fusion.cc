@@ -2,6 +2,10 @@
 
 #include <cstdlib>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 namespace hvdl {
 namespace {
 
@@ -57,9 +61,15 @@ void FusionBuffer::Free::operator()(void* p) const { std::free(p); }
 
 void* FusionBuffer::Reserve(size_t bytes) {
   if (bytes <= capacity_ && data_) return data_.get();
-  size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  // Huge pages (2 MiB aligned, madvise): MPI's shared-memory copies of the buffer run faster.
+  constexpr size_t kHuge = 2u << 20;
+  const size_t align = bytes >= kHuge ? kHuge : 64;
+  size_t rounded = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded == 0 ? align : rounded);
   if (p == nullptr) return nullptr;
+#if defined(__linux__)
+  if (align == kHuge) madvise(p, rounded, MADV_HUGEPAGE);
+#endif
   data_.reset(p);
   capacity_ = rounded;
   return p;

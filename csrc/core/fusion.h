@@ -29,8 +29,8 @@ std::vector<Batch> PlanBatches(const std::vector<const Response*>& responses, in
 // The persistent fusion buffer: grows to the largest batch once and is reused every cycle.
 class FusionBuffer {
  public:
-  // Returns a buffer of at least `bytes` (64-byte aligned), or nullptr if memory is exhausted;
-  // contents are unspecified.
+  // Returns a buffer of at least `bytes` (64-byte aligned; huge-page backed from 2 MiB), or
+  // nullptr if memory is exhausted; contents are unspecified.
   void* Reserve(size_t bytes);
   size_t capacity() const { return capacity_; }
 

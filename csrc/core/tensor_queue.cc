@@ -71,6 +71,12 @@ void TensorQueue::WaitForRequests(std::chrono::steady_clock::time_point deadline
   woken_ = false;
 }
 
+void TensorQueue::WaitForArrival(uint64_t seen, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_until(lock, deadline, [&] { return arrivals_ != seen || woken_; });
+  woken_ = false;
+}
+
 void TensorQueue::Wake() {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -135,9 +135,10 @@ std::vector<py::bytes> Ring(const std::vector<std::string>& inputs, int dtype, i
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
         LocalTransport t(boxes, r);
-        Status s = RingAllreduce(&t, bufs[static_cast<size_t>(r)].data(), chunks,
-                                 static_cast<DataType>(dtype), static_cast<ReduceOp>(op),
-                                 postscale, segment, nullptr);
+        auto spans = ContiguousChunks(bufs[static_cast<size_t>(r)].data(), chunks,
+                                      static_cast<DataType>(dtype));
+        Status s = RingAllreduce(&t, spans, static_cast<DataType>(dtype),
+                                 static_cast<ReduceOp>(op), postscale, segment, nullptr);
         if (!s.ok()) errors[static_cast<size_t>(r)] = s.message();
       });
     }

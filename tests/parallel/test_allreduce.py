@@ -131,7 +131,9 @@ def test_repeated_names_use_the_response_cache():
         assert torch.all(t == step * hvd.size())
     after = _stats()
     assert after["cache_hits"] - before["cache_hits"] >= 19
-    assert after["negotiations"] - before["negotiations"] <= 2
+    # The first step may need one slow-path cycle per rank (ranks submit in different cycles);
+    # every later step is agreed through the bit vector alone.
+    assert after["negotiations"] - before["negotiations"] <= hvd.size()
 
 
 def test_allreduce_gradient_is_allreduced():

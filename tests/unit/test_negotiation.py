@@ -161,3 +161,18 @@ def test_request_serialization_round_trips():
     reqs = [req("a", shape=[1, 2, 3], site="train.py:12", splits=[1, 2]),
             req("b" * 300, op=BROADCAST, root=2, prescale=0.25)]
     assert T.serialize_roundtrip(reqs) == [True, True]
+
+
+def test_cached_name_after_join_when_ranks_submit_in_different_cycles():
+    # Regression: right after a join completes, one rank classified a cached name while the fast
+    # path was still suspended (full request to rank 0) and the others a cycle later (cache bit);
+    # neither path could complete. Such entries are now invalidated so every rank renegotiates.
+    script = [[[req("c")] for _ in range(3)],
+              [[req("j", op=JOIN)], [], []],
+              [[], [req("x")], [req("x")]],
+              [[], [req("j", op=JOIN)], [req("j", op=JOIN)]],
+              [[req("c")], [], []],
+              [[], [req("c")], [req("c")]]] + [[[], [], []]] * 4
+    cycles, _ = T.negotiate(3, script)
+    got = [[c for c, per_rank in enumerate(cycles) if "c" in names(per_rank[r])] for r in range(3)]
+    assert got[0] == got[1] == got[2] and len(got[0]) == 2, got

@@ -91,9 +91,13 @@ Status MpiBackend::Allreduce(const AllreduceArgs& a) {
   const int64_t bytes = a.count * static_cast<int64_t>(DataTypeSize(a.dtype));
   if (UsesRing(bytes, a.dtype, a.op, a.ps)) {
     MpiTransport* t = TransportFor(a.ps);
-    std::vector<int64_t> chunks = a.chunks.empty() ? EvenChunks(a.count, t->size()) : a.chunks;
-    return RingAllreduce(t, a.buf, chunks, a.dtype, a.op, a.postscale, segment_bytes_, nullptr);
+    if (!a.chunks.empty()) {
+      return RingAllreduce(t, a.chunks, a.dtype, a.op, a.postscale, segment_bytes_, nullptr);
+    }
+    return RingAllreduce(t, ContiguousChunks(a.buf, EvenChunks(a.count, t->size()), a.dtype),
+                         a.dtype, a.op, a.postscale, segment_bytes_, nullptr);
   }
+  if (!a.chunks.empty()) return Status::Internal("span allreduce needs the ring algorithm");
   MPI_Datatype type = MpiType(a.dtype);
   MPI_Op op = MpiOp(a.dtype, a.op);
   char* p = static_cast<char*>(a.buf);

@@ -1,0 +1,326 @@
+"""Allreduce, side by side: raw mpi4py Allreduce, torch.distributed (gloo), Horovod (when it is
+installed) and horovodlite, in one invocation, with ratios against raw MPI.
+
+    horovodliterun -np 2 python benchmarks/allreduce.py            # full run (a few minutes)
+    horovodliterun -np 2 python benchmarks/allreduce.py --quick    # smaller, for a quick look
+
+Cases: single tensors from 4 B to 64 MiB (float32, Sum, in place); 200 tensors of 64 KiB
+submitted together (the fusion case) against 200 separate MPI_Allreduce calls and against one
+MPI_Allreduce of the same total bytes; the 4-byte round trip (latency). Extra checks: CPU used by
+horovodlite's background thread while idle, RSS growth over many fusion steps, and the cost of
+recording a timeline. Times are per operation, the slowest rank's, median of repeated
+measurements; algbw = bytes / time, busbw = algbw * 2(n-1)/n (nccl-tests' definition).
+These machines are noisy: compare ratios from one run, not absolute times across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+import horovodlite.torch as hvd
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+KiB, MiB = 1024, 1024 * 1024
+
+
+def log(*args):
+    if RANK == 0:
+        print(*args, flush=True)
+
+
+def timed(fn, min_iters: int, min_seconds: float, repeats: int = 5) -> float:
+    """Median over `repeats` of the per-call time of `fn`, the slowest rank's. Every rank runs
+    the same number of calls (agreed after a calibration), so collectives stay matched."""
+    fn()
+    fn()
+    COMM.Barrier()
+    start = time.perf_counter()
+    for _ in range(3):
+        fn()
+    per_call = COMM.allreduce((time.perf_counter() - start) / 3, op=MPI.MAX)
+    iters = max(min_iters, int(min_seconds / max(per_call, 1e-9)) + 1)
+    samples = []
+    for _ in range(repeats):
+        COMM.Barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        samples.append(COMM.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX))
+    return statistics.median(samples)
+
+
+# ------------------------------------------------------------------------------- competitors
+
+
+class RawMPI:
+    name = "mpi4py"
+
+    def single(self, nbytes):
+        a = np.ones(max(nbytes // 4, 1), np.float32)
+        return lambda: COMM.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+
+    def many(self, count, nbytes):
+        bufs = [np.ones(nbytes // 4, np.float32) for _ in range(count)]
+
+        def run():
+            for b in bufs:
+                COMM.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)
+        return run
+
+
+class Gloo:
+    name = "gloo"
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        port = COMM.bcast(_free_port() if RANK == 0 else None)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=RANK,
+                                world_size=SIZE)
+        self.dist = dist
+
+    def single(self, nbytes):
+        t = torch.ones(max(nbytes // 4, 1))
+        return lambda: self.dist.all_reduce(t)
+
+    def many(self, count, nbytes):
+        ts = [torch.ones(nbytes // 4) for _ in range(count)]
+
+        def run():
+            works = [self.dist.all_reduce(t, async_op=True) for t in ts]
+            for w in works:
+                w.wait()
+        return run
+
+
+class Horovodlite:
+    name = "horovodlite"
+
+    def single(self, nbytes):
+        t = torch.ones(max(nbytes // 4, 1))
+        name = f"single.{nbytes}"
+        return lambda: hvd.synchronize(hvd.allreduce_async_(t, name=name, op=hvd.Sum))
+
+    def many(self, count, nbytes):
+        ts = [torch.ones(nbytes // 4) for _ in range(count)]
+        names = [f"many.{i}" for i in range(count)]
+
+        def run():
+            handles = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(ts, names)]
+            for h in handles:
+                hvd.synchronize(h)
+        return run
+
+
+class Horovod(Horovodlite):
+    name = "horovod"
+
+    def __init__(self):
+        import horovod.torch as horovod  # noqa: F401  (only when installed)
+
+        self.hvd = horovod
+        horovod.init()
+
+    def single(self, nbytes):
+        t = torch.ones(max(nbytes // 4, 1))
+        name = f"single.{nbytes}"
+        return lambda: self.hvd.synchronize(self.hvd.allreduce_async_(t, name=name,
+                                                                      op=self.hvd.Sum))
+
+    def many(self, count, nbytes):
+        ts = [torch.ones(nbytes // 4) for _ in range(count)]
+
+        def run():
+            hs = [self.hvd.allreduce_async_(t, name=f"many.{i}", op=self.hvd.Sum)
+                  for i, t in enumerate(ts)]
+            for h in hs:
+                self.hvd.synchronize(h)
+        return run
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def competitors():
+    out = [RawMPI(), Gloo(), Horovodlite()]
+    try:
+        out.insert(2, Horovod())
+    except Exception as exc:  # noqa: BLE001 - any import/init failure means "not available"
+        log(f"horovod: not installed ({type(exc).__name__}: {exc})")
+    return out
+
+
+# ------------------------------------------------------------------------------------ report
+
+
+def busbw(nbytes: float, seconds: float) -> float:
+    return nbytes / seconds * 2 * (SIZE - 1) / SIZE if seconds > 0 else 0.0
+
+
+def fmt_time(s: float) -> str:
+    return f"{s * 1e6:9.1f} us" if s < 1e-3 else f"{s * 1e3:9.3f} ms"
+
+
+def fmt_bw(b: float) -> str:
+    return f"{b / 1e9:7.2f} GB/s"
+
+
+def size_label(n: int) -> str:
+    return f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB" if n >= KiB else f"{n} B"
+
+
+def run_single_sizes(comps, sizes, quick):
+    rows = []
+    log(f"\n== single tensor, float32 Sum, in place, np={SIZE} ==")
+    log(f"{'size':>8} {'library':>12} {'time':>12} {'algbw':>12} {'busbw':>12} {'x raw MPI':>10}")
+    for n in sizes:
+        times = {}
+        for c in comps:
+            budget = 0.05 if quick else 0.2
+            times[c.name] = timed(c.single(n), min_iters=5, min_seconds=budget,
+                                  repeats=3 if quick else 5)
+        for c in comps:
+            t = times[c.name]
+            ratio = t / times["mpi4py"]
+            log(f"{size_label(n):>8} {c.name:>12} {fmt_time(t):>12} {fmt_bw(n / t):>12} "
+                f"{fmt_bw(busbw(n, t)):>12} {ratio:10.2f}")
+            rows.append(dict(case="single", bytes=n, library=c.name, seconds=t,
+                             busbw=busbw(n, t), ratio_to_mpi=ratio))
+    return rows
+
+
+def run_fusion(comps, count, nbytes, quick):
+    log(f"\n== {count} tensors of {size_label(nbytes)} submitted together, np={SIZE} ==")
+    total = count * nbytes
+    times = {c.name: timed(c.many(count, nbytes), 3, 0.2 if quick else 0.5,
+                           repeats=3 if quick else 5) for c in comps}
+    one = timed(RawMPI().single(total), 3, 0.2 if quick else 0.5, repeats=3 if quick else 5)
+    rows = []
+    log(f"{'library':>22} {'time':>12} {'busbw':>12} {'x one MPI_Allreduce':>20} "
+        f"{'x 200 MPI calls':>16}")
+    for name, t in [("mpi4py (one call)", one)] + [(k if k != "mpi4py" else "mpi4py (200 calls)", v)
+                                                      for k, v in times.items()]:
+        log(f"{name:>22} {fmt_time(t):>12} {fmt_bw(busbw(total, t)):>12} {t / one:20.2f} "
+            f"{t / times['mpi4py']:16.2f}")
+        rows.append(dict(case="fusion", library=name, seconds=t, busbw=busbw(total, t),
+                         ratio_to_one_call=t / one, ratio_to_separate_calls=t / times["mpi4py"]))
+    return rows
+
+
+def bg_thread_cpu_seconds() -> float:
+    """CPU seconds used so far by horovodlite's background thread (named hvdl-bg)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != "hvdl-bg":
+                    continue
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            continue
+    return total
+
+
+def run_idle(seconds: float):
+    hvd.allreduce(torch.ones(1), name="idle.warmup")
+    COMM.Barrier()
+    time.sleep(0.5)
+    c0, w0 = bg_thread_cpu_seconds(), time.perf_counter()
+    time.sleep(seconds)
+    share = (bg_thread_cpu_seconds() - c0) / (time.perf_counter() - w0)
+    worst = COMM.allreduce(share, op=MPI.MAX)
+    log(f"\n== idle: horovodlite background thread uses {100 * worst:.2f}% of one core "
+        f"(worst rank, {seconds:.0f} s idle) ==")
+    return dict(case="idle", cpu_share=worst)
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MiB
+
+
+def run_rss(steps: int, count: int, nbytes: int):
+    step = Horovodlite().many(count, nbytes)
+    for _ in range(100):
+        step()
+    before = rss_mib()
+    for _ in range(steps):
+        step()
+    growth = COMM.allreduce(rss_mib() - before, op=MPI.MAX)
+    log(f"\n== memory: RSS growth over {steps} fusion steps: {growth:.2f} MiB (worst rank) ==")
+    return dict(case="rss", steps=steps, growth_mib=growth)
+
+
+def run_timeline_overhead(count, nbytes, quick):
+    step = Horovodlite().many(count, nbytes)
+    budget, reps = (0.3, 3) if quick else (1.0, 7)
+    off = timed(step, 5, budget, reps)
+    path = os.path.join(tempfile.gettempdir(), f"hvdl_bench_timeline_{os.getpid()}.json")
+    hvd.start_timeline(path)
+    on = timed(step, 5, budget, reps)
+    hvd.stop_timeline()
+    if RANK == 0:
+        os.unlink(path)
+    log(f"\n== timeline overhead on the fusion case: {100 * (on / off - 1):+.1f}% "
+        f"({fmt_time(off)} off, {fmt_time(on)} on) ==")
+    return dict(case="timeline", off=off, on=on, overhead=on / off - 1)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer sizes and shorter measurements")
+    p.add_argument("--rss-steps", type=int, default=10000)
+    p.add_argument("--idle-seconds", type=float, default=5.0)
+    p.add_argument("--json", help="write all measurements to this file (rank 0)")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: "
+                                              "single,fusion,idle,rss,timeline")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    hvd.init()
+    comps = competitors()
+    skip = set(filter(None, args.skip.split(",")))
+    log(f"allreduce benchmark: np={SIZE}, {MPI.Get_library_version().splitlines()[0]}, "
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, horovodlite transport "
+        f"{hvd.common.basics._transport() if hasattr(hvd, 'common') else ''}")
+    sizes = [4, 1 * KiB, 64 * KiB, 1 * MiB, 16 * MiB] if args.quick else \
+        [4, 64, 1 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
+    rows = []
+    if "single" not in skip:
+        rows += run_single_sizes(comps, sizes, args.quick)
+    if "fusion" not in skip:
+        rows += run_fusion(comps, 200, 64 * KiB, args.quick)
+    if "idle" not in skip:
+        rows.append(run_idle(args.idle_seconds))
+    if "timeline" not in skip:
+        rows.append(run_timeline_overhead(200, 64 * KiB, args.quick))
+    if "rss" not in skip:
+        rows.append(run_rss(1000 if args.quick else args.rss_steps, 200, 64 * KiB))
+    if args.json and RANK == 0:
+        with open(args.json, "w") as f:
+            json.dump(dict(np=SIZE, rows=rows), f, indent=1)
+    hvd.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
