@@ -297,6 +297,7 @@ class _DistributedOptimizer:
                 f"{self._hvd_pending_names()} are still in flight. Call optimizer.step() (or "
                 "optimizer.synchronize()) first."
             )
+        self._hvd_refresh()  # hooks for parameters unfrozen since the last step
         self._hvd_reset_counters()
         self._hvd_fresh_sync = False
         super().zero_grad(set_to_none=set_to_none)
