@@ -168,16 +168,21 @@ class _DistributedOptimizer:
 
     def _hvd_prepare_grad(self, p):
         """``p.grad`` ready for the wire: zeros when this rank has none (unused parameter),
-        densified with ``sparse_as_dense``."""
+        densified with ``sparse_as_dense``. A parameter is known to have sparse gradients only
+        once this rank has seen one: if it is unused here before that, this rank sends dense
+        zeros while the others allgather, and the stall inspector reports the mismatch."""
         if p.grad is None:
-            if p in self._hvd_sparse_seen and not self.sparse_as_dense:
-                empty = torch.zeros((p.dim(), 0), dtype=torch.int64, device=p.device)
-                values = torch.zeros((0, *p.shape[1:]), dtype=p.dtype, device=p.device)
-                p.grad = torch.sparse_coo_tensor(empty, values, p.shape)
+            sparse_dim = self._hvd_sparse_seen.get(p)
+            if sparse_dim is not None and not self.sparse_as_dense:
+                # Same layout as the sparse gradients this parameter had before, with no rows:
+                # the other ranks run the sparse (allgather) path for it and need ours.
+                indices = torch.zeros((sparse_dim, 0), dtype=torch.int64, device=p.device)
+                values = torch.zeros((0, *p.shape[sparse_dim:]), dtype=p.dtype, device=p.device)
+                p.grad = torch.sparse_coo_tensor(indices, values, p.shape)
             else:
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         elif p.grad.is_sparse:
-            self._hvd_sparse_seen.add(p)
+            self._hvd_sparse_seen[p] = p.grad.sparse_dim()
             if self.sparse_as_dense:
                 p.grad = p.grad.to_dense()
         return p.grad

@@ -211,7 +211,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         _hvd_hooks={},
         _hvd_delay={},
         _hvd_pending={},
-        _hvd_sparse_seen=set(),
+        _hvd_sparse_seen={},
         _hvd_should_sync=True,
         _hvd_fresh_sync=False,
         _hvd_warned=False,

@@ -413,3 +413,23 @@ def test_add_param_group_names_and_reduces_new_parameters():
     assert len(set(opt._parameter_names.values())) == 4
     backward_and_sync(opt, model)
     assert_grads(model, expected_grads())
+
+
+def test_sparse_parameter_unused_on_some_ranks_after_first_use():
+    """A sparse-gradient parameter seen before but unused on odd ranks this step: those ranks
+    contribute an empty sparse gradient to the same allgather."""
+    n, r = hvd.size(), hvd.rank()
+    emb, opt = embedding_setup(False)
+    embedding_grad(r, emb).backward()
+    opt.synchronize()
+    opt.zero_grad()
+    if r % 2 == 0:
+        embedding_grad(r, emb).backward()
+    opt.synchronize()
+    expected = torch.zeros(10, 3, dtype=torch.float64)
+    for k in range(0, n, 2):
+        ref, _ = embedding_setup(False)
+        embedding_grad(k, ref).backward()
+        expected += ref.weight.grad.to_dense() / n
+    assert emb.weight.grad.is_sparse
+    torch.testing.assert_close(emb.weight.grad.to_dense(), expected)
