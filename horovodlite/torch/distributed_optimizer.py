@@ -270,16 +270,19 @@ class _DistributedOptimizer:
     def step(self, closure=None):
         """Synchronizes (unless inside ``skip_synchronize()``) and runs the wrapped step.
 
-        A ``closure`` is evaluated once, before the gradients are reduced."""
+        Right after an explicit ``synchronize()`` (no backward since), ``step()`` warns that
+        ``skip_synchronize()`` was forgotten and does not reduce the gradients a second time
+        (Horovod reduces them again, which is wrong for op=Sum). A ``closure`` is evaluated
+        once, before the gradients are reduced."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         if self._hvd_should_sync:
             if self._hvd_fresh_sync:
-                if not self._hvd_warned:
-                    warnings.warn(STEP_AFTER_SYNC_WARNING, UserWarning, stacklevel=2)
-                    self._hvd_warned = True
+                # One warning per such call, as in Horovod; Python's default warning filter
+                # shows it once per call site.
+                warnings.warn(STEP_AFTER_SYNC_WARNING, UserWarning, stacklevel=2)
             else:
                 self.synchronize()
         elif self._hvd_pending:

@@ -214,7 +214,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         _hvd_sparse_seen={},
         _hvd_should_sync=True,
         _hvd_fresh_sync=False,
-        _hvd_warned=False,
     )
     obj.__dict__.update(state)
     obj._hvd_refresh()

@@ -8,6 +8,7 @@ each rank's local gradient) are computed locally on every rank.
 """
 
 import copy
+import re
 import warnings
 
 import pytest
@@ -308,22 +309,32 @@ def test_allreduce_with_compression_restores_dtype(name):
 # ---------------------------------------------------- synchronize, skip, zero_grad, state
 
 
-def test_step_after_synchronize_warns_once_and_does_not_reduce_twice():
+def test_step_after_synchronize_warns_and_does_not_reduce_twice():
     model = make_model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Sum)
-    backward_and_sync(opt, model)
-    with pytest.warns(UserWarning, match=SYNC_WARNING):
-        opt.step()
-    assert_grads(model, expected_grads(hvd.Sum))  # summed once, not twice
-    opt.zero_grad()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a second warning, or any other, fails the test
+    # lr=0 keeps the parameters, so every step's expected gradients are the same.
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), op=hvd.Sum)
+    for _ in range(2):  # one warning per offending step() call
+        opt.zero_grad()
         backward_and_sync(opt, model)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        assert len(caught) == 1 and re.match(SYNC_WARNING, str(caught[0].message))
+        assert caught[0].filename == __file__, "the warning must point at the caller"
+        assert_grads(model, expected_grads(hvd.Sum))  # summed once, not twice
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the correct patterns do not warn at all
+        opt.zero_grad()
+        loss_of(model, hvd.rank()).backward()
         opt.step()
         opt.zero_grad()
         backward_and_sync(opt, model)
         with opt.skip_synchronize():
             opt.step()
+    with pytest.warns(UserWarning, match=SYNC_WARNING):
+        opt.zero_grad()
+        backward_and_sync(opt, model)
+        opt.step()
 
 
 def test_skip_synchronize_with_allreduces_in_flight_is_an_error():
