@@ -187,10 +187,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          _AdasumDeltaOptimizer if op == Adasum else _DistributedOptimizer)
     if op == Adasum:
         _AdasumDeltaOptimizer._hvd_check_size(process_set)
-    obj = _share_dict(optimizer, cls)
-    params = _DistributedOptimizer._hvd_params(obj)
+    params = _DistributedOptimizer._hvd_params(optimizer)
     named = None if named_parameters is None else _check_named_parameters(named_parameters, params)
     group_lists = _parse_groups(groups, num_groups, params)
+    obj = _share_dict(optimizer, cls)  # only once every argument is known to be valid
     ps_id = _id_of(process_set)
     count = next(_optimizer_counts[ps_id])
     state = dict(

@@ -444,3 +444,16 @@ def test_sparse_parameter_unused_on_some_ranks_after_first_use():
         expected += ref.weight.grad.to_dense() / n
     assert emb.weight.grad.is_sparse
     torch.testing.assert_close(emb.weight.grad.to_dense(), expected)
+
+
+def test_wrapping_the_same_plain_optimizer_again_retires_the_first_wrapper():
+    model = make_model()
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = hvd.DistributedOptimizer(base)
+    with pytest.raises(ValueError, match="duplicates"):  # a failed wrap leaves `first` intact
+        hvd.DistributedOptimizer(base, named_parameters=[("a", p) for p in model.parameters()])
+    assert len(first._hvd_hooks) == 4
+    second = hvd.DistributedOptimizer(base)
+    loss_of(model, hvd.rank()).backward()  # only the second wrapper's hooks launch
+    second.synchronize()
+    assert_grads(model, expected_grads())
