@@ -82,7 +82,9 @@ from horovodlite.torch.mpi_ops import (
     poll,
     synchronize,
 )
+from horovodlite.torch.optimizer import DistributedOptimizer
 from horovodlite.torch.summary import summary
+from horovodlite.torch.sync_batch_norm import SyncBatchNorm
 
 
 def shutdown() -> None:
@@ -118,4 +120,6 @@ __all__ = [
     # helpers
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "Compression",
+    # training
+    "DistributedOptimizer", "SyncBatchNorm",
 ]

@@ -99,6 +99,14 @@ def _submit(kind: str, op: str, names, ps_id: int, enqueue, *objects) -> int:
     return handle
 
 
+def _track(handle: int, kind: str, *objects) -> int:
+    """Changes how ``synchronize`` turns an already-submitted handle into its result (a wrapper
+    such as Adasum post-processes an allgather); the handle keeps its reserved names."""
+    _, _, keys = _handles[handle]
+    _handles[handle] = (kind, objects, keys)
+    return handle
+
+
 def _reset_handles() -> None:
     """After shutdown: handles stay synchronizable (they report the shutdown), names are freed."""
     _reserved.clear()
@@ -133,6 +141,8 @@ def synchronize(handle: int):
         return None
     if kind == "allgather_scalar":
         return outputs[0]
+    if kind == "adasum":  # objects = (finish, input): finish combines the gathered rows
+        return objects[0](outputs[0])
     return outputs[0] if outputs else None
 
 

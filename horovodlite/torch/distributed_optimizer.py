@@ -1,0 +1,357 @@
+"""The gradient-reducing half of ``hvd.DistributedOptimizer``: a mixin placed in front of the
+wrapped optimizer's class (see ``optimizer.py`` for how the object is built).
+
+Protocol, per training step and per parameter ``p`` that requires a gradient:
+
+1. backward: autograd accumulates into ``p.grad`` and then runs our post-accumulate-grad hook.
+   The hook counts the pass; on the ``backward_passes_per_step``-th pass it launches the
+   allreduce of ``p.grad`` at once (``allreduce_async_``, in place, or on a compressed copy), so
+   communication overlaps with the rest of backward. A parameter in a group waits until every
+   member of its group is ready and the group goes out as one ``grouped_allreduce_async_``.
+2. ``synchronize()``: launches what the hooks did not - parameters unused on this rank (their
+   gradient is None: we reduce zeros, because the other ranks are waiting for the collective) and
+   partial accumulations (an epoch that ended mid-accumulation) - then waits for every handle and
+   writes the result into ``p.grad``. Counters reset, so the next pass starts clean.
+3. ``step()``: ``synchronize()`` (unless inside ``skip_synchronize()``), then the wrapped step.
+
+Every collective is named ``grad.opt<k>.<parameter name>`` where ``k`` counts the optimizers this
+process created for the process set, so several DistributedOptimizers (a GAN's generator and
+discriminator) never collide, and every rank uses the same names as long as the ranks create
+their optimizers in the same order. Parameters are reduced when they require a gradient at the
+time of the step, so freezing or unfreezing layers between steps works (do it on every rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+import weakref
+
+import torch
+
+from horovodlite.torch.collectives import sparse_allreduce_async
+from horovodlite.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_, synchronize
+
+STEP_AFTER_SYNC_WARNING = (
+    "optimizer.step() called without optimizer.skip_synchronize() context after "
+    "optimizer.synchronize(). The gradients were already reduced, so step() does not reduce them "
+    "again; use `with optimizer.skip_synchronize(): optimizer.step()` after an explicit "
+    "synchronize() to make that intent explicit and silence this warning."
+)
+
+
+class OutstandingAllreduceError(RuntimeError, AssertionError):
+    """The optimizer was asked to touch gradients whose allreduces are still in flight.
+
+    Also an AssertionError, which is what Horovod raised in this situation, so existing
+    handlers keep working.
+    """
+
+
+class _Pending:
+    """One launched reduction: the parameters it covers and how to write results back.
+
+    ``handle`` is an int handle (dense, possibly grouped) or a callable returned by
+    ``sparse_allreduce_async``. ``wires`` are the tensors on the wire (``p.grad`` itself without
+    compression and when contiguous, else a compressed or contiguous copy).
+    """
+
+    def __init__(self, params, handle, wires=(), ctxs=()):
+        self.params = list(params)
+        self.handle = handle
+        self.wires = list(wires)
+        self.ctxs = list(ctxs)
+
+    def finish(self, compression) -> None:
+        """Waits and writes the reduced gradients into ``p.grad`` (caller's thread)."""
+        if callable(self.handle):  # sparse: the reduced tensor replaces the gradient
+            self.params[0].grad = self.handle()
+            return
+        synchronize(self.handle)
+        for p, wire, ctx in zip(self.params, self.wires, self.ctxs):
+            if wire is not p.grad:
+                p.grad.copy_(compression.decompress(wire, ctx))
+
+
+def _on_grad_ready(optimizer_ref, param) -> None:
+    """The post-accumulate-grad hook. Holds the optimizer weakly: a discarded optimizer's hooks
+    do nothing instead of launching collectives nobody waits for."""
+    optimizer = optimizer_ref()
+    if optimizer is not None:
+        optimizer._hvd_grad_ready(param)
+
+
+class _DistributedOptimizer:
+    """Mixin in front of the wrapped optimizer's class. ``optimizer._hvd_setup`` fills in the
+    ``_hvd_*`` attributes; the wrapped class's ``__init__`` is never run again."""
+
+    # ------------------------------------------------------------------ parameters and hooks
+
+    def _hvd_params(self) -> list:
+        """Every parameter of every param group, in order, each once."""
+        seen, out = set(), []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    def _hvd_refresh(self) -> None:
+        """Names parameters added since the last call and hooks every parameter that now
+        requires a gradient (a parameter unfrozen after construction gets its hook here)."""
+        for p in self._hvd_params():
+            if p not in self._parameter_names:
+                self._parameter_names[p] = self._hvd_name_new_param(p)
+                self._hvd_delay[p] = self.backward_passes_per_step
+            if p.requires_grad and p not in self._hvd_hooks:
+                hook = functools.partial(_on_grad_ready, weakref.ref(self))
+                self._hvd_hooks[p] = p.register_post_accumulate_grad_hook(hook)
+
+    def _hvd_name_new_param(self, p) -> str:
+        """The name of a parameter seen for the first time: from ``named_parameters`` if it
+        was given, else ``noname.<i>`` in param-group order (the same on every rank)."""
+        if self._hvd_named is not None:
+            if p not in self._hvd_named:
+                raise ValueError(f"a parameter of shape {list(p.shape)} was added to the "
+                                 "optimizer but is not in named_parameters; name every "
+                                 "optimized parameter")
+            return self._hvd_named[p]
+        name = f"noname.{self._hvd_next_index}"
+        self._hvd_next_index += 1
+        return name
+
+    def _hvd_remove_hooks(self) -> None:
+        for handle in self._hvd_hooks.values():
+            handle.remove()
+        self._hvd_hooks.clear()
+
+    def _hvd_wire_name(self, p) -> str:
+        return f"{self._hvd_prefix}.{self._parameter_names[p]}"
+
+    def _hvd_reset_counters(self) -> None:
+        k = self.backward_passes_per_step
+        self._hvd_delay = {p: k for p in self._parameter_names}
+
+    # ------------------------------------------------------------------------------ hooks
+
+    def _hvd_grad_ready(self, p) -> None:
+        """Counts one backward pass for ``p``; launches its reduction on the k-th pass."""
+        if p not in self._parameter_names or not p.requires_grad:
+            return
+        remaining = self._hvd_delay[p]
+        if remaining == 0:
+            raise RuntimeError(
+                f"DistributedOptimizer: parameter '{self._parameter_names[p]}' received more "
+                f"than backward_passes_per_step={self.backward_passes_per_step} gradients "
+                "before optimizer.step()/synchronize(); its allreduce has already started. "
+                "Call optimizer.step() every backward_passes_per_step backward passes (also at "
+                "the end of an epoch), or raise backward_passes_per_step."
+            )
+        self._hvd_delay[p] = remaining - 1
+        self._hvd_fresh_sync = False
+        if remaining == 1:
+            self._hvd_on_ready(p)
+
+    def _hvd_on_ready(self, p) -> None:
+        """``p`` has all its local passes: launch it, or its group once the group is ready."""
+        group = self._hvd_group_of.get(p)
+        if group is None:
+            self._hvd_launch([p], None)
+            return
+        members = [m for m in self._hvd_groups[group] if m.requires_grad]
+        if all(self._hvd_delay[m] == 0 for m in members):
+            self._hvd_launch(members, group)
+
+    # ---------------------------------------------------------------------------- launching
+
+    def _hvd_prepare_grad(self, p):
+        """``p.grad`` ready for the wire: zeros when this rank has none (unused parameter),
+        densified with ``sparse_as_dense``. A parameter is known to have sparse gradients only
+        once this rank has seen one: if it is unused here before that, this rank sends dense
+        zeros while the others allgather, and the stall inspector reports the mismatch."""
+        if p.grad is None:
+            sparse_dim = self._hvd_sparse_seen.get(p)
+            if sparse_dim is not None and not self.sparse_as_dense:
+                # Same layout as the sparse gradients this parameter had before, with no rows:
+                # the other ranks run the sparse (allgather) path for it and need ours.
+                indices = torch.zeros((sparse_dim, 0), dtype=torch.int64, device=p.device)
+                values = torch.zeros((0, *p.shape[sparse_dim:]), dtype=p.dtype, device=p.device)
+                p.grad = torch.sparse_coo_tensor(indices, values, p.shape)
+            else:
+                p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        elif p.grad.is_sparse:
+            self._hvd_sparse_seen[p] = p.grad.sparse_dim()
+            if self.sparse_as_dense:
+                p.grad = p.grad.to_dense()
+        return p.grad
+
+    def _hvd_launch(self, params, group) -> None:
+        """Starts the reduction of ``params`` (one parameter, or the members of ``group``)."""
+        dense = []
+        for p in params:
+            grad = self._hvd_prepare_grad(p)
+            if grad.is_sparse:
+                wait = sparse_allreduce_async(grad, self._hvd_wire_name(p), self.op,
+                                              process_set=self.process_set)
+                self._hvd_pending[p] = _Pending([p], wait)
+            else:
+                dense.append(p)
+        if not dense:
+            return
+        wires, ctxs = [], []
+        for p in dense:
+            wire, ctx = self._hvd_compression.compress(p.grad)
+            wires.append(wire.contiguous())
+            ctxs.append(ctx)
+        kwargs = dict(op=self.op, prescale_factor=self._hvd_prescale,
+                      postscale_factor=self._hvd_postscale, process_set=self.process_set)
+        if group is None:
+            handle = allreduce_async_(wires[0], name=self._hvd_wire_name(dense[0]), **kwargs)
+        else:
+            handle = grouped_allreduce_async_(wires, name=f"{self._hvd_prefix}.group{group}",
+                                              **kwargs)
+        pending = _Pending(dense, handle, wires, ctxs)
+        for p in dense:
+            self._hvd_pending[p] = pending
+
+    def _hvd_launch_missing(self) -> None:
+        """Launches every parameter that requires a gradient and has not gone out yet."""
+        for p in self._hvd_params():
+            if not p.requires_grad or p in self._hvd_pending:
+                continue
+            group = self._hvd_group_of.get(p)
+            if group is None:
+                self._hvd_launch([p], None)
+            else:
+                members = [m for m in self._hvd_groups[group]
+                           if m.requires_grad and m not in self._hvd_pending]
+                self._hvd_launch(members, group)
+
+    # ------------------------------------------------------------------------- public API
+
+    def synchronize(self) -> None:
+        """Finishes this step's gradient reduction: launches the allreduces the hooks did not
+        (parameters unused on this rank, partial accumulations), waits for all of them, and
+        writes the results into ``p.grad``. Collective: every rank must call it (``step()``
+        does). Afterwards the accumulation counters start again."""
+        self._hvd_refresh()
+        self._hvd_launch_missing()
+        error = None
+        for pending in {id(v): v for v in self._hvd_pending.values()}.values():
+            try:
+                pending.finish(self._hvd_compression)
+            except Exception as exc:  # wait for the rest before raising the first failure
+                error = error or exc
+        self._hvd_pending.clear()
+        self._hvd_reset_counters()
+        self._hvd_fresh_sync = True
+        if error is not None:
+            raise error
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside this context ``step()`` does not synchronize. Use it after an explicit
+        ``synchronize()``, e.g. to clip the reduced gradients first::
+
+            loss.backward()
+            optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        """
+        self._hvd_should_sync = False
+        try:
+            yield
+        finally:
+            self._hvd_should_sync = True
+
+    def step(self, closure=None):
+        """Synchronizes (unless inside ``skip_synchronize()``) and runs the wrapped step.
+
+        Right after an explicit ``synchronize()`` (no backward since), ``step()`` warns that
+        ``skip_synchronize()`` was forgotten and does not reduce the gradients a second time
+        (Horovod reduces them again, which is wrong for op=Sum). A ``closure`` is evaluated
+        once, before the gradients are reduced."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._hvd_should_sync:
+            if self._hvd_fresh_sync:
+                # One warning per such call, as in Horovod; Python's default warning filter
+                # shows it once per call site.
+                warnings.warn(STEP_AFTER_SYNC_WARNING, UserWarning, stacklevel=2)
+            else:
+                self.synchronize()
+        elif self._hvd_pending:
+            raise OutstandingAllreduceError(
+                "optimizer.step() inside skip_synchronize() while gradient allreduces are in "
+                f"flight ({self._hvd_pending_names()}); call optimizer.synchronize() before "
+                "the skip_synchronize() block."
+            )
+        self._hvd_fresh_sync = False
+        super().step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clears gradients and restarts gradient accumulation. Raises if allreduces of this
+        step are still in flight (they would write into the cleared gradients)."""
+        if self._hvd_pending:
+            raise OutstandingAllreduceError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(): the allreduces of "
+                f"{self._hvd_pending_names()} are still in flight. Call optimizer.step() (or "
+                "optimizer.synchronize()) first."
+            )
+        self._hvd_refresh()  # hooks for parameters unfrozen since the last step
+        self._hvd_reset_counters()
+        self._hvd_fresh_sync = False
+        super().zero_grad(set_to_none=set_to_none)
+
+    def load_state_dict(self, state_dict) -> None:
+        """Loads the wrapped optimizer's state; gradient accumulation restarts."""
+        if self._hvd_pending:
+            raise OutstandingAllreduceError(
+                "optimizer.load_state_dict() while the allreduces of "
+                f"{self._hvd_pending_names()} are in flight; call optimizer.step() or "
+                "synchronize() first."
+            )
+        super().load_state_dict(state_dict)
+        self._hvd_reset_counters()
+
+    def add_param_group(self, param_group) -> None:
+        """Adds a param group; its parameters get names (generated, or looked up in
+        ``named_parameters``) and hooks."""
+        super().add_param_group(param_group)
+        self._hvd_refresh()
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Changes how many backward passes are accumulated locally before each allreduce."""
+        _check_passes(passes)
+        if self._hvd_pending:
+            raise OutstandingAllreduceError(
+                "set_backward_passes_per_step() while allreduces are in flight; call "
+                "optimizer.step() first."
+            )
+        self.backward_passes_per_step = int(passes)
+        self._hvd_reset_counters()
+
+    def _hvd_pending_names(self) -> str:
+        names = sorted(self._parameter_names[p] for p in self._hvd_pending)
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        return ", ".join(f"'{n}'" for n in names[:3]) + more
+
+
+# torch's Optimizer wraps a class's ``step`` to run step hooks unless it is marked ``hooked``;
+# our step calls the wrapped class's (already hooked) step, so the hooks must not run twice.
+_DistributedOptimizer.step.hooked = True
+
+
+def _check_passes(passes) -> None:
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes <= 0:
+        raise ValueError(f"backward_passes_per_step must be a positive int, got {passes!r}")
+
+
+__all__ = ["OutstandingAllreduceError", "STEP_AFTER_SYNC_WARNING"]

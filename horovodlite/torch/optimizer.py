@@ -1,0 +1,223 @@
+"""``hvd.DistributedOptimizer``: wraps a ``torch.optim`` optimizer so that gradients are averaged
+(or summed, or Adasum-combined) across ranks before each step.
+
+How the object is built. ``DistributedOptimizer(opt, ...)`` returns a new object whose class is a
+dynamic subclass of ``type(opt)`` with our mixin in front (so ``isinstance(result, type(opt))``
+holds and every method we do not override is the wrapped optimizer's own), and whose instance
+``__dict__`` *is* ``opt.__dict__``: the two objects share ``param_groups``, ``state``, defaults and
+hooks, so a learning-rate scheduler attached to either one drives both. The wrapped class's
+``__init__`` is not run again. What the mixin does at each step is described in
+``distributed_optimizer.py`` (gradients) and ``adasum_optimizer.py`` (``op=hvd.Adasum``).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import warnings
+
+import torch
+
+from horovodlite.common.process_sets import ProcessSet, _id_of, global_process_set
+from horovodlite.torch.adasum_optimizer import _AdasumDeltaOptimizer
+from horovodlite.torch.compression import Compression
+from horovodlite.torch.distributed_optimizer import _check_passes, _DistributedOptimizer
+from horovodlite.torch.mpi_ops import Adasum, Average, Sum
+
+# Per process set: how many DistributedOptimizers this process has created. Part of every
+# collective's name, so two optimizers never share names (and ranks agree on them).
+_optimizer_counts: dict[int, itertools.count] = collections.defaultdict(itertools.count)
+_classes: dict[tuple, type] = {}
+
+
+def _check_named_parameters(named_parameters, params) -> dict:
+    """param -> name from ``named_parameters``; ValueError for a malformed sequence, duplicate
+    names, a parameter under two names, or an optimized parameter missing from it."""
+    pairs = list(named_parameters)
+    for item in pairs:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], torch.Tensor)):
+            raise ValueError(
+                "named_parameters should be a sequence of (name, parameter) tuples, usually "
+                f"produced by model.named_parameters(); got an element {item!r:.80}"
+            )
+    counts = collections.Counter(name for name, _ in pairs)
+    duplicates = sorted(name for name, n in counts.items() if n > 1)
+    if duplicates:
+        raise ValueError(f"Parameter names in named_parameters must be unique; found duplicates: "
+                         f"{', '.join(duplicates)}")
+    names: dict = {}
+    for name, p in pairs:
+        if p in names:
+            raise ValueError(f"named_parameters gives one parameter two names: '{names[p]}' and "
+                             f"'{name}'; name each parameter once")
+        names[p] = name
+    missing = [p for p in params if p not in names]
+    if missing:
+        shapes = ", ".join(str(list(p.shape)) for p in missing[:5])
+        raise ValueError(
+            f"named_parameters was specified, but {len(missing)} parameter(s) of the optimizer "
+            f"are not named in it (shapes {shapes}); pass the named_parameters() of the "
+            "module(s) holding every parameter the optimizer updates"
+        )
+    return names
+
+
+def _parse_groups(groups, num_groups, params) -> list:
+    """``groups`` (int or list of lists of parameters; deprecated ``num_groups``) -> list of
+    parameter lists, each non-empty."""
+    if num_groups:
+        warnings.warn("DistributedOptimizer(num_groups=...) is deprecated; use groups=",
+                      DeprecationWarning, stacklevel=3)
+        if groups is not None:
+            raise ValueError("pass either groups= or the deprecated num_groups=, not both")
+        groups = num_groups
+    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
+                          and groups == 0):
+        return []
+    if isinstance(groups, int) and not isinstance(groups, bool):
+        if groups < 0:
+            raise ValueError(f"groups must be a positive int or a list of lists, got {groups}")
+        n = min(groups, len(params))
+        size, extra = divmod(len(params), n)
+        bounds = itertools.accumulate([0] + [size + (i < extra) for i in range(n)])
+        bounds = list(bounds)
+        return [params[bounds[i]:bounds[i + 1]] for i in range(n)]
+    if not isinstance(groups, (list, tuple)) or not all(isinstance(g, (list, tuple))
+                                                        for g in groups):
+        raise ValueError("groups must be an int (number of groups) or a list of lists of "
+                         f"parameters, got {type(groups).__name__}")
+    known = set(params)
+    placed: set = set()
+    out = []
+    for i, group in enumerate(groups):
+        for p in group:
+            if not isinstance(p, torch.Tensor) or p not in known:
+                raise ValueError(f"groups[{i}] holds a tensor that is not a parameter of the "
+                                 "optimizer; groups may only list the optimizer's parameters")
+            if p in placed:
+                raise ValueError(f"groups[{i}] repeats a parameter of shape {list(p.shape)} that "
+                                 "is already in a group; each parameter may be in one group")
+            placed.add(p)
+        if group:
+            out.append(list(group))
+    return out
+
+
+def _check_args(optimizer, compression, op, gradient_predivide_factor, process_set) -> None:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
+                         f"{type(optimizer).__name__}")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain one")
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("DistributedOptimizer does not support LBFGS: it evaluates its "
+                         "closure several times per step, each needing reduced gradients")
+    if op not in (Average, Sum, Adasum):
+        raise ValueError(f"DistributedOptimizer: op must be hvd.Average, hvd.Sum or hvd.Adasum, "
+                         f"got {op!r}")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average, "
+                         f"got op={op!r}")
+    if not gradient_predivide_factor > 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+    if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
+        raise ValueError("compression must be hvd.Compression.none, .fp16, .bf16 or an object "
+                         "with compress()/decompress()")
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}")
+    _id_of(process_set)
+    if not process_set.included():
+        raise ValueError(f"DistributedOptimizer: this rank is not in {process_set!r}; create the "
+                         "optimizer only on the ranks of its process set")
+
+
+def _dynamic_class(base: type, mixin: type) -> type:
+    key = (base, mixin)
+    if key not in _classes:
+        _classes[key] = type(base.__name__, (mixin, base), {"__module__": base.__module__,
+                                                            "__qualname__": base.__qualname__})
+    return _classes[key]
+
+
+def _share_dict(optimizer, cls):
+    """A new instance of ``cls`` whose ``__dict__`` is ``optimizer.__dict__``."""
+    obj = cls.__new__(cls)
+    obj.__dict__ = optimizer.__dict__
+    if hasattr(optimizer, "_hvd_hooks"):  # the plain optimizer was wrapped before: retire that
+        _DistributedOptimizer._hvd_remove_hooks(obj)
+    patched = optimizer.__dict__.get("step")
+    if getattr(patched, "_wrapped_by_lr_sched", False):
+        # An LR scheduler replaced ``optimizer.step`` by an instance attribute calling the plain
+        # step; in the shared dict it would bypass ours. Keep its bookkeeping, call ours.
+        def step(*args, **kwargs):
+            obj._opt_called = True
+            return cls.step(obj, *args, **kwargs)
+
+        step._wrapped_by_lr_sched = True
+        obj.__dict__["step"] = step
+    return obj
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
+    """Wraps ``optimizer`` so that every ``step()`` uses gradients reduced across ranks.
+
+    named_parameters: ``model.named_parameters()``; names the allreduces (timeline, errors).
+        Must name every optimized parameter once. Without it, names are generated in
+        param-group order, identically on every rank.
+    compression: ``hvd.Compression.none/fp16/bf16``: dtype of gradients on the wire.
+    backward_passes_per_step: backward passes accumulated locally (summed) before one allreduce.
+    op: ``hvd.Average`` (default), ``hvd.Sum``, or ``hvd.Adasum`` (Adasum delta optimizer: each
+        rank takes a local step and the parameter deltas are Adasum-combined).
+    gradient_predivide_factor: with Average, scale by 1/f before and f/size after the sum.
+    groups: int n (parameters split in order into n groups) or a list of lists of parameters;
+        each group is reduced as one fused grouped allreduce once all its members are ready.
+        ``num_groups`` is the deprecated spelling of an int ``groups``.
+    sparse_as_dense: densify sparse gradients; otherwise they are allgathered.
+    process_set: the ranks that train together; only its members may create the optimizer.
+
+    Returns an instance of ``type(optimizer)`` sharing its param groups and state.
+    """
+    _check_args(optimizer, compression, op, gradient_predivide_factor, process_set)
+    _check_passes(backward_passes_per_step)
+    cls = _dynamic_class(type(optimizer),
+                         _AdasumDeltaOptimizer if op == Adasum else _DistributedOptimizer)
+    if op == Adasum:
+        _AdasumDeltaOptimizer._hvd_check_size(process_set)
+    params = _DistributedOptimizer._hvd_params(optimizer)
+    named = None if named_parameters is None else _check_named_parameters(named_parameters, params)
+    group_lists = _parse_groups(groups, num_groups, params)
+    obj = _share_dict(optimizer, cls)  # only once every argument is known to be valid
+    ps_id = _id_of(process_set)
+    count = next(_optimizer_counts[ps_id])
+    state = dict(
+        backward_passes_per_step=int(backward_passes_per_step),
+        op=op,
+        gradient_predivide_factor=float(gradient_predivide_factor),
+        sparse_as_dense=bool(sparse_as_dense),
+        process_set=process_set,
+        _parameter_names={},
+        _hvd_named=named,
+        _hvd_next_index=0,
+        _hvd_prefix=f"grad.opt{count}" + (f".ps{ps_id}" if ps_id else ""),
+        _hvd_compression=compression,
+        _hvd_prescale=1.0 / gradient_predivide_factor if op == Average else 1.0,
+        _hvd_postscale=gradient_predivide_factor if op == Average else 1.0,
+        _hvd_groups=group_lists,
+        _hvd_group_of={p: i for i, g in enumerate(group_lists) for p in g},
+        _hvd_hooks={},
+        _hvd_delay={},
+        _hvd_pending={},
+        _hvd_sparse_seen={},
+        _hvd_should_sync=True,
+        _hvd_fresh_sync=False,
+    )
+    obj.__dict__.update(state)
+    obj._hvd_refresh()
+    return obj
+
+
+__all__ = ["DistributedOptimizer"]

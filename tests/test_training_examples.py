@@ -1,0 +1,52 @@
+"""The training examples and the train-step benchmark run end to end at np=2.
+
+pytorch_digits.py must reach its 95% test-accuracy bar (``--check`` exits 1 below it); the
+synthetic benchmark and benchmarks/train_step.py run with tiny settings and must print their
+reports (their numbers are not asserted: timings depend on the machine).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def launch(script: str, *args: str, np_: int = 2, timeout: int = 240) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_), sys.executable,
+           script, *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(f"{script} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n"
+                    f"{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+def test_digits_example_reaches_95_percent(tmp_path):
+    out = launch("examples/pytorch_digits.py", "--check", "--checkpoint",
+                 str(tmp_path / "digits.pt"))
+    assert "final test accuracy" in out
+    assert (tmp_path / "digits.pt").exists()
+
+
+def test_synthetic_benchmark_reports_throughput():
+    out = launch("examples/pytorch_synthetic_benchmark.py", "--num-warmup-batches", "1",
+                 "--num-batches-per-iter", "2", "--num-iters", "2", "--batch-size", "4",
+                 "--fp16-allreduce")
+    assert "Img/sec per CPU:" in out and "Total img/sec on 2 CPU(s):" in out
+
+
+def test_train_step_benchmark_prints_its_table():
+    out = launch("benchmarks/train_step.py", "--model", "mlp", "--warmup", "1", "--steps", "4",
+                 "--rounds", "1")
+    for row in ("1 process", "horovodlite np=2", "DDP gloo np=2", "not installed",
+                "throughput horovodlite / DDP"):
+        assert row in out, f"missing {row!r} in:\n{out}"
