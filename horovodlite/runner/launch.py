@@ -2,11 +2,12 @@
 
     horovodliterun -np 4 -H node1:2,node2:2 --fusion-threshold-mb 64 python train.py
 
-It adds what a user would otherwise have to remember: no CPU binding (the background thread needs
-a core too), ranks mapped by slot, running as root and more ranks than cores when that is the
-situation, and forwarding of the HOROVOD_* knobs (set from the flags) and the Python environment
-to every rank, and huge pages for large tensors (THP_MEM_ALLOC_ENABLE=1, which makes MPI's
-shared-memory copies faster). ``--verbose`` prints the command. Jobs started by mpirun/srun directly work the same.
+It adds what a user would otherwise have to remember: no CPU binding (the background thread
+needs a core too), ranks mapped by slot, running as root and more ranks than cores when that is
+the situation, forwarding of the HOROVOD_* knobs (set from the flags) and of the Python
+environment to every rank, and huge pages for large tensors (THP_MEM_ALLOC_ENABLE=1, which makes
+MPI's shared-memory copies faster). ``--verbose`` prints the command. Jobs started by mpirun or
+srun directly work the same.
 """
 
 from __future__ import annotations

@@ -255,6 +255,8 @@ def test_grad_scaler_and_clip_grad_norm():
 def test_optimizer_over_a_process_set():
     n, r = hvd.size(), hvd.rank()
     members = list(range(0, n, 2))  # 0 / 0 / 0,2 at np 1 / 2 / 3
+    hvd.shutdown()
+    hvd.init(process_sets="dynamic")
     ps = hvd.add_process_set(members) if n > 1 else hvd.global_process_set
     x, y = data(14, 2)
     model = mlp(10)
@@ -276,3 +278,5 @@ def test_optimizer_over_a_process_set():
         assert_same(model, reference)
     if n > 1:
         hvd.remove_process_set(ps)
+    hvd.shutdown()
+    hvd.init()
