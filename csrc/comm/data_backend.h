@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/config.h"
 #include "common/status.h"
 #include "common/tensor_ref.h"
 #include "common/types.h"
@@ -46,6 +47,8 @@ class DataBackend {
   virtual bool UsesRing(int64_t bytes, DataType dtype, ReduceOp op, int ps) const { return false; }
   // Number of members of process set `ps` as this backend sees them.
   virtual int SetSize(int ps) const = 0;
+  // Background thread, in the agreed order (autotune): which allreduce algorithm to use.
+  virtual void SetAllreduceAlgorithm(AllreduceAlgorithm algo) {}
   // recv receives every member's block, member i's block of counts[i] elements at offset
   // sum(counts[0..i)). send holds counts[my rank] elements, or is nullptr when this rank's block
   // is already in place inside recv.

@@ -115,6 +115,14 @@ const std::vector<Knob>& Table() {
        [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->autotune); }},
       {{"HOROVOD_AUTOTUNE_LOG", "", "CSV file where autotune logs each trial (rank 0)."},
        [](auto&, auto& v, Config* c) { c->autotune_log = v; return Status::Ok(); }},
+      {{"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "3",
+        "Autotune samples discarded for each candidate before one is measured."},
+       [](auto& n, auto& v, Config* c) { return ParseInt(n, v, 0, &c->autotune_warmup_samples); }},
+      {{"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "10",
+        "Background-loop cycles that moved allreduce data per autotune sample."},
+       [](auto& n, auto& v, Config* c) {
+         return ParseInt(n, v, 1, &c->autotune_steps_per_sample);
+       }},
       {{"HOROVOD_DYNAMIC_PROCESS_SETS", "0", "Allow add_process_set/remove_process_set."},
        [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->dynamic_process_sets); }},
       {{"HOROVOD_SUMMARY_STEPS", "0",

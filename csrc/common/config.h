@@ -31,6 +31,8 @@ struct Config {
   double stall_shutdown_seconds = 0.0;
   bool autotune = false;
   std::string autotune_log;
+  int64_t autotune_warmup_samples = 3;
+  int64_t autotune_steps_per_sample = 10;
   bool dynamic_process_sets = false;
   int64_t summary_steps = 0;
   AllreduceAlgorithm allreduce_algorithm = AllreduceAlgorithm::kAuto;

@@ -87,6 +87,16 @@ Status Context::Init(const InitOptions& options) {
   loop_deps.timeline = timeline_.get();
   loop_ = std::make_unique<BackgroundLoop>(loop_deps);
   loop_->set_cycle_hook([this](const CycleResult& r) { OnCycle(r); });
+  stats_.params = TunedParams{true, config_.fusion_threshold_bytes, config_.cycle_time_ms,
+                              config_.allreduce_algorithm, false};
+  if (config_.autotune && t.rank == 0) {
+    TuneParams start{config_.fusion_threshold_bytes, config_.cycle_time_ms,
+                     config_.allreduce_algorithm};
+    tuner_ = std::make_unique<Autotuner>(
+        start, config_.allreduce_algorithm == AllreduceAlgorithm::kAuto,
+        static_cast<int>(config_.autotune_warmup_samples),
+        static_cast<int>(config_.autotune_steps_per_sample), config_.autotune_log);
+  }
   if (!config_.timeline_path.empty()) {
     HVDL_RETURN_IF_ERROR(StartTimeline(config_.timeline_path, config_.timeline_mark_cycles));
   }
@@ -128,13 +138,46 @@ void Context::Shutdown(const std::string& reason) {
   loop_->Join();
 }
 
+// Every rank applies new parameters at the same cycle, before running its responses, so the
+// fusion plan of that cycle is the same everywhere.
+void Context::Apply(const TunedParams& p) {
+  executor_->set_fusion_threshold(p.fusion_threshold_bytes);
+  loop_->set_cycle_time_ms(p.cycle_time_ms);
+  for (DataBackend* b : comm_.backends.all()) b->SetAllreduceAlgorithm(p.algorithm);
+  HVDL_LOG(Debug) << "parameters now: fusion threshold " << p.fusion_threshold_bytes
+                  << " B, cycle time " << p.cycle_time_ms << " ms, algorithm "
+                  << AllreduceAlgorithmName(p.algorithm);
+}
+
+// Rank 0 feeds the autotuner with the allreduce bytes each cycle moves.
+void Context::Autotune(const CycleResult& result) {
+  if (!tuner_ || tuner_->converged()) return;
+  int64_t bytes = 0;
+  for (const Response& r : result.responses) {
+    if (r.op == OpType::kAllreduce && !r.is_error()) {
+      bytes += NumElements(r.shape) * static_cast<int64_t>(DataTypeSize(r.dtype));
+    }
+  }
+  if (tuner_->Record(bytes, std::chrono::steady_clock::now())) {
+    const TuneParams& p = tuner_->params();
+    controller_->PublishParams(TunedParams{true, p.fusion_threshold_bytes, p.cycle_time_ms,
+                                           p.algorithm, tuner_->converged()});
+  }
+}
+
 void Context::OnCycle(const CycleResult& result) {
   for (const Response& r : result.responses) {
     if (r.op == OpType::kProcessSetRemove && !r.is_error() && !r.sizes.empty()) {
       controller_->ForgetProcessSet(static_cast<int>(r.sizes[0]));
     }
   }
+  if (result.params.present) Apply(result.params);
+  Autotune(result);
   std::lock_guard<std::mutex> lock(stats_mu_);
+  if (result.params.present) {
+    stats_.params = result.params;
+    stats_.autotune_converged = result.params.converged;
+  }
   stats_.controller = controller_->stats();
   stats_.cache_entries = controller_->cache().size();
   stats_.fusion_buffer_bytes = fusion_->capacity();

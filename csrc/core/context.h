@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/backend_registry.h"
+#include "core/autotuner.h"
 #include "common/config.h"
 #include "core/background_loop.h"
 #include "core/controller.h"
@@ -50,6 +51,9 @@ struct RuntimeStats {
   ControllerStats controller;
   size_t cache_entries = 0;
   size_t fusion_buffer_bytes = 0;
+  // The parameters in force on this rank (changed by autotune, identical on every rank).
+  TunedParams params;
+  bool autotune_converged = false;
 };
 
 class Context {
@@ -84,6 +88,8 @@ class Context {
   explicit Context(const InitOptions& options);
   Status Init(const InitOptions& options);
   void OnCycle(const CycleResult& result);
+  void Apply(const TunedParams& params);
+  void Autotune(const CycleResult& result);
   class Observer;
 
   Config config_;
@@ -98,6 +104,7 @@ class Context {
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<BackgroundLoop> loop_;
+  std::unique_ptr<Autotuner> tuner_;  // rank 0 with HOROVOD_AUTOTUNE=1
   mutable std::mutex stats_mu_;  // guards stats_, summary_, summary_wait_base_
   RuntimeStats stats_;
   SummaryStats summary_;

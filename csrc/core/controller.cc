@@ -121,6 +121,11 @@ void Controller::Classify(Request request) {
   }
 }
 
+void Controller::PublishParams(const TunedParams& params) {
+  publish_ = params;
+  publish_.present = true;
+}
+
 void Controller::RequestShutdown(const std::string& reason) {
   if (shutdown_requested_) return;
   shutdown_requested_ = true;
@@ -145,7 +150,7 @@ void Controller::BuildBits() {
   const size_t w = WordsFor(slots_in_cycle_);
   words_.assign(1 + 2 * w, 0);
   uint64_t flags = 0;
-  if (!unsent_.empty() || shutdown_requested_) flags |= kFlagUncached;
+  if (!unsent_.empty() || shutdown_requested_ || publish_.present) flags |= kFlagUncached;
   if (shutdown_requested_) flags |= kFlagShutdown;
   if (StallCheckDue()) flags |= kFlagStall;
   if (num_pending() > 0) flags |= kFlagPending;
@@ -261,6 +266,7 @@ Status Controller::Negotiate(CycleResult* out, uint64_t flags) {
     out->shutdown = true;
     out->shutdown_reason = list.shutdown_reason;
   }
+  out->params = list.params;
   UpdateCache(list.responses);
   for (const Response& resp : list.responses) {
     sent_.erase(resp.Key());
@@ -314,6 +320,8 @@ ResponseList Controller::Coordinate(const std::vector<std::string>& gathered) {
     }
   }
   if (hook_) hook_(table_, &list);
+  list.params = publish_;
+  publish_ = TunedParams();
   return list;
 }
 

@@ -53,6 +53,7 @@ struct CycleResult {
   bool negotiated = false;  // the slow path ran
   int cache_hits = 0;       // responses served from the cache this cycle
   bool this_rank_joined = false;  // this rank had joined when the cycle's responses were agreed
+  TunedParams params;             // new parameters every rank applies now (autotune)
 };
 
 struct ControllerStats {
@@ -78,6 +79,8 @@ class Controller {
   // Asks every rank to stop at the end of the next cycle; `reason` reaches every rank.
   void RequestShutdown(const std::string& reason);
   void set_coordinator_hook(CoordinatorHook hook) { hook_ = std::move(hook); }
+  // Rank 0: hand `params` to every rank at the next cycle (forces one slow-path cycle).
+  void PublishParams(const TunedParams& params);
   // Rank 0 records negotiation into `timeline` (may be nullptr).
   void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
@@ -119,6 +122,7 @@ class Controller {
   std::map<uint32_t, Request> cached_pending_;     // announced through a cache bit
   std::unordered_map<std::string, Request> sent_;  // by TensorKey: sent, awaiting response
   std::set<uint32_t> invalid_;                     // slots this rank invalidates this cycle
+  TunedParams publish_;  // rank 0: parameters to send with the next response list
   bool shutdown_requested_ = false;
   std::string shutdown_reason_;
   bool joined_ = false;        // this rank has a join pending

@@ -179,6 +179,11 @@ std::string SerializeResponses(const ResponseList& list) {
   ByteWriter w;
   w.I32(list.shutdown ? 1 : 0);
   w.Str(list.shutdown_reason);
+  w.I32(list.params.present ? 1 : 0);
+  w.I64(list.params.fusion_threshold_bytes);
+  w.F64(list.params.cycle_time_ms);
+  w.I32(static_cast<int32_t>(list.params.algorithm));
+  w.I32(list.params.converged ? 1 : 0);
   w.I64(static_cast<int64_t>(list.responses.size()));
   for (const Response& p : list.responses) WriteResponse(w, p);
   return w.Take();
@@ -186,12 +191,16 @@ std::string SerializeResponses(const ResponseList& list) {
 
 Status ParseResponses(const std::string& bytes, ResponseList* out) {
   ByteReader r(bytes);
-  int32_t shutdown = 0;
+  int32_t shutdown = 0, has_params = 0, converged = 0;
   int64_t n = 0;
-  if (!r.I32(&shutdown) || !r.Str(&out->shutdown_reason) || !r.I64(&n) || n < 0) {
+  if (!r.I32(&shutdown) || !r.Str(&out->shutdown_reason) || !r.I32(&has_params) ||
+      !r.I64(&out->params.fusion_threshold_bytes) || !r.F64(&out->params.cycle_time_ms) ||
+      !ReadEnum(r, &out->params.algorithm) || !r.I32(&converged) || !r.I64(&n) || n < 0) {
     return Status::Internal("corrupt response list header");
   }
   out->shutdown = shutdown != 0;
+  out->params.present = has_params != 0;
+  out->params.converged = converged != 0;
   out->responses.clear();
   for (int64_t i = 0; i < n; ++i) {
     Response p;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/config.h"
 #include "common/status.h"
 #include "common/types.h"
 
@@ -79,10 +80,21 @@ struct RankMessage {
   PendingInfo last;                  // this rank's most recent submission (name empty if none)
 };
 
+// Tunable parameters the coordinator hands to every rank (autotune), applied by all ranks at the
+// same cycle, before that cycle's responses run.
+struct TunedParams {
+  bool present = false;
+  int64_t fusion_threshold_bytes = 0;
+  double cycle_time_ms = 0;
+  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
+  bool converged = false;  // autotune is done: these are the final parameters
+};
+
 struct ResponseList {
   std::vector<Response> responses;
   bool shutdown = false;
   std::string shutdown_reason;
+  TunedParams params;
 };
 
 class ByteWriter {

@@ -36,11 +36,7 @@ class MpiBackend : public DataBackend {
   Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
                        DataType dtype, ReduceOp op, int ps) override;
 
-  // Tunables the autotuner may change between cycles (background thread).
-  void set_algorithm(AllreduceAlgorithm algo) { algorithm_ = algo; }
-  void set_ring_threshold(int64_t bytes) { ring_threshold_ = bytes; }
-  AllreduceAlgorithm algorithm() const { return algorithm_; }
-  int64_t ring_threshold() const { return ring_threshold_; }
+  void SetAllreduceAlgorithm(AllreduceAlgorithm algo) override { algorithm_ = algo; }
 
   // Default ring threshold when HOROVOD_RING_THRESHOLD is -1 (measured, see README).
   static constexpr int64_t kDefaultRingThreshold = 4 * 1024 * 1024;

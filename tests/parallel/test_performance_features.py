@@ -1,0 +1,130 @@
+"""Response cache (hits, invalidation, disabled), deterministic fusion, the ring algorithm over MPI
+against NumPy, and autotune agreement - each on every rank, at any size."""
+
+import contextlib
+import os
+import time
+
+import pytest
+import torch
+
+import horovodlite.torch as hvd
+from horovodlite.common.basics import _stats
+
+from helpers import DTYPES, OPS, assert_close, rank_data, reference_allreduce
+
+
+@contextlib.contextmanager
+def runtime(**env):
+    """Restarts horovodlite with extra HOROVOD_* variables, then restores the default runtime."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: str(v) for k, v in env.items()})
+    hvd.shutdown()
+    hvd.init()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        hvd.shutdown()
+        hvd.init()
+
+
+def test_cache_invalidates_on_every_rank_when_a_shape_changes():
+    n = hvd.size()
+    for shape in [(4,), (4,), (4,), (7,), (7,), (4,)]:
+        before = _stats()
+        out = hvd.allreduce(torch.ones(shape), name="inv.w", op=hvd.Sum)
+        assert out.shape == shape and torch.all(out == n)
+        after = _stats()
+        changed = after["invalidations"] > before["invalidations"]
+        hit = after["cache_hits"] > before["cache_hits"]
+        assert changed or hit or after["negotiations"] > before["negotiations"]
+    counts = hvd.allgather_object(_stats()["invalidations"])
+    assert len(set(counts)) == 1 and counts[0] >= 2  # (4)->(7) and (7)->(4), same on every rank
+
+
+def test_cache_capacity_zero_negotiates_every_time():
+    with runtime(HOROVOD_CACHE_CAPACITY=0):
+        before = _stats()
+        for _ in range(5):
+            hvd.allreduce(torch.ones(3), name="nocache", op=hvd.Sum)
+        after = _stats()
+        assert after["cache_hits"] == before["cache_hits"] == 0
+        assert after["negotiations"] - before["negotiations"] >= 5
+
+
+def run_pattern(pattern, count=24):
+    r = hvd.rank()
+    tensors = [rank_data(900 + i, r, (257 + 31 * i,), torch.float32) for i in range(count)]
+    names = [f"det.{i}" for i in range(count)]
+    if pattern == "together":
+        hs = [hvd.allreduce_async_(t, name=nm, op=hvd.Sum) for t, nm in zip(tensors, names)]
+    elif pattern == "one-by-one":
+        hs = []
+        for t, nm in zip(tensors, names):
+            hs.append(hvd.allreduce_async_(t, name=nm, op=hvd.Sum))
+            time.sleep(0.002 * (1 + r))  # ranks drift: each cycle fuses something different
+    elif pattern == "reversed":
+        hs = [hvd.allreduce_async_(t, name=nm, op=hvd.Sum)
+              for t, nm in reversed(list(zip(tensors, names)))][::-1]
+    else:
+        hs = [hvd.grouped_allreduce_async_(tensors, name="det.group", op=hvd.Sum)]
+    for h in hs:
+        hvd.synchronize(h)
+    return tensors
+
+
+def test_results_are_bit_identical_whatever_the_fusion():
+    reference = run_pattern("together")
+    for pattern in ("one-by-one", "reversed", "grouped", "together"):
+        got = run_pattern(pattern)
+        for a, b in zip(reference, got):
+            assert torch.equal(a, b), f"{pattern} differs from submitting together"
+    with runtime(HOROVOD_FUSION_THRESHOLD=0):
+        for a, b in zip(reference, run_pattern("together")):
+            assert torch.equal(a, b), "no fusion differs from fusion"
+    with runtime(HOROVOD_FUSION_THRESHOLD=4096):
+        for a, b in zip(reference, run_pattern("together")):
+            assert torch.equal(a, b), "a small fusion threshold differs"
+
+
+@pytest.mark.parametrize("algo", ["ring", "mpi"])
+def test_both_algorithms_match_numpy_for_every_dtype_op_and_odd_size(algo):
+    n, r = hvd.size(), hvd.rank()
+    with runtime(HOROVOD_ALLREDUCE_ALGO=algo, HOROVOD_RING_SEGMENT_BYTES=1024):
+        for dtype in DTYPES:
+            for op_name, op in OPS.items():
+                for count in (1, 2, n + 1, 1001):
+                    seed = 7000 + DTYPES.index(dtype) * 100 + count
+                    inputs = [rank_data(seed, k, (count,), dtype, op_name) for k in range(n)]
+                    out = hvd.allreduce(inputs[r], op=op, name=f"{algo}.{dtype}.{op_name}.{count}")
+                    assert_close(out, reference_allreduce(inputs, op_name, dtype), dtype,
+                                 f"{algo} {op_name} {count}")
+
+
+def test_autotune_converges_and_every_rank_agrees(tmp_path_factory):
+    log = str(tmp_path_factory.mktemp("autotune") / f"autotune.{hvd.rank()}.csv")
+    with runtime(HOROVOD_AUTOTUNE=1, HOROVOD_AUTOTUNE_LOG=log, HOROVOD_AUTOTUNE_WARMUP_SAMPLES=1,
+                 HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE=3):
+        tensors = [torch.ones(2048 * (1 + i % 3)) for i in range(16)]
+        steps = 0
+        while steps < 2000:
+            hs = [hvd.allreduce_async_(t, name=f"tune.{i}", op=hvd.Sum)
+                  for i, t in enumerate(tensors)]
+            for h in hs:
+                hvd.synchronize(h)
+            steps += 1
+            done = hvd.allgather_object(_stats()["autotune_converged"], name="tune.done")
+            if all(done):
+                break
+        assert all(done), f"autotune did not converge in {steps} steps"
+        keys = ("fusion_threshold_bytes", "cycle_time_ms", "allreduce_algorithm")
+        chosen = hvd.allgather_object(tuple(_stats()[k] for k in keys), name="tune.params")
+        assert len(set(chosen)) == 1, f"ranks disagree: {chosen}"
+        if hvd.rank() == 0:
+            rows = open(log).read().splitlines()
+            assert rows[0].startswith("sample,phase,fusion_threshold_bytes") and len(rows) > 5
