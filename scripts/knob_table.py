@@ -1,12 +1,36 @@
-"""Prints the README's configuration table from the C++ knob table (the single source).
+"""Prints (or updates in README.md) the configuration table from the C++ knob table, which is
+the single source of truth for names, defaults and meanings.
 
-    python scripts/knob_table.py
+    python scripts/knob_table.py            # print the Markdown table
+    python scripts/knob_table.py --update   # rewrite it in README.md between the markers
 """
+
+import sys
+from pathlib import Path
 
 from horovodlite._extension import load
 
-C = load()
-print("| variable | default | meaning |")
-print("|---|---|---|")
-for name, default, doc in C.knobs():
-    print(f"| `{name}` | `{default or '(unset)'}` | {doc} |")
+START, END = "<!-- knobs:start -->", "<!-- knobs:end -->"
+
+
+def table() -> str:
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, default, doc in load().knobs():
+        rows.append(f"| `{name}` | `{default or '(unset)'}` | {doc} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    if "--update" not in sys.argv:
+        print(table())
+        return 0
+    readme = Path(__file__).parents[1] / "README.md"
+    text = readme.read_text()
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{START}\n{table()}\n{END}{tail}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -42,9 +42,11 @@ class DataBackend {
   virtual Status RemoveProcessSet(int ps) = 0;
 
   virtual Status Allreduce(const AllreduceArgs& args) = 0;
-  // True if an allreduce of `bytes` would run as a ring, whose result for an element depends on
-  // which chunk it falls in: the executor then lays fused buffers out chunk-major (see ring.h).
-  virtual bool UsesRing(int64_t bytes, DataType dtype, ReduceOp op, int ps) const { return false; }
+  // True if an allreduce of `bytes` made of `tensors` tensors would run as a ring. The executor
+  // then hands the tensors over as spans (no fusion buffer) laid out chunk-major (see ring.h).
+  virtual bool UsesRing(int64_t bytes, int tensors, DataType dtype, ReduceOp op, int ps) const {
+    return false;
+  }
   // Number of members of process set `ps` as this backend sees them.
   virtual int SetSize(int ps) const = 0;
   // Background thread, in the agreed order (autotune): which allreduce algorithm to use.

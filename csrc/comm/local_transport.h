@@ -39,14 +39,19 @@ class LocalTransport : public Transport {
   int size() const override { return boxes_->size(); }
   Status Isend(const void* buf, size_t bytes, int peer, int* request) override;
   Status Irecv(void* buf, size_t bytes, int peer, int* request) override;
+  Status IsendSpans(const std::vector<Span>& spans, size_t esize, int peer,
+                    int* request) override;
+  Status IrecvSpans(const std::vector<Span>& spans, size_t esize, int peer,
+                    int* request) override;
   Status Wait(int request) override;
 
  private:
   struct PendingRecv {
-    void* buf;
-    size_t bytes;
+    std::vector<Span> spans;  // a plain receive is one span of bytes (esize 1)
+    size_t esize;
     int peer;
   };
+  void Deliver(std::string msg, int peer);
   std::shared_ptr<LocalMailboxes> boxes_;
   int rank_;
   int next_ = 0;

@@ -10,23 +10,38 @@ namespace {
 
 int Mod(int a, int n) { return ((a % n) + n) % n; }
 
-// A chunk cut into transfer pieces of at most `seg` elements, never crossing a span.
-std::vector<Span> Pieces(const std::vector<Span>& spans, int64_t seg, size_t esize) {
-  std::vector<Span> out;
+// A chunk cut into messages of at most `seg` elements. A message may take pieces of several spans
+// (it travels as one transfer over all of them); a span longer than `seg` is split.
+struct Message {
+  std::vector<Span> spans;
+  int64_t count = 0;
+};
+
+std::vector<Message> Messages(const std::vector<Span>& spans, int64_t seg, size_t esize) {
+  std::vector<Message> out;
+  Message cur;
   for (const Span& s : spans) {
-    for (int64_t off = 0; off < s.count; off += seg) {
-      out.push_back(Span{static_cast<char*>(s.data) + off * static_cast<int64_t>(esize),
-                         std::min(seg, s.count - off)});
+    for (int64_t off = 0; off < s.count;) {
+      const int64_t take = std::min(seg - cur.count, s.count - off);
+      cur.spans.push_back(Span{static_cast<char*>(s.data) + off * static_cast<int64_t>(esize),
+                               take});
+      cur.count += take;
+      off += take;
+      if (cur.count == seg) {
+        out.push_back(std::move(cur));
+        cur = Message();
+      }
     }
   }
+  if (cur.count > 0) out.push_back(std::move(cur));
   return out;
 }
 
 struct StepArgs {
   Transport* t;
-  const std::vector<Span>* send;
-  const std::vector<Span>* recv;
-  bool reduce;  // reduce received pieces into place (else receive in place)
+  const std::vector<Message>* send;
+  const std::vector<Message>* recv;
+  bool reduce;  // reduce received messages into place (else receive in place)
   DataType dtype;
   ReduceOp op;
   size_t seg_elems;
@@ -34,7 +49,16 @@ struct StepArgs {
   RingStats* stats;
 };
 
-// One ring step: pieces of `send` go right while pieces of `recv` come from the left.
+// Folds a received message (contiguous in `slot`) into the spans it belongs to.
+void ReduceMessage(const Message& m, const char* slot, DataType dtype, ReduceOp op) {
+  const size_t esize = DataTypeSize(dtype);
+  for (const Span& s : m.spans) {
+    ReduceInto(s.data, slot, s.count, dtype, op);
+    slot += s.count * static_cast<int64_t>(esize);
+  }
+}
+
+// One ring step: messages of `send` go right while messages of `recv` come from the left.
 Status RingStep(const StepArgs& a) {
   const size_t esize = DataTypeSize(a.dtype);
   const int right = Mod(a.t->rank() + 1, a.t->size());
@@ -47,16 +71,20 @@ Status RingStep(const StepArgs& a) {
   std::vector<int> recvs(nr, -1);
   auto post = [&](size_t j) -> Status {
     if (j < nr) {
-      const Span& p = (*a.recv)[j];
-      void* dst = a.reduce ? slot(j) : p.data;
-      HVDL_RETURN_IF_ERROR(a.t->Irecv(dst, static_cast<size_t>(p.count) * esize, left, &recvs[j]));
+      const Message& m = (*a.recv)[j];
+      if (a.reduce) {
+        HVDL_RETURN_IF_ERROR(
+            a.t->Irecv(slot(j), static_cast<size_t>(m.count) * esize, left, &recvs[j]));
+      } else {
+        HVDL_RETURN_IF_ERROR(a.t->IrecvSpans(m.spans, esize, left, &recvs[j]));
+      }
     }
     if (j < ns) {
-      const Span& p = (*a.send)[j];
+      const Message& m = (*a.send)[j];
       int req;
-      HVDL_RETURN_IF_ERROR(a.t->Isend(p.data, static_cast<size_t>(p.count) * esize, right, &req));
+      HVDL_RETURN_IF_ERROR(a.t->IsendSpans(m.spans, esize, right, &req));
       sends.push_back(req);
-      a.stats->bytes_sent += p.count * static_cast<int64_t>(esize);
+      a.stats->bytes_sent += m.count * static_cast<int64_t>(esize);
     }
     return Status::Ok();
   };
@@ -64,14 +92,11 @@ Status RingStep(const StepArgs& a) {
   if (steps > 0) HVDL_RETURN_IF_ERROR(post(0));
   for (size_t j = 0; j < steps; ++j) {
     if (j < nr) HVDL_RETURN_IF_ERROR(a.t->Wait(recvs[j]));
-    // Step 1: get piece j+1 moving before touching piece j (its slot is free again: piece j-1
-    // was reduced in the previous iteration).
+    // Step 1: get message j+1 moving before touching message j (its slot is free again:
+    // message j-1 was reduced in the previous iteration).
     if (j + 1 < steps) HVDL_RETURN_IF_ERROR(post(j + 1));
-    // Step 2: fold the received piece j into the local chunk.
-    if (a.reduce && j < nr) {
-      const Span& p = (*a.recv)[j];
-      ReduceInto(p.data, slot(j), p.count, a.dtype, a.op);
-    }
+    // Step 2: fold the received message j into the local chunk.
+    if (a.reduce && j < nr) ReduceMessage((*a.recv)[j], slot(j), a.dtype, a.op);
   }
   for (int req : sends) HVDL_RETURN_IF_ERROR(a.t->Wait(req));
   ++a.stats->steps;
@@ -109,8 +134,10 @@ Status RingAllreduce(Transport* t, const std::vector<std::vector<Span>>& chunks,
   }
   const size_t esize = DataTypeSize(dtype);
   const size_t seg_elems = std::max<size_t>(1, segment_bytes / esize);
-  std::vector<std::vector<Span>> pieces;
-  for (const auto& c : chunks) pieces.push_back(Pieces(c, static_cast<int64_t>(seg_elems), esize));
+  std::vector<std::vector<Message>> pieces;
+  for (const auto& c : chunks) {
+    pieces.push_back(Messages(c, static_cast<int64_t>(seg_elems), esize));
+  }
   std::vector<char> scratch(2 * seg_elems * esize);
   StepArgs a{t, nullptr, nullptr, true, dtype, op, seg_elems, &scratch, stats};
   for (int s = 0; s < n - 1; ++s) {

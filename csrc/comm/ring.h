@@ -8,9 +8,13 @@
 //     full reduction of chunk (r + 1).
 //   allgather, step s = 0..n-2: send chunk (r + 1 - s) to the right, receive chunk (r - s) from
 //     the left, in place.
-// Each chunk moves as pieces of at most `segment_bytes` that never cross a span boundary; sender
-// and receiver derive the same pieces because every rank has the same span sizes. The receive of
-// piece j+1 is in flight while piece j is being reduced, so reduction overlaps transfer.
+// Each chunk moves as messages of at most `segment_bytes`; a message may cover pieces of several
+// spans and travels as ONE transfer (Transport::IsendSpans), so many small fused tensors cost a
+// few large messages, not one message each. Sender and receiver derive the same messages because
+// every rank has the same span sizes. Received reduce-scatter messages land contiguous in a
+// scratch slot and are reduced straight into their spans; allgather messages land in place. The
+// receive of message j+1 is in flight while message j is being reduced (two scratch slots), so
+// reduction overlaps transfer.
 // The order in which contributions are added to an element depends only on its chunk index, never
 // on timing; callers that keep every element in the same chunk (the executor lays fused tensors
 // out chunk-major) get bit-identical results whatever was fused with what.

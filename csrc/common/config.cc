@@ -129,10 +129,12 @@ const std::vector<Knob>& Table() {
         "Print a per-rank performance summary every N steps (0: never)."},
        [](auto& n, auto& v, Config* c) { return ParseInt(n, v, 0, &c->summary_steps); }},
       {{"HOROVOD_ALLREDUCE_ALGO", "auto",
-        "auto (by message size), mpi (MPI_Allreduce) or ring (horovodlite's ring)."},
+        "auto (see the algorithm choice below), mpi (MPI_Allreduce) or ring (horovodlite's "
+        "zero-copy ring)."},
        [](auto& n, auto& v, Config* c) { return ParseAlgorithm(n, v, &c->allreduce_algorithm); }},
       {{"HOROVOD_RING_THRESHOLD", "-1",
-        "Bytes from which auto uses the ring instead of MPI_Allreduce (-1: measured default)."},
+        "Bytes from which auto also runs a single tensor as a ring (-1: never; fused batches "
+        "from 256 KiB and floating sums on 3+ ranks always use the ring)."},
        [](auto& n, auto& v, Config* c) { return ParseInt(n, v, -1, &c->ring_threshold_bytes); }},
       {{"HOROVOD_RING_SEGMENT_BYTES", "262144",
         "Pipeline segment of the ring: one segment is reduced while the next is in flight."},

@@ -166,7 +166,8 @@ Status Executor::RunAllreduce(Items& items, DataBackend* be) {
   std::vector<int64_t> counts;
   for (const Item& it : items) counts.push_back(NumElements(it.response->shape));
   for (int64_t c : counts) a.count += c;
-  const bool ring = be->UsesRing(a.count * static_cast<int64_t>(esize), a.dtype, a.op, a.ps);
+  const bool ring = be->UsesRing(a.count * static_cast<int64_t>(esize),
+                                 static_cast<int>(items.size()), a.dtype, a.op, a.ps);
   const char* algo = ring ? "RING_ALLREDUCE" : "MPI_ALLREDUCE";
 
   if (items.size() == 1 && items.front().has_entry) {  // alone: in place on the output

@@ -116,6 +116,8 @@ def _static_rank_lists(process_sets) -> list[list[int]]:
 
 
 def _id_of(process_set: ProcessSet) -> int:
+    if process_set is global_process_set:
+        return 0  # the hot path: the C++ enqueue itself reports a missing hvd.init()
     _C.rank()  # raises "Horovod has not been initialized; use hvd.init()" before init
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}")

@@ -55,6 +55,9 @@ def _reset_names() -> None:
     _counters.clear()
 
 
+_site_cache: dict = {}
+
+
 def _site() -> str:
     """file:line of the user code that called into horovodlite (for stall reports)."""
     frame = sys._getframe(2)
@@ -62,7 +65,11 @@ def _site() -> str:
         frame = frame.f_back
     if frame is None:
         return ""
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    key = (frame.f_code, frame.f_lineno)
+    site = _site_cache.get(key)
+    if site is None:
+        site = _site_cache[key] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    return site
 
 
 def _resolve_op(average, op, fn: str) -> int:

@@ -33,8 +33,7 @@ Status ToInts(const std::vector<int64_t>& counts, const char* what, std::vector<
 MpiBackend::MpiBackend(MpiWorld* world, const Config& config)
     : world_(world),
       algorithm_(config.allreduce_algorithm),
-      ring_threshold_(config.ring_threshold_bytes >= 0 ? config.ring_threshold_bytes
-                                                       : kDefaultRingThreshold),
+      ring_threshold_(config.ring_threshold_bytes),
       segment_bytes_(static_cast<size_t>(config.ring_segment_bytes)) {}
 
 bool MpiBackend::Supports(OpType op, DataType dtype, int device) const {
@@ -74,22 +73,25 @@ Status MpiBackend::RemoveProcessSet(int ps) {
   return world_->RemoveProcessSet(ps);
 }
 
-bool MpiBackend::UsesRing(int64_t bytes, DataType dtype, ReduceOp op, int ps) const {
+bool MpiBackend::UsesRing(int64_t bytes, int tensors, DataType dtype, ReduceOp op,
+                          int ps) const {
   if (algorithm_ == AllreduceAlgorithm::kRing) return true;
   if (algorithm_ == AllreduceAlgorithm::kMpi) return false;
-  int n = SetSize(ps);
+  const int n = SetSize(ps);
   if (n <= 1) return false;
-  bool non_associative = IsFloatingPoint(dtype) &&
-                         (op == ReduceOp::kSum || op == ReduceOp::kAverage || op == ReduceOp::kProduct);
+  const bool non_associative = IsFloatingPoint(dtype) && (op == ReduceOp::kSum ||
+                                                          op == ReduceOp::kAverage ||
+                                                          op == ReduceOp::kProduct);
   if (n >= 3 && non_associative) return true;
-  return bytes >= ring_threshold_;
+  if (tensors > 1) return bytes >= kFusedRingBytes;
+  return ring_threshold_ >= 0 && bytes >= ring_threshold_;
 }
 
 Status MpiBackend::Allreduce(const AllreduceArgs& a) {
   MPI_Comm comm;
   HVDL_RETURN_IF_ERROR(Comm(a.ps, &comm));
   const int64_t bytes = a.count * static_cast<int64_t>(DataTypeSize(a.dtype));
-  if (UsesRing(bytes, a.dtype, a.op, a.ps)) {
+  if (!a.chunks.empty() || UsesRing(bytes, 1, a.dtype, a.op, a.ps)) {
     MpiTransport* t = TransportFor(a.ps);
     if (!a.chunks.empty()) {
       return RingAllreduce(t, a.chunks, a.dtype, a.op, a.postscale, segment_bytes_, nullptr);

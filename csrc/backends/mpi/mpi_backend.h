@@ -1,10 +1,16 @@
 // MpiBackend: every data collective over MPI, plus horovodlite's own ring allreduce.
 //
 // Allreduce picks MPI_Allreduce or the ring (comm/ring over MpiTransport) per call:
-//   HOROVOD_ALLREDUCE_ALGO=mpi|ring forces one; auto uses the ring from HOROVOD_RING_THRESHOLD bytes
-//   (default measured on the development machine, see README) and, with 3 or more ranks, for every
-//   floating-point Sum/Average/Product so that results never depend on fusion (MPI_Allreduce's
-//   association changes with message size; the ring's does not, see ring.h).
+//   HOROVOD_ALLREDUCE_ALGO=mpi|ring forces one. auto (measured on the development machine, see
+//   README) uses
+//   - the ring for fused batches from kFusedRingBytes: it reduces the tensors in place, while
+//     MPI_Allreduce needs them packed into one buffer and unpacked again - two extra memory passes
+//     that cost as much as the transfer on shared memory;
+//   - MPI_Allreduce for a single tensor (in place, no copies; the ring is no faster there), unless
+//     HOROVOD_RING_THRESHOLD is set and the tensor is at least that large;
+//   - the ring for every floating-point Sum/Average/Product with 3 or more ranks, so that results
+//     never depend on fusion (MPI_Allreduce's association changes with message size; the ring's
+//     does not, see ring.h).
 // CPU tensors only; CUDA tensors reach MPI through host staging in the executor.
 #pragma once
 
@@ -26,7 +32,8 @@ class MpiBackend : public DataBackend {
   Status AddProcessSet(int ps, const std::vector<int>& ranks) override;
   Status RemoveProcessSet(int ps) override;
   Status Allreduce(const AllreduceArgs& args) override;
-  bool UsesRing(int64_t bytes, DataType dtype, ReduceOp op, int ps) const override;
+  bool UsesRing(int64_t bytes, int tensors, DataType dtype, ReduceOp op,
+                int ps) const override;
   int SetSize(int ps) const override;
   Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
                     DataType dtype, int ps) override;
@@ -38,8 +45,7 @@ class MpiBackend : public DataBackend {
 
   void SetAllreduceAlgorithm(AllreduceAlgorithm algo) override { algorithm_ = algo; }
 
-  // Default ring threshold when HOROVOD_RING_THRESHOLD is -1 (measured, see README).
-  static constexpr int64_t kDefaultRingThreshold = 4 * 1024 * 1024;
+  static constexpr int64_t kFusedRingBytes = 256 * 1024;
 
  private:
   Status Comm(int ps, MPI_Comm* comm) const;

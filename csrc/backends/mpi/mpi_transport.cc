@@ -41,6 +41,56 @@ Status MpiTransport::Irecv(void* buf, size_t bytes, int peer, int* request) {
   return Status::Ok();
 }
 
+Status MpiTransport::SpanType(const std::vector<Span>& spans, size_t esize,
+                              MPI_Datatype* type) {
+  std::vector<int> lengths;
+  std::vector<MPI_Aint> addresses;
+  for (const Span& s : spans) {
+    const size_t bytes = static_cast<size_t>(s.count) * esize;
+    if (bytes > INT_MAX) return Status::Internal("ring span larger than 2 GiB");
+    MPI_Aint addr;
+    HVDL_MPI(MPI_Get_address(s.data, &addr));
+    lengths.push_back(static_cast<int>(bytes));
+    addresses.push_back(addr);
+  }
+  HVDL_MPI(MPI_Type_create_hindexed(static_cast<int>(spans.size()), lengths.data(),
+                                    addresses.data(), MPI_BYTE, type));
+  HVDL_MPI(MPI_Type_commit(type));
+  return Status::Ok();
+}
+
+// One span is a plain transfer; several become one message described by an hindexed datatype.
+// The datatype is freed right after posting: MPI keeps it alive until the transfer completes.
+Status MpiTransport::IsendSpans(const std::vector<Span>& spans, size_t esize, int peer,
+                                int* request) {
+  if (spans.size() == 1) {
+    return Isend(spans[0].data, static_cast<size_t>(spans[0].count) * esize, peer, request);
+  }
+  MPI_Datatype type;
+  HVDL_RETURN_IF_ERROR(SpanType(spans, esize, &type));
+  MPI_Request req;
+  int rc = MPI_Isend(MPI_BOTTOM, 1, type, peer, kRingTag, comm_, &req);
+  MPI_Type_free(&type);
+  if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Isend (ring)");
+  *request = Slot(req);
+  return Status::Ok();
+}
+
+Status MpiTransport::IrecvSpans(const std::vector<Span>& spans, size_t esize, int peer,
+                                int* request) {
+  if (spans.size() == 1) {
+    return Irecv(spans[0].data, static_cast<size_t>(spans[0].count) * esize, peer, request);
+  }
+  MPI_Datatype type;
+  HVDL_RETURN_IF_ERROR(SpanType(spans, esize, &type));
+  MPI_Request req;
+  int rc = MPI_Irecv(MPI_BOTTOM, 1, type, peer, kRingTag, comm_, &req);
+  MPI_Type_free(&type);
+  if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Irecv (ring)");
+  *request = Slot(req);
+  return Status::Ok();
+}
+
 Status MpiTransport::Wait(int request) {
   MPI_Request& req = requests_[static_cast<size_t>(request)];
   int rc = MPI_Wait(&req, MPI_STATUS_IGNORE);

@@ -16,10 +16,16 @@ class MpiTransport : public Transport {
   int size() const override { return size_; }
   Status Isend(const void* buf, size_t bytes, int peer, int* request) override;
   Status Irecv(void* buf, size_t bytes, int peer, int* request) override;
+  Status IsendSpans(const std::vector<Span>& spans, size_t esize, int peer,
+                    int* request) override;
+  Status IrecvSpans(const std::vector<Span>& spans, size_t esize, int peer,
+                    int* request) override;
   Status Wait(int request) override;
 
  private:
   int Slot(MPI_Request req);
+  // An hindexed byte datatype over absolute addresses (used with MPI_BOTTOM).
+  Status SpanType(const std::vector<Span>& spans, size_t esize, MPI_Datatype* type);
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
