@@ -39,9 +39,9 @@ def log(*args):
         print(*args, flush=True)
 
 
-def timed(fn, min_iters: int, min_seconds: float, repeats: int = 5) -> float:
-    """Median over `repeats` of the per-call time of `fn`, the slowest rank's. Every rank runs
-    the same number of calls (agreed after a calibration), so collectives stay matched."""
+def calibrate(fn, min_iters: int, min_seconds: float) -> int:
+    """Calls per measurement so that one takes about `min_seconds`; the same on every rank (so
+    collectives stay matched)."""
     fn()
     fn()
     COMM.Barrier()
@@ -49,15 +49,24 @@ def timed(fn, min_iters: int, min_seconds: float, repeats: int = 5) -> float:
     for _ in range(3):
         fn()
     per_call = COMM.allreduce((time.perf_counter() - start) / 3, op=MPI.MAX)
-    iters = max(min_iters, int(min_seconds / max(per_call, 1e-9)) + 1)
-    samples = []
-    for _ in range(repeats):
-        COMM.Barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        samples.append(COMM.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX))
-    return statistics.median(samples)
+    return max(min_iters, int(min_seconds / max(per_call, 1e-9)) + 1)
+
+
+def compare(fns: dict, min_iters: int, min_seconds: float, rounds: int) -> dict:
+    """Per-call time of each function, the slowest rank's, median over `rounds` rounds. Each round
+    measures every function back to back, so slow drifts of this noisy machine hit all of them
+    alike and the ratios stay meaningful."""
+    iters = {k: calibrate(f, min_iters, min_seconds) for k, f in fns.items()}
+    samples = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            COMM.Barrier()
+            start = time.perf_counter()
+            for _ in range(iters[k]):
+                f()
+            elapsed = (time.perf_counter() - start) / iters[k]
+            samples[k].append(COMM.allreduce(elapsed, op=MPI.MAX))
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 # ------------------------------------------------------------------------------- competitors
@@ -190,11 +199,8 @@ def run_single_sizes(comps, sizes, quick):
     log(f"\n== single tensor, float32 Sum, in place, np={SIZE} ==")
     log(f"{'size':>8} {'library':>12} {'time':>12} {'algbw':>12} {'busbw':>12} {'x raw MPI':>10}")
     for n in sizes:
-        times = {}
-        for c in comps:
-            budget = 0.05 if quick else 0.2
-            times[c.name] = timed(c.single(n), min_iters=5, min_seconds=budget,
-                                  repeats=3 if quick else 5)
+        times = compare({c.name: c.single(n) for c in comps}, 5, 0.03 if quick else 0.1,
+                        3 if quick else 7)
         for c in comps:
             t = times[c.name]
             ratio = t / times["mpi4py"]
@@ -208,9 +214,10 @@ def run_single_sizes(comps, sizes, quick):
 def run_fusion(comps, count, nbytes, quick):
     log(f"\n== {count} tensors of {size_label(nbytes)} submitted together, np={SIZE} ==")
     total = count * nbytes
-    times = {c.name: timed(c.many(count, nbytes), 3, 0.2 if quick else 0.5,
-                           repeats=3 if quick else 5) for c in comps}
-    one = timed(RawMPI().single(total), 3, 0.2 if quick else 0.5, repeats=3 if quick else 5)
+    fns = {"one call": RawMPI().single(total)}
+    fns.update({c.name: c.many(count, nbytes) for c in comps})
+    times = compare(fns, 3, 0.1 if quick else 0.3, 3 if quick else 9)
+    one = times.pop("one call")
     rows = []
     log(f"{'library':>22} {'time':>12} {'busbw':>12} {'x one MPI_Allreduce':>20} "
         f"{'x 200 MPI calls':>16}")
@@ -271,14 +278,25 @@ def run_rss(steps: int, count: int, nbytes: int):
 
 
 def run_timeline_overhead(count, nbytes, quick):
+    """The fusion case with the timeline recording vs not, alternating in every round."""
     step = Horovodlite().many(count, nbytes)
-    budget, reps = (0.3, 3) if quick else (1.0, 7)
-    off = timed(step, 5, budget, reps)
     path = os.path.join(tempfile.gettempdir(), f"hvdl_bench_timeline_{os.getpid()}.json")
-    hvd.start_timeline(path)
-    on = timed(step, 5, budget, reps)
-    hvd.stop_timeline()
-    if RANK == 0:
+    iters = calibrate(step, 5, 0.3 if quick else 1.0)
+    samples = {"off": [], "on": []}
+    for _ in range(3 if quick else 9):
+        for mode in ("off", "on"):
+            if mode == "on":
+                hvd.start_timeline(path)
+            COMM.Barrier()
+            start = time.perf_counter()
+            for _ in range(iters):
+                step()
+            samples[mode].append(COMM.allreduce((time.perf_counter() - start) / iters,
+                                                op=MPI.MAX))
+            if mode == "on":
+                hvd.stop_timeline()
+    off, on = statistics.median(samples["off"]), statistics.median(samples["on"])
+    if RANK == 0 and os.path.exists(path):
         os.unlink(path)
     log(f"\n== timeline overhead on the fusion case: {100 * (on / off - 1):+.1f}% "
         f"({fmt_time(off)} off, {fmt_time(on)} on) ==")

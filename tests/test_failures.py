@@ -166,3 +166,25 @@ def test_log_lines_carry_rank_and_host_pid():
     rc, out, _ = job(2, "stall.py", "names", env=STALL)
     assert re.search(r"\[hvdl 0/2 [^ ]+:\d+\] WARNING", out), out
     assert not re.search(r"^\d{4}-\d\d-\d\d", out, re.M)  # HOROVOD_LOG_HIDE_TIME
+
+
+def test_summary_every_n_optimizer_steps(tmp_path):
+    script = tmp_path / "steps.py"
+    script.write_text(
+        "import torch, horovodlite.torch as hvd\n"
+        "hvd.init()\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),\n"
+        "                               named_parameters=model.named_parameters())\n"
+        "for _ in range(6):\n"
+        "    opt.zero_grad()\n"
+        "    model(torch.ones(3, 4)).sum().backward()\n"
+        "    opt.step()\n")
+    full_env = dict(os.environ, HOROVOD_SUMMARY_STEPS="3")
+    out = subprocess.run([sys.executable, "-m", "horovodlite.runner.launch", "-np", "2",
+                          sys.executable, str(script)], env=full_env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("[hvdl summary")]
+    assert len(lines) == 4, out.stdout  # 2 ranks x (after step 3 and step 6)
+    assert all("tensors" in ln and "slowest: rank" in ln for ln in lines)

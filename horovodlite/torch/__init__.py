@@ -38,6 +38,7 @@ from horovodlite.common.process_sets import (
 )
 from horovodlite.torch import collectives as _collectives
 from horovodlite.torch import mpi_ops as _mpi_ops
+from horovodlite.torch import summary as _summary
 from horovodlite.torch.collectives import (
     allgather,
     allgather_async,
@@ -93,6 +94,7 @@ def shutdown() -> None:
     _shutdown_runtime()
     _mpi_ops._reset_names()
     _mpi_ops._reset_handles()
+    _summary._reset()
     _collectives._reset()
 
 

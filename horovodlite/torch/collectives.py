@@ -332,7 +332,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
         all_val = synchronize(h_val)
         if op == Average:
             all_val = all_val / n
-        out = torch.sparse_coo_tensor(all_idx.t(), all_val, size=t.shape)
+        out = torch.sparse_coo_tensor(all_idx.t(), all_val, size=t.shape,
+                                      check_invariants=False)
         return out.coalesce()
 
     return wait

@@ -30,6 +30,7 @@ import weakref
 
 import torch
 
+from horovodlite.torch import summary
 from horovodlite.torch.collectives import sparse_allreduce_async
 from horovodlite.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_, synchronize
 
@@ -293,6 +294,7 @@ class _DistributedOptimizer:
             )
         self._hvd_fresh_sync = False
         super().step()
+        summary.step_completed()  # HOROVOD_SUMMARY_STEPS: every rank steps, so it is collective
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -16,6 +16,7 @@ from horovodlite.torch.functions import allgather_object
 
 _C = load()
 _steps = 0
+_every = None  # HOROVOD_SUMMARY_STEPS, read once per runtime
 
 
 def _fmt_bytes(n: float) -> str:
@@ -55,13 +56,19 @@ def summary(print_line: bool = True) -> dict:
 
 def step_completed() -> None:
     """Counts a training step; prints the summary every HOROVOD_SUMMARY_STEPS steps."""
-    global _steps
-    every = int(_C.config().get("summary_steps", 0) or 0)
-    if every <= 0:
+    global _steps, _every
+    if _every is None:
+        _every = int(_C.config().get("summary_steps", 0) or 0)
+    if _every <= 0:
         return
     _steps += 1
-    if _steps % every == 0:
+    if _steps % _every == 0:
         summary()
+
+
+def _reset() -> None:
+    global _steps, _every
+    _steps, _every = 0, None
 
 
 __all__ = ["summary"]

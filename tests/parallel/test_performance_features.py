@@ -7,11 +7,10 @@ import time
 
 import pytest
 import torch
+from helpers import DTYPES, OPS, assert_close, rank_data, reference_allreduce
 
 import horovodlite.torch as hvd
 from horovodlite.common.basics import _stats
-
-from helpers import DTYPES, OPS, assert_close, rank_data, reference_allreduce
 
 
 @contextlib.contextmanager
