@@ -61,34 +61,32 @@ Status MpiTransport::SpanType(const std::vector<Span>& spans, size_t esize,
 
 // One span is a plain transfer; several become one message described by an hindexed datatype.
 // The datatype is freed right after posting: MPI keeps it alive until the transfer completes.
-Status MpiTransport::IsendSpans(const std::vector<Span>& spans, size_t esize, int peer,
-                                int* request) {
+Status MpiTransport::PostSpans(bool send, const std::vector<Span>& spans, size_t esize, int peer,
+                               int* request) {
   if (spans.size() == 1) {
-    return Isend(spans[0].data, static_cast<size_t>(spans[0].count) * esize, peer, request);
+    const size_t bytes = static_cast<size_t>(spans[0].count) * esize;
+    return send ? Isend(spans[0].data, bytes, peer, request)
+                : Irecv(spans[0].data, bytes, peer, request);
   }
   MPI_Datatype type;
   HVDL_RETURN_IF_ERROR(SpanType(spans, esize, &type));
   MPI_Request req;
-  int rc = MPI_Isend(MPI_BOTTOM, 1, type, peer, kRingTag, comm_, &req);
+  int rc = send ? MPI_Isend(MPI_BOTTOM, 1, type, peer, kRingTag, comm_, &req)
+                : MPI_Irecv(MPI_BOTTOM, 1, type, peer, kRingTag, comm_, &req);
   MPI_Type_free(&type);
-  if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Isend (ring)");
+  if (rc != MPI_SUCCESS) return MpiStatus(rc, send ? "MPI_Isend (ring)" : "MPI_Irecv (ring)");
   *request = Slot(req);
   return Status::Ok();
 }
 
+Status MpiTransport::IsendSpans(const std::vector<Span>& spans, size_t esize, int peer,
+                                int* request) {
+  return PostSpans(true, spans, esize, peer, request);
+}
+
 Status MpiTransport::IrecvSpans(const std::vector<Span>& spans, size_t esize, int peer,
                                 int* request) {
-  if (spans.size() == 1) {
-    return Irecv(spans[0].data, static_cast<size_t>(spans[0].count) * esize, peer, request);
-  }
-  MPI_Datatype type;
-  HVDL_RETURN_IF_ERROR(SpanType(spans, esize, &type));
-  MPI_Request req;
-  int rc = MPI_Irecv(MPI_BOTTOM, 1, type, peer, kRingTag, comm_, &req);
-  MPI_Type_free(&type);
-  if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Irecv (ring)");
-  *request = Slot(req);
-  return Status::Ok();
+  return PostSpans(false, spans, esize, peer, request);
 }
 
 Status MpiTransport::Wait(int request) {

@@ -24,6 +24,8 @@ class MpiTransport : public Transport {
 
  private:
   int Slot(MPI_Request req);
+  Status PostSpans(bool send, const std::vector<Span>& spans, size_t esize, int peer,
+                   int* request);
   // An hindexed byte datatype over absolute addresses (used with MPI_BOTTOM).
   Status SpanType(const std::vector<Span>& spans, size_t esize, MPI_Datatype* type);
   MPI_Comm comm_;
