@@ -255,3 +255,41 @@ def test_reducescatter_rejects_scalars_and_other_ops():
     for op in (hvd.Max, hvd.Min, hvd.Product, hvd.Adasum):
         with pytest.raises(ValueError, match="only hvd.Average and hvd.Sum"):
             hvd.reducescatter(torch.ones(4), op=op, name="rs.op")
+
+
+# ------------------------------------------------------------------ sparse, grouped gradients
+
+
+@pytest.mark.parametrize("op", [hvd.Average, hvd.Sum])
+def test_sparse_allreduce_async_returns_a_waiting_callable(op):
+    n, r = hvd.size(), hvd.rank()
+    dense = torch.zeros(6, 3)
+    dense[r % 6] = float(r + 1)  # each rank touches its own row
+    dense[5] += 1.0              # and everyone touches row 5
+    wait = hvd.sparse_allreduce_async(dense.to_sparse(), name=f"sparse.{op}", op=op)
+    assert callable(wait)
+    out = wait()
+    assert out.is_sparse
+    expected = torch.zeros(6, 3)
+    for k in range(n):
+        expected[k % 6] += float(k + 1)
+        expected[5] += 1.0
+    if op == hvd.Average:
+        expected /= n
+    assert torch.allclose(out.to_dense(), expected)
+
+
+def test_grouped_allgather_and_reducescatter_gradients():
+    n, r = hvd.size(), hvd.rank()
+    a = torch.full((r + 1, 2), 1.0, requires_grad=True)
+    b = torch.full((2, 3), 2.0, requires_grad=True)
+    ga, gb = hvd.grouped_allgather([a, b], name="gag.grad")
+    (ga.sum() * 2 + gb.sum() * 3).backward()
+    assert torch.equal(a.grad, torch.full((r + 1, 2), 2.0))
+    assert torch.equal(b.grad, torch.full((2, 3), 3.0))
+    x = torch.ones(2 * n, 2, requires_grad=True)
+    y = torch.ones(3 * n, requires_grad=True)
+    ox, oy = hvd.grouped_reducescatter([x, y], op=hvd.Sum, name="grs.grad")
+    (ox.sum() + 2 * oy.sum()).backward()
+    assert torch.equal(x.grad, torch.full((2 * n, 2), float(n)))
+    assert torch.equal(y.grad, torch.full((3 * n,), 2.0 * n))
