@@ -15,6 +15,9 @@ from horovodlite.common import process_sets as _ps
 _C = load()
 _lock = threading.Lock()
 _hooks_installed = False
+# The arguments of the last successful init: an elastic reset (hvd.elastic.run) shuts down and
+# initialises again, and must rebuild the same communicator and static process sets.
+_init_args: tuple = (None, None)
 # After telling the other ranks why this one fails, wait this long before the process exits so
 # they can raise and print before mpirun tears the job down.
 _FAILURE_GRACE_SECONDS = 1.5
@@ -83,6 +86,7 @@ def init(comm=None, process_sets=None) -> None:
     MPI that mpi4py already initialised is reused and never finalised by horovodlite; MPI that
     horovodlite initialised is finalised at process exit.
     """
+    global _init_args
     with _lock:
         if _C.is_initialized():
             return
@@ -101,6 +105,13 @@ def init(comm=None, process_sets=None) -> None:
                 dynamic=dynamic)
         _ps._setup(static)
         _install_hooks()
+        _init_args = (comm, process_sets)
+
+
+def _init_again() -> None:
+    """``init`` with the arguments of the last successful ``init`` (used by elastic resets).
+    Static process sets are the same objects, numbered again; dynamically added sets are gone."""
+    init(*_init_args)
 
 
 def shutdown() -> None:

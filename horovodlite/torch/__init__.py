@@ -37,6 +37,7 @@ from horovodlite.common.process_sets import (
     remove_process_set,
 )
 from horovodlite.torch import collectives as _collectives
+from horovodlite.torch import elastic
 from horovodlite.torch import mpi_ops as _mpi_ops
 from horovodlite.torch import summary as _summary
 from horovodlite.torch.collectives import (
@@ -124,4 +125,6 @@ __all__ = [
     "Compression",
     # training
     "DistributedOptimizer", "SyncBatchNorm",
+    # elastic training
+    "elastic",
 ]

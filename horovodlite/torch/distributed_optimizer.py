@@ -323,6 +323,17 @@ class _DistributedOptimizer:
         super().load_state_dict(state_dict)
         self._hvd_reset_counters()
 
+    def _hvd_abandon_step(self) -> None:
+        """Drops this step's reductions after a failure (``hvd.elastic`` rolls back): their
+        handles die with the runtime at the elastic reset, so they are not waited for. The
+        gradients of the failed step are cleared and accumulation restarts, so the retried
+        step does not add to partial sums."""
+        self._hvd_pending.clear()
+        self._hvd_reset_counters()
+        self._hvd_fresh_sync = False
+        for p in self._hvd_params():
+            p.grad = None
+
     def add_param_group(self, param_group) -> None:
         """Adds a param group; its parameters get names (generated, or looked up in
         ``named_parameters``) and hooks."""

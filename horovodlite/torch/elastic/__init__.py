@@ -1,0 +1,42 @@
+"""``hvd.elastic``: Horovod's elastic programming model, for a fixed set of ranks.
+
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.epoch < epochs:
+            for batch_idx, batch in enumerate(loader):     # loader uses sampler=sampler
+                ...                                         # forward, backward, step
+                state.sampler.record_batch(batch_idx, batch_size)
+                state.batch += 1
+                if state.batch % 10 == 0:
+                    state.commit()
+            state.epoch, state.batch = state.epoch + 1, 0
+            state.sampler.set_epoch(state.epoch)
+            state.commit()
+
+    train(state)
+
+Scripts written for ``horovod.torch.elastic`` run unchanged. What differs, and why: horovodlite
+has no elastic driver (no host discovery, no re-spawning of ranks): the job is the ranks that
+mpirun started. So
+
+- ``check_host_updates()`` never raises: hosts cannot change. ``HostsUpdatedInterrupt`` raised
+  by the script itself still re-synchronises without rolling back.
+- ``run`` recovers from failures of collectives (a rank raised ``HorovodInternalError``, a
+  mismatch, a stall turned into an error, a rank that called ``hvd.shutdown()``): every rank
+  rolls back to the last commit, horovodlite is re-initialised and training resumes. A rank
+  whose process died cannot be replaced: the job ends as without elastic.
+- ``run`` gives up after ``reset_limit`` resets (``DEFAULT_RESET_LIMIT``); Horovod's limit was
+  a driver option.
+- ``commit()`` is a barrier, so every rank's last commit is the same point of training;
+  ``run`` returns only when every rank's function has returned.
+- ``sync()`` sends rank 0's current state and makes it every rank's snapshot; snapshots of
+  plain attributes are deep copies.
+"""
+
+from horovodlite.torch.elastic.runner import DEFAULT_RESET_LIMIT, run
+from horovodlite.torch.elastic.sampler import ElasticSampler
+from horovodlite.torch.elastic.state import ObjectState, State, TorchState
+
+__all__ = ["run", "DEFAULT_RESET_LIMIT", "State", "ObjectState", "TorchState", "ElasticSampler"]

@@ -1,0 +1,123 @@
+"""``hvd.elastic.run``: retry a training function from the last commit after a failure.
+
+Protocol of one call ``train(state, *args)`` (every rank runs it):
+
+1. ``state.sync()``: every rank takes rank 0's state.
+2. ``train(state, *args)``; when it returns, a barrier: ``run`` returns only once every rank's
+   function has returned, so a rank that fails late still finds its peers ready to retry.
+3. On ``HorovodInternalError`` (from any of the above): ``state.restore()`` to the last commit,
+   then the reset (4-6) and back to 1.
+   On ``HostsUpdatedInterrupt``: no restore; the reset (4-6), then back to 1 - or to 2 without
+   the sync if the interrupt says ``skip_sync``.
+4. Re-initialise horovodlite: ``shutdown()`` then ``init()`` with the arguments of the last
+   ``init``. This discards whatever the failure left behind (ops some ranks submitted and
+   others never will, auto-name counters that diverged, handles) so the retry starts clean.
+5. ``state.on_reset()`` (the registered reset callbacks).
+6. Give up after ``reset_limit`` resets: the last error propagates (the state is restored).
+
+Why every rank resets. horovodlite has no elastic driver: the job is the fixed set of ranks
+mpirun started, and ``init`` after ``shutdown`` is collective over all of them. A failure seen
+by only some ranks still reaches the others: ``shutdown`` is job-wide, so a rank that resets
+makes its peers' next collective raise ``HorovodInternalError``, and they reset too. What this
+cannot survive is a rank that is gone (its process died) or that never reaches another
+collective: MPI cannot replace it, and the others wait in ``init``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import sys
+
+from horovodlite.common import basics
+from horovodlite.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovodlite.torch.collectives import barrier
+
+#: Resets one ``run`` call performs before it lets the error propagate. A failure that recurs
+#: deterministically (a bug, a rank that keeps failing) would otherwise retry forever.
+#: Override per function with ``@hvd.elastic.run(reset_limit=N)``.
+DEFAULT_RESET_LIMIT = 5
+
+
+def _log(message: str) -> None:
+    where = f"{socket.gethostname()}:{os.getpid()}"
+    try:
+        who = f"rank {basics.rank()}/{basics.size()}"
+    except ValueError:
+        who = "rank ?"
+    sys.stderr.write(f"[horovodlite {who} {where}] hvd.elastic: {message}\n")
+    sys.stderr.flush()
+
+
+def _reinit(error: BaseException) -> None:
+    """Step 4: shut down (telling the peers why) and initialise again."""
+    import horovodlite.torch as hvd  # the package imports this module: resolve at call time
+
+    basics._stop(f"elastic reset after {type(error).__name__}: {error}")
+    hvd.shutdown()  # the runtime is already stopped: this clears names, handles, counters
+    basics._init_again()
+
+
+def _all_finished() -> None:
+    """Step 2's barrier; it fails with HorovodInternalError if a peer is resetting."""
+    barrier()
+
+
+def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
+               finish=_all_finished):
+    """Runs steps 1-6 with ``reset(error)`` and ``finish()`` as collaborators (tests replace
+    them to exercise the protocol without MPI). Returns ``func``'s result."""
+    resets = 0
+    skip_sync = False
+    while True:
+        try:
+            if not skip_sync:
+                state.sync()
+            result = func(state, *args, **kwargs)
+            finish()
+            return result
+        except HorovodInternalError as exc:
+            error, skip_sync, skip_restore = exc, False, False
+            state.restore()
+        except HostsUpdatedInterrupt as exc:
+            error, skip_sync, skip_restore = exc, exc.skip_sync, True
+        if resets >= reset_limit:
+            if hasattr(error, "add_note"):
+                error.add_note(f"hvd.elastic.run gave up after {resets} resets "
+                               f"(reset_limit={reset_limit})")
+            raise error
+        resets += 1
+        rolled_back = "" if skip_restore else " (state rolled back to the last commit)"
+        _log(f"reset {resets} of at most {reset_limit}{rolled_back} after "
+             f"{type(error).__name__}: {error}")
+        reset(error)
+        state.on_reset()
+
+
+def _check_limit(reset_limit) -> int:
+    if isinstance(reset_limit, bool) or not isinstance(reset_limit, int) or reset_limit < 0:
+        raise ValueError(f"hvd.elastic.run: reset_limit must be an int >= 0, got {reset_limit!r}")
+    return reset_limit
+
+
+def run(func=None, *, reset_limit: int | None = None):
+    """Decorator: ``func(state, *args, **kwargs)`` is retried from ``state``'s last commit when
+    a collective fails (see the module docstring for the protocol).
+
+    Use as ``@hvd.elastic.run`` or ``@hvd.elastic.run(reset_limit=N)`` (default
+    ``DEFAULT_RESET_LIMIT``; 0 disables retries). Call collectives only inside ``func``: its
+    first step is a collective sync of ``state``.
+    """
+    if func is None:
+        return functools.partial(run, reset_limit=reset_limit)
+    limit = _check_limit(DEFAULT_RESET_LIMIT if reset_limit is None else reset_limit)
+
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        return retry_loop(func, state, args, kwargs, limit)
+
+    return wrapper
+
+
+__all__ = ["run", "retry_loop", "DEFAULT_RESET_LIMIT"]

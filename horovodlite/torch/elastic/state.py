@@ -1,0 +1,167 @@
+"""Training state that ``hvd.elastic.run`` can roll back and re-synchronise.
+
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
+
+Life cycle, on every rank:
+
+- ``save()``: snapshot in memory (deep copies). ``commit()`` is the collective form: a barrier
+  (so every rank snapshots at the same point of training, or none does, and the ranks' last
+  commits never differ), ``save()``, then ``check_host_updates()``.
+- ``restore()``: back to the last snapshot (local).
+- ``sync()``: every rank takes rank 0's current state (collective), which then becomes every
+  rank's snapshot too. Called by ``run`` before the first attempt and after each reset.
+- ``on_reset()``: the callbacks given to ``register_reset_callbacks``, after each reset.
+
+Attributes given as keyword arguments are tracked (``state.epoch += 1`` changes the tracked
+value). Objects with handlers (modules, optimizers, samplers, anything with ``state_dict`` /
+``load_state_dict``; see ``handlers.py``) are snapshotted through their state dicts; everything
+else is deep-copied and sent with ``broadcast_object`` - it must be picklable.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from horovodlite.common.basics import is_initialized, rank
+from horovodlite.torch.collectives import barrier
+from horovodlite.torch.elastic.handlers import handler_for
+from horovodlite.torch.functions import broadcast_object
+
+
+def _broadcast_from_root(obj):
+    return broadcast_object(obj, 0, name="elastic.objects")
+
+
+class State:
+    """Base class of elastic state: subclasses implement ``save``, ``restore`` and ``sync``.
+
+    ``bcast_object(obj) -> obj`` and ``get_rank() -> int`` are accepted for compatibility with
+    Horovod's signature and default to horovodlite's ``broadcast_object`` (from rank 0) and
+    ``rank``.
+    """
+
+    def __init__(self, bcast_object=None, get_rank=None) -> None:
+        self._bcast_object = bcast_object or _broadcast_from_root
+        self._get_rank = get_rank or rank
+        self._reset_callbacks: list = []
+
+    def register_reset_callbacks(self, callbacks) -> None:
+        """Adds callables run (in order, no arguments) after each reset, before ``sync``:
+        e.g. scale the learning rate to the new ``hvd.size()``."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Collective: every rank reaches this point, then snapshots (``save``) and checks for
+        host updates. The barrier is skipped when horovodlite is not initialised."""
+        if is_initialized():
+            barrier()
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Horovod raises ``HostsUpdatedInterrupt`` here when its elastic driver added or
+        removed hosts. horovodlite runs under mpirun with a fixed set of ranks and has no
+        driver, so the hosts never change and this never raises; raise
+        ``HostsUpdatedInterrupt`` yourself to re-synchronise without rolling back."""
+
+    def save(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement save()")
+
+    def restore(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement restore()")
+
+    def sync(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement sync()")
+
+
+class ObjectState(State):
+    """State made of plain picklable attributes, given as keyword arguments.
+
+    Snapshots are deep copies, so mutating a list attribute after a commit does not change the
+    commit (Horovod kept references)."""
+
+    def __init__(self, bcast_object=None, get_rank=None, **kwargs) -> None:
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+        self._object_names = list(kwargs)
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+        self._save_objects()
+
+    def _save_objects(self) -> None:
+        self._saved_objects = copy.deepcopy({n: getattr(self, n) for n in self._object_names})
+
+    def save(self) -> None:
+        self._save_objects()
+
+    def restore(self) -> None:
+        for name, value in copy.deepcopy(self._saved_objects).items():
+            setattr(self, name, value)
+
+    def sync(self) -> None:
+        """Rank 0's current attribute values to every rank (one ``broadcast_object``), then
+        ``save()``: every rank's snapshot is the synchronised state."""
+        if self._object_names:
+            root = self._bcast_object({n: getattr(self, n) for n in self._object_names})
+            for name, value in root.items():
+                setattr(self, name, value)
+        self.save()
+
+
+class TorchState(ObjectState):
+    """Model, optimizer and any other training state, e.g.
+    ``TorchState(model, optimizer, sampler=sampler, scheduler=scheduler, epoch=0, batch=0)``.
+
+    Assigning a new object to a handled attribute (``state.model = new_model``) switches the
+    handler to it and snapshots it.
+    """
+
+    def __init__(self, model=None, optimizer=None, **kwargs) -> None:
+        kwargs.update(model=model, optimizer=optimizer)
+        handlers, plain = {}, {}
+        for name, value in kwargs.items():
+            handler = handler_for(name, value)
+            if handler is None:
+                plain[name] = value
+            else:
+                handlers[name] = handler
+        self._handlers = handlers
+        for name, handler in handlers.items():
+            setattr(self, name, handler.value)
+        super().__init__(**plain)
+
+    def __setattr__(self, name, value) -> None:
+        handlers = self.__dict__.get("_handlers")
+        if handlers is not None and name in handlers and handlers[name].value is not value:
+            handlers[name].value = value
+            handlers[name].save()
+        super().__setattr__(name, value)
+
+    def save(self) -> None:
+        for handler in self._handlers.values():
+            handler.save()
+        super().save()
+
+    def restore(self) -> None:
+        for handler in self._handlers.values():
+            handler.restore()
+        super().restore()
+
+    def on_reset(self) -> None:
+        """Handlers drop what referred to the old runtime, then the reset callbacks run."""
+        for handler in self._handlers.values():
+            handler.on_reset()
+        super().on_reset()
+
+    def sync(self) -> None:
+        """Collective. Handlers in attribute-name order (the same on every rank whatever the
+        keyword order), then the plain attributes, then ``save()``."""
+        for name in sorted(self._handlers):
+            self._handlers[name].sync()
+        super().sync()
+
+
+__all__ = ["State", "ObjectState", "TorchState"]

@@ -1,0 +1,320 @@
+"""hvd.elastic on every rank: TorchState sync/commit/restore, ElasticSampler sharding and
+resumption, and hvd.elastic.run recovering from failures (raised on every rank, on one rank
+only, a real collective mismatch, HostsUpdatedInterrupt) to the same result as a run without
+failure. (Its own file: run shuts horovodlite down and initialises it again.)"""
+
+import pytest
+import torch
+
+import horovodlite.torch as hvd
+
+multi_rank = pytest.mark.skipif("hvd.size() < 2", reason="needs at least 2 ranks to disagree")
+
+
+def small_training(seed, steps):
+    """A model with buffers, SGD with momentum and an LR scheduler, trained ``steps`` steps."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(5, 4)).pow(2).mean().backward()
+        opt.step()
+        sched.step()
+    return model, opt, sched
+
+
+def fingerprint(state):
+    """Everything a TorchState holds, as plain Python values (comparable across ranks)."""
+    opt = state.optimizer.state_dict()
+    return {
+        "model": {k: v.tolist() for k, v in state.model.state_dict().items()},
+        "momentum": {i: s["momentum_buffer"].tolist() for i, s in opt["state"].items()},
+        "lr": [g["lr"] for g in opt["param_groups"]],
+        "scheduler": state.scheduler.state_dict()["last_epoch"],
+        "sampler": state.sampler.state_dict(),
+        "epoch": state.epoch,
+        "tag": state.tag,
+    }
+
+
+def make_state(r):
+    model, opt, sched = small_training(seed=r, steps=r + 1)
+    sampler = hvd.elastic.ElasticSampler(list(range(40)), seed=1)
+    sampler.record_indices([r, 10 + r])
+    return hvd.elastic.TorchState(model, opt, sampler=sampler, scheduler=sched, epoch=r,
+                                  tag=f"rank{r}")
+
+
+# ------------------------------------------------------------------------------ TorchState
+
+
+def test_sync_makes_every_rank_equal_to_rank0():
+    r, n = hvd.rank(), hvd.size()
+    state = make_state(r)  # every rank starts different
+    root = make_state(0)
+    state.sync()
+    everyone = hvd.allgather_object(fingerprint(state), name="elastic.test.sync")
+    for k in range(n):
+        assert everyone[k] == everyone[0], f"rank {k} differs from rank 0 after sync"
+    mine = fingerprint(state)
+    expected = fingerprint(root)
+    # Rank 0's values, but the processed samples of every rank.
+    expected["sampler"]["processed_indices"] = sorted({i for k in range(n) for i in (k, 10 + k)})
+    assert mine == expected
+    # sync made the synchronised state every rank's snapshot.
+    state.epoch, state.tag = 99, "changed"
+    with torch.no_grad():
+        state.model[0].weight.add_(1.0)
+    state.restore()
+    assert fingerprint(state) == mine
+
+
+def test_commit_and_restore_round_trip():
+    r = hvd.rank()
+    state = make_state(r)
+    state.sync()
+    state.commit()
+    committed = fingerprint(state)
+    # Move everything: train, step the scheduler, process samples, change the attributes.
+    state.optimizer.zero_grad()
+    state.model(torch.ones(3, 4)).sum().backward()
+    state.optimizer.step()
+    state.scheduler.step()
+    state.sampler.record_batch(0, 4)
+    state.epoch += 1
+    moved = fingerprint(state)
+    assert moved != committed
+    state.restore()
+    assert fingerprint(state) == committed
+    # A later commit replaces the snapshot.
+    state.epoch = 5
+    state.commit()
+    state.epoch = 6
+    state.restore()
+    assert state.epoch == 5
+
+
+# --------------------------------------------------------------------------- ElasticSampler
+
+
+def test_every_index_exactly_once_per_epoch():
+    n = hvd.size()
+    dataset = list(range(10 * n))
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=7)
+    orders = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        mine = list(sampler)
+        assert len(mine) == len(sampler) == 10
+        everyone = hvd.allgather_object(mine, name=f"elastic.test.once.{epoch}")
+        flat = [i for share in everyone for i in share]
+        assert sorted(flat) == dataset, f"epoch {epoch}: not a partition"
+        orders.append(mine)
+    assert orders[0] != orders[1], "set_epoch must change the order"
+
+
+def test_padding_repeats_only_what_is_needed():
+    n = hvd.size()
+    dataset = list(range(10 * n + 1))  # not divisible when n > 1
+    sampler = hvd.elastic.ElasticSampler(dataset, seed=2)
+    everyone = hvd.allgather_object(list(sampler), name="elastic.test.padding")
+    assert len({len(share) for share in everyone}) == 1  # same number of steps everywhere
+    flat = [i for share in everyone for i in share]
+    assert set(flat) == set(dataset)
+    assert len(flat) - len(dataset) == (n - len(dataset) % n) % n
+
+
+def test_permutation_is_deterministic_for_a_seed():
+    dataset = list(range(30))
+    a = hvd.elastic.ElasticSampler(dataset, seed=11)
+    b = hvd.elastic.ElasticSampler(dataset, seed=11)
+    c = hvd.elastic.ElasticSampler(dataset, seed=12)
+    plain = hvd.elastic.ElasticSampler(dataset, shuffle=False)
+    assert list(a) == list(b) and list(a) != list(c)
+    assert list(plain) == dataset[hvd.rank()::hvd.size()]
+
+
+def test_record_batch_state_dict_and_reset_resume_with_unprocessed_only():
+    n = hvd.size()
+    dataset = list(range(12 * n))
+    sampler = hvd.elastic.ElasticSampler(dataset, seed=3)
+    first = list(sampler)
+    for batch_idx in range(2):  # this rank processes two batches of 3
+        sampler.record_batch(batch_idx, 3)
+    assert sampler.get_processed_indices() == set(first[:6])
+    # load_state_dict alone resumes this rank's own bookkeeping.
+    resumed = hvd.elastic.ElasticSampler(dataset, seed=3)
+    resumed.load_state_dict(sampler.state_dict())
+    assert not set(resumed) & set(first[:6])
+    # Through TorchState.sync every rank learns what every rank processed and re-partitions.
+    state = hvd.elastic.TorchState(sampler=resumed)
+    state.sync()
+    processed = set().union(*hvd.allgather_object(sampler.get_processed_indices(),
+                                                  name="elastic.test.processed"))
+    assert resumed.get_processed_indices() == processed and len(processed) == 6 * n
+    everyone = hvd.allgather_object(list(resumed), name="elastic.test.resumed")
+    flat = [i for share in everyone for i in share]
+    assert sorted(flat) == sorted(set(dataset) - processed)
+    assert len(resumed) == 6
+    # A new epoch forgets the processed samples.
+    resumed.set_epoch(1)
+    assert resumed.get_processed_indices() == set() and len(resumed) == 12
+
+
+# ------------------------------------------------------------------------------ elastic.run
+
+STEPS, COMMIT_EVERY, FAIL_AT = 10, 3, 7
+
+
+def inject(scenario, failures):
+    """Called between backward and step (gradient allreduces in flight) at FAIL_AT, once."""
+    if scenario is None or failures["left"] == 0:
+        return
+    failures["left"] -= 1
+    r, n = hvd.rank(), hvd.size()
+    if scenario == "every_rank":
+        raise hvd.HorovodInternalError(f"simulated failure on rank {r}")
+    if scenario == "last_rank_only":  # the others learn of it in their next collective
+        if r == n - 1:
+            raise hvd.HorovodInternalError(f"simulated failure on rank {r}")
+    elif scenario == "mismatch":  # a real failed collective, on every rank
+        hvd.allreduce(torch.zeros(2 if r == 0 else 3), name="elastic.test.mismatch")
+    elif scenario == "hosts_updated":
+        raise hvd.HostsUpdatedInterrupt(False)
+
+
+def train_with(scenario):
+    """Trains STEPS steps under hvd.elastic.run, committing every COMMIT_EVERY steps; returns
+    the state and how many resets happened."""
+    torch.manual_seed(100 + hvd.rank())  # every rank starts different: the first sync fixes it
+    model = torch.nn.Linear(4, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, opt, batch=0, losses=[])
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+    failures = {"left": 1}
+
+    @hvd.elastic.run(reset_limit=2)
+    def train(state):
+        while state.batch < STEPS:
+            g = torch.Generator().manual_seed(1000 * state.batch + hvd.rank())
+            state.optimizer.zero_grad()
+            loss = state.model(torch.randn(8, 4, generator=g)).pow(2).mean()
+            loss.backward()
+            if state.batch == FAIL_AT:
+                inject(scenario, failures)
+            state.optimizer.step()
+            state.losses.append(hvd.allreduce(loss.detach(), name="elastic.test.loss").item())
+            state.batch += 1
+            if state.batch % COMMIT_EVERY == 0:
+                state.commit()
+        return state.batch
+
+    assert train(state) == STEPS
+    return state, resets
+
+
+@pytest.mark.parametrize("scenario", [
+    "every_rank", "last_rank_only",
+    pytest.param("mismatch", marks=multi_rank),
+    "hosts_updated",
+])
+def test_run_recovers_to_the_result_without_failure(scenario):
+    reference, no_resets = train_with(None)
+    state, resets = train_with(scenario)
+    assert no_resets == [] and resets == [hvd.size()]
+    assert len(state.losses) == STEPS
+    assert torch.allclose(torch.tensor(state.losses), torch.tensor(reference.losses), atol=1e-6)
+    for p, q in zip(state.model.parameters(), reference.model.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), scenario
+    for s, t in zip(state.optimizer.state_dict()["state"].values(),
+                    reference.optimizer.state_dict()["state"].values()):
+        assert torch.allclose(s["momentum_buffer"], t["momentum_buffer"], atol=1e-6)
+    everyone = hvd.allgather_object(state.model.weight.tolist(), name="elastic.test.final")
+    assert all(w == everyone[0] for w in everyone)
+
+
+class Visits(torch.nn.Module):
+    """counts[epoch, i]: how many times sample i was trained on in that epoch (all ranks)."""
+
+    def __init__(self, epochs, n):
+        super().__init__()
+        self.register_buffer("counts", torch.zeros(epochs, n))
+
+
+def test_sampler_resumes_after_a_failure_without_repeating_samples():
+    r, n, batch, epochs = hvd.rank(), hvd.size(), 2, 2
+    dataset = list(range(12 * n))
+    sampler = hvd.elastic.ElasticSampler(dataset, seed=5)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler)
+    state = hvd.elastic.TorchState(Visits(epochs, len(dataset)), sampler=sampler, epoch=0)
+    failures = {"left": 1}
+
+    @hvd.elastic.run
+    def train(state):
+        while state.epoch < epochs:
+            for batch_idx, idx in enumerate(loader):
+                local = torch.zeros(len(dataset))
+                local[idx] += 1
+                seen = hvd.allreduce(local, op=hvd.Sum, name="elastic.test.visits")
+                state.model.counts[state.epoch] += seen
+                state.sampler.record_batch(batch_idx, batch)
+                if batch_idx % 2 == 1:
+                    state.commit()
+                if state.epoch == 1 and batch_idx == 2 and failures["left"] and r == n - 1:
+                    failures["left"] -= 1
+                    raise hvd.HorovodInternalError("simulated failure mid-epoch")
+            state.epoch += 1
+            state.sampler.set_epoch(state.epoch)
+            state.commit()
+
+    train(state)
+    assert failures["left"] == (1 if r != n - 1 else 0)
+    assert torch.equal(state.model.counts, torch.ones(epochs, len(dataset)))
+
+
+def test_run_gives_up_after_the_reset_limit_with_the_last_error():
+    state = hvd.elastic.TorchState(torch.nn.Linear(2, 2), attempts=0)
+    resets, raised = [], []
+    state.register_reset_callbacks([lambda: resets.append(1)])
+
+    @hvd.elastic.run(reset_limit=1)
+    def train(state):
+        state.attempts += 1
+        raised.append(hvd.HorovodInternalError(f"failure {len(raised)}"))
+        raise raised[-1]
+
+    with pytest.raises(hvd.HorovodInternalError) as info:
+        train(state)
+    assert info.value is raised[-1] and len(raised) == 2 and len(resets) == 1
+    assert state.attempts == 0  # restored to the last snapshot (the sync) before giving up
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="elastic.test.after").item() == hvd.size()
+
+
+@multi_rank
+def test_reset_initialises_with_the_same_static_process_sets():
+    evens = hvd.ProcessSet(list(range(0, hvd.size(), 2)))
+    hvd.shutdown()
+    hvd.init(process_sets=[evens])
+    try:
+        state = hvd.elastic.TorchState(step=0)
+        failures = {"left": 1}
+
+        @hvd.elastic.run
+        def train(state):
+            if failures["left"]:
+                failures["left"] -= 1
+                raise hvd.HorovodInternalError("simulated")
+            if evens.included():
+                out = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=evens,
+                                    name="elastic.test.evens")
+                assert out.item() == evens.size()
+            return evens.size()
+
+        assert train(state) == len(evens.ranks) and failures["left"] == 0
+    finally:
+        hvd.shutdown()
+        hvd.init()  # the other tests expect a plain init

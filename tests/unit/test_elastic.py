@@ -1,0 +1,237 @@
+"""hvd.elastic's pure-Python parts, in one process and without hvd.init(): snapshots of
+ObjectState/TorchState, the sampler's partition, and run's retry protocol with its collaborators
+(reset, final agreement) replaced by recorders."""
+
+import pytest
+import torch
+
+import horovodlite.torch as hvd
+from horovodlite.torch.elastic.runner import retry_loop
+from horovodlite.torch.elastic.sampler import partition
+
+
+def trained_sgd(steps=3):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(4, 3)).pow(2).sum().backward()
+        opt.step()
+        sched.step()
+    return model, opt, sched
+
+
+def snapshot(model, opt, sched):
+    return ({k: v.clone() for k, v in model.state_dict().items()},
+            {i: s["momentum_buffer"].clone() for i, s in opt.state_dict()["state"].items()},
+            opt.param_groups[0]["lr"], sched.state_dict()["last_epoch"])
+
+
+def assert_same(a, b):
+    for k in a[0]:
+        assert torch.equal(a[0][k], b[0][k]), k
+    assert a[1].keys() == b[1].keys()
+    for i in a[1]:
+        assert torch.equal(a[1][i], b[1][i]), i
+    assert a[2:] == b[2:]
+
+
+# ------------------------------------------------------------------------------- states
+
+
+def test_torch_state_restore_returns_to_the_last_save():
+    model, opt, sched = trained_sgd()
+    state = hvd.elastic.TorchState(model, opt, scheduler=sched, epoch=1, history=[1])
+    state.save()
+    saved = snapshot(model, opt, sched)
+    for _ in range(2):  # train further: parameters, momentum, lr and scheduler all move
+        opt.zero_grad()
+        model(torch.ones(2, 3)).sum().backward()
+        opt.step()
+        sched.step()
+    state.epoch = 7
+    state.history.append(2)  # mutating a tracked list must not reach the snapshot
+    state.restore()
+    assert_same(snapshot(model, opt, sched), saved)
+    assert state.epoch == 1 and state.history == [1]
+    # The restored optimizer state is a copy: stepping again leaves the snapshot intact.
+    opt.zero_grad()
+    model(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    state.restore()
+    assert_same(snapshot(model, opt, sched), saved)
+
+
+def test_constructor_snapshots_and_restore_clears_gradients():
+    model, opt, sched = trained_sgd(steps=1)
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, batch=0)
+    before = snapshot(model, opt, sched)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    state.batch = 5
+    state.restore()  # no save yet: back to construction time
+    assert state.batch == 0
+    assert_same(snapshot(model, opt, sched), before)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_assigning_a_new_model_switches_the_handler():
+    state = hvd.elastic.TorchState(torch.nn.Linear(2, 2))
+    new = torch.nn.Linear(2, 2)
+    state.model = new
+    weight = new.weight.detach().clone()
+    with torch.no_grad():
+        new.weight.add_(1.0)
+    state.restore()
+    assert state.model is new and torch.equal(new.weight, weight)
+
+
+def test_optional_model_and_optimizer_are_plain_attributes():
+    state = hvd.elastic.TorchState(epoch=3)
+    assert state.model is None and state.optimizer is None and state.epoch == 3
+    assert sorted(state._handlers) == [] and "model" in state._object_names
+
+
+def test_base_state_requires_the_three_methods():
+    state = hvd.elastic.State()
+    for method in (state.save, state.restore, state.sync):
+        with pytest.raises(NotImplementedError, match="State must implement"):
+            method()
+
+
+# ----------------------------------------------------------------------------- sampler
+
+
+@pytest.mark.parametrize("n,replicas", [(12, 3), (10, 3), (7, 2), (2, 3), (1, 3), (5, 1)])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_partition_covers_everything_with_equal_shares(n, replicas, shuffle):
+    shares = [partition(n, set(), shuffle, 4, 0, replicas, r) for r in range(replicas)]
+    assert len({len(s) for s in shares}) == 1, shares  # same step count on every rank
+    flat = [i for s in shares for i in s]
+    assert set(flat) == set(range(n))
+    assert len(flat) == -(-n // replicas) * replicas  # padding only up to a multiple
+
+
+def test_partition_excludes_processed_and_is_deterministic():
+    processed = {0, 3, 4, 9}
+    a = [partition(10, processed, True, 1, 2, 2, r) for r in range(2)]
+    assert a == [partition(10, processed, True, 1, 2, 2, r) for r in range(2)]
+    assert set(a[0] + a[1]) == set(range(10)) - processed
+    assert partition(10, set(), False, 0, 0, 2, 1) == [1, 3, 5, 7, 9]
+    orders = {tuple(partition(50, set(), True, s, e, 1, 0)) for s, e in [(0, 0), (0, 1), (1, 0)]}
+    assert len(orders) == 2  # seed + epoch: (0, 1) and (1, 0) are the same order, (0, 0) not
+
+
+def test_partition_of_nothing_left():
+    assert [partition(4, {0, 1, 2, 3}, True, 0, 0, 3, r) for r in range(3)] == [[], [], []]
+
+
+# ------------------------------------------------------------------------- retry protocol
+
+
+class RecordingState(hvd.elastic.ObjectState):
+    """An ObjectState whose sync is local, recording the protocol's calls."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = []
+
+    def sync(self):
+        self.calls.append("sync")
+
+    def restore(self):
+        self.calls.append("restore")
+        super().restore()
+
+
+def run_protocol(func, state, limit=3, finish=lambda: None):
+    resets = []
+    state.register_reset_callbacks([lambda: state.calls.append("callback")])
+    result = retry_loop(func, state, (), {}, limit, reset=resets.append, finish=finish)
+    return result, resets
+
+
+def test_internal_error_restores_resets_and_syncs():
+    state = RecordingState(step=0)
+    attempts = []
+
+    def train(s):
+        attempts.append(s.step)
+        s.step += 1
+        if len(attempts) == 1:
+            raise hvd.HorovodInternalError("simulated")
+        return s.step
+
+    result, resets = run_protocol(train, state)
+    assert attempts == [0, 0] and result == 1  # the retry started from the snapshot
+    assert state.calls == ["sync", "restore", "callback", "sync"]
+    assert len(resets) == 1 and "simulated" in str(resets[0])
+
+
+@pytest.mark.parametrize("skip_sync", [False, True])
+def test_hosts_updated_skips_restore(skip_sync):
+    state = RecordingState(step=0)
+
+    def train(s):
+        s.step += 1
+        if s.step == 1:
+            raise hvd.HostsUpdatedInterrupt(skip_sync)
+        return s.step
+
+    result, resets = run_protocol(train, state)
+    assert result == 2  # not rolled back
+    expected = ["sync", "callback"] + ([] if skip_sync else ["sync"])
+    assert state.calls == expected and len(resets) == 1
+
+
+def test_gives_up_after_the_limit_with_the_last_error():
+    state = RecordingState()
+    raised = []
+
+    def train(s):
+        raised.append(hvd.HorovodInternalError(f"failure {len(raised)}"))
+        raise raised[-1]
+
+    with pytest.raises(hvd.HorovodInternalError) as info:
+        run_protocol(train, state, limit=2)
+    assert info.value is raised[-1] and len(raised) == 3
+    assert state.calls.count("callback") == 2 and state.calls[-1] == "restore"
+    if hasattr(BaseException, "add_note"):  # Python >= 3.11
+        assert "hvd.elastic.run gave up after 2 resets" in info.value.__notes__[-1]
+
+
+def test_failed_final_agreement_retries():
+    state = RecordingState()
+    outcomes = iter([hvd.HorovodInternalError("peer reset"), None])
+
+    def finish():
+        error = next(outcomes)
+        if error is not None:
+            raise error
+
+    result, resets = run_protocol(lambda s: "done", state, finish=finish)
+    assert result == "done" and len(resets) == 1
+
+
+def test_other_exceptions_propagate_without_reset():
+    state = RecordingState()
+
+    def train(s):
+        raise KeyError("user bug")
+
+    with pytest.raises(KeyError):
+        run_protocol(train, state)
+    assert state.calls == ["sync"]
+
+
+def test_run_decorator_forms_and_limit_validation():
+    def train(state):
+        return state
+
+    assert hvd.elastic.run(train).__wrapped__ is train
+    assert hvd.elastic.run(reset_limit=0)(train).__name__ == "train"
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match="reset_limit must be an int >= 0"):
+            hvd.elastic.run(reset_limit=bad)(train)
