@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs horovodlite and what it needs into the current Python environment.
 #
-#   bash scripts/install.sh          # runtime: torch (if missing), MPI, mpi4py, horovodlite (editable)
+#   bash scripts/install.sh          # runtime: torch (if missing), MPI, mpi4py, scikit-learn (for
+#                                    # the examples), horovodlite (editable)
 #   bash scripts/install.sh --test   # plus the test and benchmark dependencies
 #
 # torch: an installed torch is kept; otherwise torch==2.13.0 is installed (never an unpinned one).
@@ -20,9 +21,9 @@ if ! command -v mpicc >/dev/null 2>&1; then
 fi
 command -v cmake >/dev/null 2>&1 || pip_install "cmake>=3.18"
 command -v ninja >/dev/null 2>&1 || pip_install ninja
-pip_install "setuptools>=64" wheel "mpi4py>=4" numpy cloudpickle tqdm
+pip_install "setuptools>=64" wheel "mpi4py>=4" numpy cloudpickle tqdm scikit-learn
 if [[ "${1:-}" == "--test" ]]; then
-  pip_install pytest pytest-timeout hypothesis scikit-learn matplotlib ruff
+  pip_install pytest pytest-timeout hypothesis matplotlib ruff
 fi
 # --no-build-isolation: build against the torch installed above, never pull another one.
 pip_install --no-build-isolation -e .
