@@ -61,8 +61,12 @@ std::string Validate(const std::vector<const Request*>& reqs, const Request& ref
   const std::string same = "every rank must submit the same ";
   if (Differs(reqs, ref, "operation", [](const Request& q) { return OpTypeName(q.op); },
               "every rank must use one operation per name.", &err) ||
-      Differs(reqs, ref, "device", [](const Request& q) { return DeviceName(q.device); },
-              "keep the tensor on the same kind of device on every rank.", &err)) {
+      // Placement, not the device index: rank 0 on cuda:0 and rank 1 on cuda:1 is the usual
+      // one-GPU-per-process layout.
+      Differs(reqs, ref, "device",
+              [](const Request& q) { return std::string(q.device == kCpuDevice ? "cpu" : "cuda"); },
+              [](const Request& q) { return DeviceName(q.device); },
+              "keep the tensor on the same kind of device (CPU or GPU) on every rank.", &err)) {
     return err;
   }
   Field dtype = [](const Request& q) { return std::string(DataTypeName(q.dtype)); };
