@@ -143,6 +143,15 @@ endif()
 # --- report ------------------------------------------------------------------------------------
 list(JOIN _hvdl_found "; " _hvdl_found_text)
 list(JOIN _hvdl_missing "; " _hvdl_missing_text)
+if(NOT _hvdl_found_text)
+  set(_hvdl_found_text "nothing")
+endif()
+if(NOT _hvdl_missing_text)
+  set(_hvdl_missing_text "nothing")
+endif()
+if(HVDL_CUDA_COMPILE_CHECK)
+  set(_hvdl_found_text "${_hvdl_found_text} [compile check: CUDA and NCCL forced on]")
+endif()
 message(STATUS "horovodlite: CUDA ${HVDL_CUDA} (HVDL_WITH_CUDA=${HVDL_WITH_CUDA}), "
                "NCCL ${HVDL_NCCL} (HVDL_WITH_NCCL=${HVDL_WITH_NCCL}). "
                "Found: ${_hvdl_found_text}. Not found: ${_hvdl_missing_text}.")

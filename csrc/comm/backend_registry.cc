@@ -76,7 +76,7 @@ Status BuildCommRuntime(const CommOptions& options, const Config& config, CommRu
   DataBackend* host = mpi.get();
   out->backends.Add(std::move(mpi));
 #if HVDL_WITH_CUDA
-  out->device_ops = std::make_unique<CudaDeviceOps>();
+  out->device_ops = std::make_unique<CudaDeviceOps>(t.rank);
 #if HVDL_WITH_NCCL
   if (config.gpu_operations == GpuOperations::kNccl) {
     out->backends.Add(std::make_unique<NcclBackend>(world.get(), out->device_ops.get(), config));
