@@ -18,6 +18,7 @@
 namespace py = pybind11;
 
 namespace hvdl {
+void RegisterDeviceTesting(py::module_& m);  // python/testing_device.cc
 namespace {
 
 template <typename T>
@@ -232,6 +233,7 @@ void RegisterTesting(py::module_& parent) {
   m.def("float_to_half", [](float f) { return FloatToHalf(f); });
   m.def("half_to_float", [](uint16_t h) { return HalfToFloat(h); });
   m.def("float_to_bfloat16", [](float f) { return FloatToBFloat16(f); });
+  RegisterDeviceTesting(m);
 }
 
 }  // namespace hvdl
