@@ -37,6 +37,7 @@ Request ToRequest(const py::dict& d) {
   q.postscale = Get<double>(d, "postscale", 1.0);
   q.root = Get<int>(d, "root", -1);
   q.process_set = Get<int>(d, "process_set", 0);
+  q.device = Get<int>(d, "device", kCpuDevice);
   q.splits = Get<std::vector<int64_t>>(d, "splits", {});
   q.site = Get<std::string>(d, "site", "");
   return q;
