@@ -135,6 +135,14 @@ bool CudaBuilt() {
 #endif
 }
 
+std::unique_ptr<DeviceOps> MakeDeviceOps(int rank) {
+#if HVDL_WITH_CUDA
+  return std::make_unique<CudaDeviceOps>(rank);
+#else
+  return nullptr;
+#endif
+}
+
 int NcclVersion() {
 #if HVDL_WITH_NCCL
   return NcclBackend::CompiledVersion();

@@ -62,6 +62,8 @@ std::string TransportVersion();
 bool MpiBuilt();
 // True in builds with CUDA kernels and device support (HVDL_WITH_CUDA).
 bool CudaBuilt();
+// A fresh CudaDeviceOps in CUDA builds (tests of the kernels), nullptr otherwise.
+std::unique_ptr<DeviceOps> MakeDeviceOps(int rank);
 // NCCL_VERSION_CODE of the NCCL headers this build was compiled against (e.g. 23203), else 0.
 int NcclVersion();
 

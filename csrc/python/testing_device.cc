@@ -239,6 +239,25 @@ std::vector<std::tuple<int64_t, int, int64_t, int64_t>> BatchPlan(const std::vec
   return out;
 }
 
+// The build's real DeviceOps (CUDA) on raw device pointers: (dst, src, count) regions, one
+// ScaleCopy, then a wait for its stream. The caller synchronises torch's stream first.
+int64_t DeviceOpsScaleCopy(int device, const std::vector<std::tuple<uintptr_t, uintptr_t, int64_t>>& regions,
+                           int dtype, double factor) {
+  std::unique_ptr<DeviceOps> ops = MakeDeviceOps(0);
+  if (!ops) ThrowIfError(Status::InvalidArgument("this horovodlite was built without CUDA"));
+  std::vector<CopyRegion> rs;
+  for (const auto& [dst, src, count] : regions) {
+    rs.push_back({reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), count});
+  }
+  py::gil_scoped_release nogil;
+  Status s = ops->SetDevice(device);
+  if (s.ok()) s = ops->ScaleCopy(rs, static_cast<DataType>(dtype), factor);
+  if (s.ok()) s = ops->Synchronize();
+  py::gil_scoped_acquire gil;
+  ThrowIfError(s);
+  return static_cast<int64_t>(rs.size());
+}
+
 }  // namespace
 
 void RegisterDeviceTesting(py::module_& m) {
@@ -249,6 +268,8 @@ void RegisterDeviceTesting(py::module_& m) {
         py::arg("factor"), py::arg("in_place") = false);
   m.def("batch_plan", &BatchPlan, py::arg("counts"));
   m.attr("batch_tile_elements") = batch::kTileElements;
+  m.def("device_ops_scale_copy", &DeviceOpsScaleCopy, py::arg("device"), py::arg("regions"),
+        py::arg("dtype"), py::arg("factor"));
 }
 
 }  // namespace hvdl

@@ -112,7 +112,8 @@ def test_one_gpu_per_process_and_one_pinning_check(monkeypatch):
     try:
         device_check.note(torch.ones(2), "allreduce", submitted.append)  # CPU: nothing
         assert submitted == [] and device_check._device is None
-        device_check.note([FakeCuda((2,), index=1)], "allreduce", lambda r: submitted.append(r) or 7)
+        submit = lambda record: submitted.append(record) or 7  # noqa: E731
+        device_check.note([FakeCuda((2,), index=1)], "allreduce", submit)
         device_check.note(FakeCuda((2,), index=1), "allgather", submitted.append)
         assert device_check._device == 1 and len(submitted) == 1
         assert submitted[0].shape == (1, 32) and submitted[0].dtype == torch.uint8
