@@ -21,6 +21,12 @@ if [[ "$MAJOR" != "12" && "$MAJOR" != "13" ]]; then
   echo "fetch_nccl: CUDA ${MAJOR:-?} has no pinned nvidia-nccl wheel here; skipping"
   exit 0
 fi
+if "$PY" -c "import nvidia.nccl as n, os, sys; \
+    sys.exit(not os.path.isfile(os.path.join(list(n.__path__)[0], 'include', 'nccl.h')))" \
+    2>/dev/null; then
+  echo "fetch_nccl: the installed nvidia-nccl package has the headers: nothing to fetch"
+  exit 0
+fi
 DEST="build/nccl/cu$MAJOR"
 if [[ -f "$DEST/nvidia/nccl/include/nccl.h" ]]; then
   echo "fetch_nccl: NCCL already in $DEST"
