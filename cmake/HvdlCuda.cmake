@@ -158,7 +158,9 @@ message(STATUS "horovodlite: CUDA ${HVDL_CUDA} (HVDL_WITH_CUDA=${HVDL_WITH_CUDA}
 
 # --- the CUDA language -------------------------------------------------------------------------
 if(HVDL_CUDA)
-  set(CMAKE_CUDA_COMPILER "${HVDL_NVCC}")
+  if(NOT CMAKE_CUDA_COMPILER)  # torch's CMake config may have enabled CUDA already
+    set(CMAKE_CUDA_COMPILER "${HVDL_NVCC}")
+  endif()
   if(NOT CMAKE_CUDA_ARCHITECTURES)
     if(HVDL_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES "${HVDL_CUDA_ARCHITECTURES}")
