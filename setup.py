@@ -5,6 +5,10 @@ against the torch that is already installed, so no other torch is ever pulled in
 build environment. Editable installs record their CMake build folder in
 ``horovodlite/_editable_build.json``; importing horovodlite then re-runs the (incremental) build,
 so C++ edits take effect on the next import.
+
+GPU support is decided by CMake (cmake/HvdlCuda.cmake): on when the installed torch has CUDA and
+nvcc (and NCCL) are found. The environment can force it: HVDL_WITH_CUDA=0|1, HVDL_WITH_NCCL=0|1,
+HVDL_NCCL_ROOT=<folder with include/nccl.h>, HVDL_CUDA_ARCHITECTURES="80;90".
 """
 
 import json
@@ -32,6 +36,18 @@ def _tool(name: str) -> str:
     return found
 
 
+def _switch(var: str) -> str:
+    """AUTO, ON or OFF from the environment variable ``var`` (unset: AUTO)."""
+    value = os.environ.get(var, "auto").strip().lower()
+    if value in ("1", "on", "true", "yes"):
+        return "ON"
+    if value in ("0", "off", "false", "no"):
+        return "OFF"
+    if value in ("", "auto"):
+        return "AUTO"
+    raise RuntimeError(f"{var}={os.environ[var]!r}: expected 0, 1 or auto")
+
+
 class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
         try:
@@ -55,6 +71,11 @@ class CMakeBuild(build_ext):
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
         ]
+        for var in ("HVDL_WITH_CUDA", "HVDL_WITH_NCCL"):  # always passed: no stale cache value
+            configure.append(f"-D{var}={_switch(var)}")
+        for var in ("HVDL_NCCL_ROOT", "HVDL_CUDA_ARCHITECTURES"):
+            if os.environ.get(var):
+                configure.append(f"-D{var}={os.environ[var]}")
         extra = os.environ.get("HVDL_CMAKE_ARGS", "").split()
         subprocess.run(configure + extra, check=True)
         subprocess.run([cmake, "--build", str(build_dir)], check=True)

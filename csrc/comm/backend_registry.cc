@@ -7,6 +7,13 @@
 #include "backends/mpi/mpi_control_plane.h"
 #include "backends/mpi/mpi_world.h"
 #endif
+#if HVDL_WITH_CUDA
+#include "backends/cuda/cuda_device_ops.h"
+#include "comm/host_staging.h"
+#endif
+#if HVDL_WITH_NCCL
+#include "backends/nccl/nccl_backend.h"
+#endif
 
 namespace hvdl {
 
@@ -65,7 +72,26 @@ Status BuildCommRuntime(const CommOptions& options, const Config& config, CommRu
   t.cross_size = world->cross_size();
   t.thread_multiple = world->thread_multiple();
   out->control = std::make_unique<MpiControlPlane>(world->control());
-  out->backends.Add(std::make_unique<MpiBackend>(world.get(), config));
+  auto mpi = std::make_unique<MpiBackend>(world.get(), config);
+  DataBackend* host = mpi.get();
+  out->backends.Add(std::move(mpi));
+#if HVDL_WITH_CUDA
+  out->device_ops = std::make_unique<CudaDeviceOps>(t.rank);
+#if HVDL_WITH_NCCL
+  if (config.gpu_operations == GpuOperations::kNccl) {
+    out->backends.Add(std::make_unique<NcclBackend>(world.get(), out->device_ops.get(), config));
+  }
+#endif
+  MpiWorld* w = world.get();
+  out->backends.Add(std::make_unique<HostStagingBackend>(host, out->device_ops.get(), [w](int ps) {
+    MPI_Comm comm = w->data(ps);
+    int r = -1;
+    if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &r);
+    return r;
+  }));
+#else
+  (void)host;
+#endif
   out->owner = std::shared_ptr<MpiWorld>(std::move(world));
   return Status::Ok();
 #else
@@ -98,6 +124,30 @@ bool MpiBuilt() {
   return true;
 #else
   return false;
+#endif
+}
+
+bool CudaBuilt() {
+#if HVDL_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<DeviceOps> MakeDeviceOps(int rank) {
+#if HVDL_WITH_CUDA
+  return std::make_unique<CudaDeviceOps>(rank);
+#else
+  return nullptr;
+#endif
+}
+
+int NcclVersion() {
+#if HVDL_WITH_NCCL
+  return NcclBackend::CompiledVersion();
+#else
+  return 0;
 #endif
 }
 

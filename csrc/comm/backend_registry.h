@@ -1,6 +1,10 @@
 // BackendRegistry: the data backends this build has, chosen per operation by capability, and the
-// factory that builds the communication runtime (control plane + backends). backend_registry.cc is
-// the only core file with #if HVDL_WITH_*.
+// factory that builds the communication runtime (control plane + backends, and in CUDA builds the
+// device operations). backend_registry.cc is the only core file with #if HVDL_WITH_*.
+//
+// Backends are tried in the order they are added: MPI (CPU buffers), then in CUDA builds NCCL
+// (device buffers, when built and HOROVOD_GPU_OPERATIONS=nccl) and host staging through MPI
+// (device buffers of any op/dtype MPI supports, e.g. int16 and bool that NCCL lacks).
 #pragma once
 
 #include <memory>
@@ -9,6 +13,7 @@
 
 #include "comm/control_plane.h"
 #include "comm/data_backend.h"
+#include "comm/device_ops.h"
 #include "common/config.h"
 
 namespace hvdl {
@@ -43,6 +48,7 @@ struct CommOptions {
 struct CommRuntime {
   Topology topology;
   std::unique_ptr<ControlPlane> control;
+  std::unique_ptr<DeviceOps> device_ops;  // CUDA builds; declared first: outlives the backends
   BackendRegistry backends;
   std::shared_ptr<void> owner;  // keeps the transport's world (communicators) alive
 };
@@ -54,5 +60,11 @@ void FinalizeCommTransport();
 // "MPI 3.1 (Open MPI v5.0.11, ...)" or "" if not built.
 std::string TransportVersion();
 bool MpiBuilt();
+// True in builds with CUDA kernels and device support (HVDL_WITH_CUDA).
+bool CudaBuilt();
+// A fresh CudaDeviceOps in CUDA builds (tests of the kernels), nullptr otherwise.
+std::unique_ptr<DeviceOps> MakeDeviceOps(int rank);
+// NCCL_VERSION_CODE of the NCCL headers this build was compiled against (e.g. 23203), else 0.
+int NcclVersion();
 
 }  // namespace hvdl

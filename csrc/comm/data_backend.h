@@ -6,12 +6,18 @@
 // rank index is set-relative. Reductions here are elementwise Sum/Min/Max/Product: averaging and
 // scaling are done by the caller (the executor) so every backend shares one definition.
 // Failures return a Status naming the call; nothing throws.
+//
+// Device buffers (device >= 0; see comm/device_ops.h): a backend that supports them queues its
+// work on the current device's horovodlite stream and returns once it is queued ("in place" then
+// means: in place for work queued later on that stream). The executor calls WaitForDevice once
+// per batch before it reports completion.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "common/config.h"
+#include "common/device_event.h"
 #include "common/status.h"
 #include "common/tensor_ref.h"
 #include "common/types.h"
@@ -66,6 +72,10 @@ class DataBackend {
   // (counts[i] elements) into `recv`.
   virtual Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
                                DataType dtype, ReduceOp op, int ps) = 0;
+  // Device buffers only, background thread: blocks until `event` (recorded after this backend's
+  // queued work) has completed. A backend whose work can fail asynchronously (NCCL) checks for
+  // such failures while it waits and returns them as a Status naming the rank.
+  virtual Status WaitForDevice(DeviceEvent* event) { return event->Synchronize(); }
 };
 
 }  // namespace hvdl

@@ -75,6 +75,14 @@ Status ParseAlgorithm(const std::string& name, const std::string& v, AllreduceAl
   return Status::Ok();
 }
 
+Status ParseGpuOperations(const std::string& name, const std::string& v, GpuOperations* out) {
+  std::string s = Lower(v);
+  if (s == "nccl") *out = GpuOperations::kNccl;
+  else if (s == "mpi") *out = GpuOperations::kMpi;
+  else return Invalid(name, v, "one of nccl, mpi");
+  return Status::Ok();
+}
+
 // One row per knob: its documentation and how it lands in Config.
 struct Knob {
   KnobInfo info;
@@ -142,6 +150,10 @@ const std::vector<Knob>& Table() {
       {{"HOROVOD_HIERARCHICAL_ALLREDUCE", "0",
         "Reduce inside each node first, then across nodes (NCCL builds)."},
        [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->hierarchical_allreduce); }},
+      {{"HOROVOD_GPU_OPERATIONS", "nccl",
+        "CUDA tensors: nccl (NCCL when built, else host staging) or mpi (always through host "
+        "memory and MPI; lets several ranks share one GPU). Same value on every rank."},
+       [](auto& n, auto& v, Config* c) { return ParseGpuOperations(n, v, &c->gpu_operations); }},
   };
   return kTable;
 }
@@ -182,6 +194,10 @@ const char* AllreduceAlgorithmName(AllreduceAlgorithm algo) {
     case AllreduceAlgorithm::kRing: return "ring";
   }
   return "?";
+}
+
+const char* GpuOperationsName(GpuOperations ops) {
+  return ops == GpuOperations::kNccl ? "nccl" : "mpi";
 }
 
 }  // namespace hvdl

@@ -18,6 +18,9 @@ namespace hvdl {
 
 enum class AllreduceAlgorithm { kAuto = 0, kMpi, kRing };
 
+// How collectives on CUDA tensors move data: NCCL (when built) or host staging through MPI.
+enum class GpuOperations { kNccl = 0, kMpi };
+
 struct Config {
   int64_t fusion_threshold_bytes = 128LL * 1024 * 1024;
   double cycle_time_ms = 1.0;
@@ -39,6 +42,7 @@ struct Config {
   int64_t ring_threshold_bytes = -1;  // -1: chosen by measurement (see backends/mpi)
   int64_t ring_segment_bytes = 256 * 1024;
   bool hierarchical_allreduce = false;
+  GpuOperations gpu_operations = GpuOperations::kNccl;
 };
 
 struct KnobInfo {
@@ -59,5 +63,6 @@ Status ParseConfig(const EnvLookup& env, Config* out);
 const std::vector<KnobInfo>& Knobs();
 
 const char* AllreduceAlgorithmName(AllreduceAlgorithm algo);
+const char* GpuOperationsName(GpuOperations ops);
 
 }  // namespace hvdl

@@ -76,6 +76,7 @@ Status Context::Init(const InitOptions& options) {
   deps.backends = &comm_.backends;
   deps.fusion = fusion_.get();
   deps.rank = t.rank;
+  deps.device_ops = comm_.device_ops.get();
   executor_ = std::make_unique<Executor>(deps);
   executor_->set_fusion_threshold(config_.fusion_threshold_bytes);
   executor_->set_observer(observer_.get());

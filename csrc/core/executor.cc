@@ -48,7 +48,11 @@ std::vector<std::vector<Piece>> ChunkPieces(const std::vector<int64_t>& counts, 
 
 }  // namespace
 
-Executor::Executor(const ExecutorDeps& deps) : d_(deps) {}
+Executor::Executor(const ExecutorDeps& deps) : d_(deps) {
+  if (d_.device_ops != nullptr) {
+    device_ = std::make_unique<DeviceExecutor>(d_.device_ops, d_.sets, d_.rank);
+  }
+}
 
 int64_t Executor::PayloadBytes(const Response& r) const {
   const int64_t esize = static_cast<int64_t>(DataTypeSize(r.dtype));
@@ -113,7 +117,8 @@ void Executor::RunBatch(Items& items) {
       DataBackend* be = nullptr;
       s = d_.backends->Select(r.op, r.dtype, r.device, &be);
       if (!s.ok()) break;
-      if (r.op == OpType::kAllreduce) s = RunAllreduce(items, be);
+      if (r.device != kCpuDevice) s = RunOnDevice(items, be, &extra);
+      else if (r.op == OpType::kAllreduce) s = RunAllreduce(items, be);
       else if (r.op == OpType::kAllgather) s = RunAllgather(items, be);
       else if (r.op == OpType::kReducescatter) s = RunReducescatter(items, be);
       else if (r.op == OpType::kBroadcast) s = RunBroadcast(items.front(), be);
@@ -386,6 +391,20 @@ Status Executor::RunAlltoall(Item& item, DataBackend* be, std::vector<int64_t>* 
   if (observer_ != nullptr) observer_->Activity({r.Key()}, "MPI_ALLTOALL");
   return be->Alltoallv(item.entry.input.data, send, item.entry.output.data, recv, r.dtype,
                        r.process_set);
+}
+
+// Device batches (see core/device_executor.h); the CPU paths above never come here.
+Status Executor::RunOnDevice(Items& items, DataBackend* be, std::vector<int64_t>* extra) {
+  if (!device_) {
+    return Status::Internal("a collective on " + DeviceName(items.front().response->device) +
+                            " reached a build without device support");
+  }
+  std::vector<DeviceItem> device_items;
+  for (Item& it : items) {
+    device_items.push_back(DeviceItem{it.response, it.has_entry ? &it.entry : nullptr});
+  }
+  return device_->Run(device_items, be, [&](const char* activity) { Phase(items, activity); },
+                      extra);
 }
 
 Status Executor::RunProcessSet(Item& item, std::vector<int64_t>* extra) {

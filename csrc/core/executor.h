@@ -9,10 +9,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/backend_registry.h"
+#include "comm/device_ops.h"
+#include "core/device_executor.h"
 #include "core/fusion.h"
 #include "core/message.h"
 #include "core/process_set.h"
@@ -40,6 +43,9 @@ struct ExecutorDeps {
   BackendRegistry* backends = nullptr;
   FusionBuffer* fusion = nullptr;
   int rank = 0;
+  // Device tensors (CUDA builds): batches whose response is on a device run through a
+  // DeviceExecutor over these ops; nullptr in a CPU-only build.
+  DeviceOps* device_ops = nullptr;
 };
 
 class Executor {
@@ -73,11 +79,13 @@ class Executor {
   Status RunBroadcast(Item& item, DataBackend* be);
   Status RunAlltoall(Item& item, DataBackend* be, std::vector<int64_t>* received);
   Status RunProcessSet(Item& item, std::vector<int64_t>* extra);
+  Status RunOnDevice(Items& items, DataBackend* be, std::vector<int64_t>* extra);
   int64_t PayloadBytes(const Response& r) const;
   void Phase(const Items& items, const char* activity);
   void Finish(Items& items, const Status& status, const std::vector<int64_t>& extra);
 
   ExecutorDeps d_;
+  std::unique_ptr<DeviceExecutor> device_;  // set when d_.device_ops is
   int64_t threshold_ = 0;
   ExecutionObserver* observer_ = nullptr;
   int64_t last_batch_bytes_ = 0;

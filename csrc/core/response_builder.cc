@@ -55,14 +55,18 @@ std::string TrailingShape(const Request& q) {
          ShapeString(trailing).substr(1);
 }
 
+// Ranks must agree on the placement, not on the device index: rank 0 on cuda:0 and rank 1 on
+// cuda:1 is the usual one-GPU-per-process layout.
+std::string Placement(const Request& q) { return q.device == kCpuDevice ? "cpu" : "cuda"; }
+
 // The checks every op shares, then the op-specific ones. Returns the first error found.
 std::string Validate(const std::vector<const Request*>& reqs, const Request& ref) {
   std::string err;
   const std::string same = "every rank must submit the same ";
   if (Differs(reqs, ref, "operation", [](const Request& q) { return OpTypeName(q.op); },
               "every rank must use one operation per name.", &err) ||
-      Differs(reqs, ref, "device", [](const Request& q) { return DeviceName(q.device); },
-              "keep the tensor on the same kind of device on every rank.", &err)) {
+      Differs(reqs, ref, "device", Placement, [](const Request& q) { return DeviceName(q.device); },
+              "keep the tensor on the same kind of device (CPU or GPU) on every rank.", &err)) {
     return err;
   }
   Field dtype = [](const Request& q) { return std::string(DataTypeName(q.dtype)); };

@@ -10,11 +10,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/device_event.h"
 #include "common/status.h"
 #include "common/tensor_ref.h"
 #include "core/message.h"
@@ -33,6 +35,13 @@ struct TensorEntry {
   // Runs exactly once on the background thread. `extra` carries op-specific results: alltoall's
   // received splits, join's last rank.
   std::function<void(const Status& status, const std::vector<int64_t>& extra)> done;
+  // Device tensors only (unset for CPU tensors), see core/device_executor.h:
+  // `ready` marks the work the caller queued on its stream before the op (the adapter re-records
+  // it when `allocate` hands out an output); the executor's stream waits for it before it touches
+  // the tensors. `device_done` runs on the background thread just before `done`, with the event
+  // after which the outputs are valid; the adapter makes the caller's stream wait for it.
+  std::shared_ptr<DeviceEvent> ready;
+  std::function<void(const std::shared_ptr<DeviceEvent>& finished)> device_done;
   std::chrono::steady_clock::time_point enqueued;
 };
 

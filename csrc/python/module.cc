@@ -129,6 +129,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("cross_size", [] { return Topo().cross_size; });
   m.def("mpi_threads_supported", [] { return Topo().thread_multiple; });
   m.def("mpi_built", [] { return MpiBuilt(); });
+  m.def("cuda_built", [] { return CudaBuilt(); });
+  m.def("nccl_version", [] { return NcclVersion(); });
   m.def("transport_version", [] { return TransportVersion(); });
   m.def("poll", &Poll, py::arg("handle"));
   m.def("release", [](int h) { Runtime::Get().handles().Release(h); }, py::arg("handle"));

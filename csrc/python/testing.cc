@@ -18,6 +18,7 @@
 namespace py = pybind11;
 
 namespace hvdl {
+void RegisterDeviceTesting(py::module_& m);  // python/testing_device.cc
 namespace {
 
 template <typename T>
@@ -36,6 +37,7 @@ Request ToRequest(const py::dict& d) {
   q.postscale = Get<double>(d, "postscale", 1.0);
   q.root = Get<int>(d, "root", -1);
   q.process_set = Get<int>(d, "process_set", 0);
+  q.device = Get<int>(d, "device", kCpuDevice);
   q.splits = Get<std::vector<int64_t>>(d, "splits", {});
   q.site = Get<std::string>(d, "site", "");
   return q;
@@ -232,6 +234,7 @@ void RegisterTesting(py::module_& parent) {
   m.def("float_to_half", [](float f) { return FloatToHalf(f); });
   m.def("half_to_float", [](uint16_t h) { return HalfToFloat(h); });
   m.def("float_to_bfloat16", [](float f) { return FloatToBFloat16(f); });
+  RegisterDeviceTesting(m);
 }
 
 }  // namespace hvdl

@@ -1,5 +1,7 @@
 #include "torch/adapter.h"
 
+#include "comm/backend_registry.h"
+
 namespace hvdl {
 namespace {
 
@@ -65,9 +67,31 @@ Status CheckTensor(const at::Tensor& t, const std::string& op, const std::string
     return Status::InvalidArgument(what + ": sparse tensors go through "
                                    "hvd.sparse_allreduce_async.");
   }
-  if (!t.device().is_cpu()) {
+  if (t.device().is_cpu()) return Status::Ok();
+  if (!t.is_cuda()) {
     return Status::InvalidArgument(what + ": tensors on " + t.device().str() +
-                                   " are not supported by this build (CPU only).");
+                                   " are not supported; horovodlite runs collectives on CPU and "
+                                   "CUDA tensors.");
+  }
+  if (!CudaBuilt()) {
+    return Status::InvalidArgument(
+        what + ": the tensor is on " + t.device().str() + ", but this horovodlite build is "
+        "CPU-only (built without CUDA; hvd.cuda_built() is False). Rebuild it against a CUDA "
+        "build of torch with nvcc available (see docker/README.md), or move the tensor to the "
+        "CPU.");
+  }
+  return Status::Ok();
+}
+
+Status CheckSameDevice(const std::vector<at::Tensor>& tensors, const std::string& op,
+                       const std::vector<std::string>& names) {
+  for (size_t i = 1; i < tensors.size(); ++i) {
+    if (tensors[i].device() != tensors[0].device()) {
+      return Status::InvalidArgument(
+          op + ": all tensors of one grouped operation must be on one device, but '" + names[0] +
+          "' is on " + tensors[0].device().str() + " and '" + names[i] + "' on " +
+          tensors[i].device().str() + "; group them by device.");
+    }
   }
   return Status::Ok();
 }

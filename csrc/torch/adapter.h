@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/device_event.h"
 #include "common/status.h"
 #include "common/tensor_ref.h"
 
@@ -19,11 +20,18 @@ struct TorchPayload {
   std::vector<at::Tensor> inputs;
   std::vector<at::Tensor> outputs;  // allocated in the background thread for allgather & co.
   std::vector<int64_t> extra;       // alltoall received splits, join's last rank, process set id
+  // CUDA ops: the events after which the outputs are valid (one per device batch), set on the
+  // background thread before the handle completes; wait() makes the caller's stream wait on them.
+  std::vector<std::shared_ptr<DeviceEvent>> finished;
 };
 
 Status ToDataType(const at::Tensor& t, DataType* out);
 TensorRef ToRef(const at::Tensor& t, DataType dtype);
-// ValueError-class checks shared by every op: defined, contiguous, supported dtype, on CPU.
+// ValueError-class checks shared by every op: defined, contiguous, supported dtype, dense, on
+// the CPU or (CUDA builds) a CUDA device.
 Status CheckTensor(const at::Tensor& t, const std::string& op, const std::string& name);
+// ValueError unless every tensor of a grouped op is on the same device.
+Status CheckSameDevice(const std::vector<at::Tensor>& tensors, const std::string& op,
+                       const std::vector<std::string>& names);
 
 }  // namespace hvdl

@@ -11,6 +11,7 @@
 
 #include "python/runtime.h"
 #include "torch/adapter.h"
+#include "torch/stream_sync.h"
 
 namespace py = pybind11;
 
@@ -59,6 +60,9 @@ int Submit(Context& ctx, const OpSpec& spec, const std::vector<at::Tensor>& inpu
   payload->outputs.resize(inputs.size());
   std::vector<TensorEntry> entries;
   std::vector<Request> requests;
+  // CUDA: one ready event for the op (CheckSameDevice: all its tensors share a device).
+  std::shared_ptr<DeviceEvent> ready;
+  if (inputs[0].is_cuda()) ThrowIfError(MarkCallerStream(inputs[0].get_device(), &ready));
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& in = inputs[i];
     DataType dtype;
@@ -68,7 +72,27 @@ int Submit(Context& ctx, const OpSpec& spec, const std::vector<at::Tensor>& inpu
     e.op = spec.op;
     e.input = ToRef(in, dtype);
     e.process_set = spec.process_set;
-    if (outputs.empty()) {
+    if (ready) {
+      e.ready = ready;
+      e.device_done = [payload](const std::shared_ptr<DeviceEvent>& finished) {
+        if (payload->finished.empty() || payload->finished.back() != finished) {
+          payload->finished.push_back(finished);
+        }
+      };
+    }
+    if (outputs.empty() && ready) {
+      at::TensorOptions options = in.options();
+      e.allocate = [payload, i, options, dtype, ready](const Shape& shape, TensorRef* out) {
+        try {
+          HVDL_RETURN_IF_ERROR(AllocateAfter(ready, shape, options, &payload->outputs[i]));
+        } catch (const std::exception& ex) {  // e.g. CUDA out of memory: never throw here
+          return Status::Internal("allocating the " + DescribeTensor(dtype, shape) + " output on " +
+                                  options.device().str() + " failed: " + ex.what());
+        }
+        *out = ToRef(payload->outputs[i], dtype);
+        return Status::Ok();
+      };
+    } else if (outputs.empty()) {
       at::TensorOptions options = in.options();
       e.allocate = [payload, i, options, dtype](const Shape& shape, TensorRef* out) {
         payload->outputs[i] = at::empty(shape, options);
@@ -110,6 +134,7 @@ void CheckLists(OpType op, const std::vector<at::Tensor>& inputs,
                                          "tensor."));
   }
   for (size_t i = 0; i < inputs.size(); ++i) ThrowIfError(CheckTensor(inputs[i], OpTypeName(op), names[i]));
+  ThrowIfError(CheckSameDevice(inputs, OpTypeName(op), names));
 }
 
 void CheckOutputs(OpType op, const std::vector<at::Tensor>& inputs,
@@ -124,6 +149,11 @@ void CheckOutputs(OpType op, const std::vector<at::Tensor>& inputs,
     if (o.scalar_type() != inputs[i].scalar_type() || !o.sizes().equals(inputs[i].sizes())) {
       ThrowIfError(Status::InvalidArgument(What(op, names[i]) +
                                            ": the output must match the input's dtype and shape."));
+    }
+    if (o.device() != inputs[i].device()) {
+      ThrowIfError(Status::InvalidArgument(What(op, names[i]) + ": the output is on " +
+                                           o.device().str() + " but the input on " +
+                                           inputs[i].device().str() + "; use one device."));
     }
   }
 }
@@ -276,6 +306,7 @@ py::tuple Wait(int handle) {
   ThrowIfError(status);
   ThrowIfError(op_status);
   auto p = std::static_pointer_cast<TorchPayload>(payload);
+  for (const auto& finished : p->finished) ThrowIfError(WaitOnCallerStream(finished));
   return py::make_tuple(p->outputs, p->extra);
 }
 

@@ -142,7 +142,18 @@ def local_size() -> int:
 
 
 def local_rank() -> int:
-    """Rank within this node; pick the GPU with ``torch.cuda.set_device(hvd.local_rank())``."""
+    """Rank within this node, 0 .. local_size()-1.
+
+    Pin one GPU per process with it, right after ``hvd.init()`` and before creating CUDA
+    tensors::
+
+        hvd.init()
+        torch.cuda.set_device(hvd.local_rank())
+
+    Collectives on CUDA tensors then run on that GPU (with NCCL where built). Several ranks on
+    one GPU only work through host memory (``HOROVOD_GPU_OPERATIONS=mpi``) and horovodlite warns
+    once when it sees that at the first CUDA collective.
+    """
     return _C.local_rank()
 
 
@@ -178,7 +189,8 @@ def gloo_built() -> bool:
 
 
 def nccl_built() -> int:
-    """The NCCL version code (e.g. 22703) if built with NCCL, else 0."""
+    """The NCCL version code this build was compiled against (e.g. 23203 for NCCL 2.32.3), or 0
+    when built without NCCL."""
     return int(getattr(_C, "nccl_version", lambda: 0)())
 
 
@@ -191,6 +203,7 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
+    """True if this build has the CUDA kernels and accepts CUDA tensors."""
     return bool(getattr(_C, "cuda_built", lambda: False)())
 
 

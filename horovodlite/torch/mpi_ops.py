@@ -19,9 +19,11 @@ import torch
 from horovodlite._extension import load
 from horovodlite.common.exceptions import HorovodInternalError
 from horovodlite.common.process_sets import _id_of, global_process_set
+from horovodlite.torch import device_check as _device_check
 from horovodlite.torch.compression import Compression
 
 _C = load()
+_CUDA_BUILT = bool(getattr(_C, "cuda_built", lambda: False)())
 
 # Reduce ops, values as in horovod.torch.
 Average = 0
@@ -89,7 +91,13 @@ def _resolve_op(average, op, fn: str) -> int:
 
 
 def _submit(kind: str, op: str, names, ps_id: int, enqueue, *objects) -> int:
-    """Checks the names are free on this rank, enqueues, and remembers the handle."""
+    """Checks the names are free on this rank, enqueues, and remembers the handle.
+
+    ``objects[0]``, when given, is the op's input tensor (or list of them): CUDA builds check its
+    GPU placement first (device_check)."""
+    if _CUDA_BUILT and objects:
+        _device_check.note(objects[0], op, _submit_pinning_check)
+        _poll_pinning_check()
     for name in names:
         holder = _reserved.get((ps_id, name))
         if holder is not None:
@@ -106,6 +114,18 @@ def _submit(kind: str, op: str, names, ps_id: int, enqueue, *objects) -> int:
     return handle
 
 
+def _submit_pinning_check(record) -> int:
+    """The asynchronous allgather of device_check's (host, GPU) records over every rank."""
+    name = _device_check.CHECK_NAME
+    return _submit("allgather", "allgather", [name], 0,
+                   lambda: _C.enqueue_allgather([record], [name], 0, [""]), record)
+
+
+def _poll_pinning_check() -> None:
+    if _device_check._pending is not None:
+        _device_check.poll(poll, synchronize, _C.rank())
+
+
 def _track(handle: int, kind: str, *objects) -> int:
     """Changes how ``synchronize`` turns an already-submitted handle into its result (a wrapper
     such as Adasum post-processes an allgather); the handle keeps its reserved names."""
@@ -117,6 +137,7 @@ def _track(handle: int, kind: str, *objects) -> int:
 def _reset_handles() -> None:
     """After shutdown: handles stay synchronizable (they report the shutdown), names are freed."""
     _reserved.clear()
+    _device_check._reset()
 
 
 def poll(handle: int) -> bool:
@@ -129,6 +150,8 @@ def synchronize(handle: int):
 
     An unknown or already-synchronized handle raises ValueError.
     """
+    if _device_check._pending is not None and _device_check._pending != handle:
+        _poll_pinning_check()
     kind, objects, keys = _handles.pop(handle, (None, (), ()))
     for key in keys:
         if _reserved.get(key) == handle:

@@ -43,6 +43,10 @@ class MpiWorld {
   bool thread_multiple() const { return thread_level_ >= MPI_THREAD_MULTIPLE; }
 
   MPI_Comm control() const { return control_; }
+  // The ranks of this node, and the ranks with this local rank on every node (hierarchical
+  // allreduce); both span the whole job (process set 0).
+  MPI_Comm local() const { return local_; }
+  MPI_Comm cross() const { return cross_; }
   // The data communicator of process set `ps`; MPI_COMM_NULL if this rank is not a member.
   MPI_Comm data(int ps) const;
   // Collective over every rank (background thread).

@@ -1,0 +1,275 @@
+// _C._testing, device part: the executor's device path without a GPU.
+//
+// HostDeviceOps stands in for CUDA (its ScaleCopy walks the kernel's tiles, comm/batch_copy.h),
+// ThreadBackend for NCCL or MPI with N ranks as threads. run_device_ops drives the real Executor
+// (and so the DeviceExecutor, and HostStagingBackend when staging=True) through agreed responses
+// built by the real BuildResponse, on every rank, and returns what each rank got.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <thread>
+
+#include "comm/backend_registry.h"
+#include "comm/batch_copy.h"
+#include "comm/host_device_ops.h"
+#include "comm/host_staging.h"
+#include "core/executor.h"
+#include "core/response_builder.h"
+#include "python/runtime.h"
+#include "python/thread_backend.h"
+
+namespace py = pybind11;
+
+namespace hvdl {
+namespace {
+
+// One op as the test describes it; per-rank lists are indexed by rank.
+struct OpSpec {
+  OpType op = OpType::kAllreduce;
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0, postscale = 1.0;
+  int root = 0;
+  bool in_place = false;
+  std::vector<Shape> shapes;
+  std::vector<std::string> inputs;
+  std::vector<std::vector<int64_t>> splits;
+};
+
+// What one rank got for one op.
+struct OpResult {
+  std::string input, output;  // storage the entry points into
+  bool has_output = false;    // false: in place, the result is in `input`
+  std::string error;
+  std::vector<int64_t> extra;
+  bool done = false, device_done = false;
+  std::shared_ptr<HostEvent> ready;
+};
+
+OpSpec ToSpec(const py::dict& d) {
+  OpSpec s;
+  s.op = static_cast<OpType>(d["op"].cast<int>());
+  s.name = d["name"].cast<std::string>();
+  s.dtype = static_cast<DataType>(d["dtype"].cast<int>());
+  if (d.contains("reduce_op")) s.reduce_op = static_cast<ReduceOp>(d["reduce_op"].cast<int>());
+  if (d.contains("prescale")) s.prescale = d["prescale"].cast<double>();
+  if (d.contains("postscale")) s.postscale = d["postscale"].cast<double>();
+  if (d.contains("root")) s.root = d["root"].cast<int>();
+  if (d.contains("in_place")) s.in_place = d["in_place"].cast<bool>();
+  s.shapes = d["shapes"].cast<std::vector<Shape>>();
+  for (const auto& b : d["inputs"].cast<py::list>()) s.inputs.push_back(b.cast<std::string>());
+  if (d.contains("splits")) s.splits = d["splits"].cast<std::vector<std::vector<int64_t>>>();
+  return s;
+}
+
+Request ToRequest(const OpSpec& s, int rank) {
+  Request q;
+  q.op = s.op;
+  q.name = s.name;
+  q.rank = rank;
+  q.dtype = s.dtype;
+  q.shape = s.shapes[static_cast<size_t>(rank)];
+  q.reduce_op = s.reduce_op;
+  q.prescale = s.prescale;
+  q.postscale = s.postscale;
+  q.root = s.root;
+  q.device = 0;
+  if (!s.splits.empty()) q.splits = s.splits[static_cast<size_t>(rank)];
+  return q;
+}
+
+TensorEntry ToEntry(const OpSpec& s, int rank, OpResult* res) {
+  TensorEntry e;
+  e.name = s.name;
+  e.op = s.op;
+  res->input = s.inputs[static_cast<size_t>(rank)];
+  e.input = TensorRef{res->input.data(), s.dtype, s.shapes[static_cast<size_t>(rank)], 0};
+  if (s.op == OpType::kAllreduce || s.op == OpType::kBroadcast) {
+    if (!s.in_place) res->output.assign(res->input.size(), '\0');
+    res->has_output = !s.in_place;
+    e.output = e.input;
+    e.output.data = s.in_place ? res->input.data() : res->output.data();
+  }
+  e.allocate = [res, dtype = s.dtype](const Shape& shape, TensorRef* out) {
+    res->output.assign(static_cast<size_t>(NumElements(shape)) * DataTypeSize(dtype), '\0');
+    res->has_output = true;
+    *out = TensorRef{res->output.data(), dtype, shape, 0};
+    return Status::Ok();
+  };
+  res->ready = std::make_shared<HostEvent>(0);
+  e.ready = res->ready;
+  e.device_done = [res](const std::shared_ptr<DeviceEvent>& ev) { res->device_done = ev != nullptr; };
+  e.done = [res](const Status& st, const std::vector<int64_t>& extra) {
+    res->done = true;
+    res->error = st.message();
+    res->extra = extra;
+  };
+  return e;
+}
+
+// One rank: submit its entries, run the agreed responses, report the counters.
+HostDeviceOpsCounters RunRank(int rank, bool joined, bool staging, int64_t threshold,
+                              const std::shared_ptr<ThreadFabric>& fabric,
+                              const std::vector<OpSpec>& specs,
+                              const std::vector<Response>& responses,
+                              std::vector<OpResult>* results) {
+  const int n = fabric->size();
+  HostDeviceOps ops;
+  BackendRegistry registry;
+  if (staging) {
+    auto host = std::make_unique<ThreadBackend>(fabric, rank, false);
+    DataBackend* host_ptr = host.get();
+    registry.Add(std::move(host));
+    registry.Add(std::make_unique<HostStagingBackend>(host_ptr, &ops,
+                                                      [rank](int ps) { return ps == 0 ? rank : -1; }));
+  } else {
+    registry.Add(std::make_unique<ThreadBackend>(fabric, rank, true));
+  }
+  ProcessSetTable sets(n);
+  TensorQueue queue;
+  FusionBuffer fusion;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (joined) continue;
+    queue.Add({ToEntry(specs[i], rank, &(*results)[i])}, {ToRequest(specs[i], rank)});
+  }
+  queue.PopRequests();
+  ExecutorDeps deps;
+  deps.queue = &queue;
+  deps.sets = &sets;
+  deps.backends = &registry;
+  deps.fusion = &fusion;
+  deps.rank = rank;
+  deps.device_ops = &ops;
+  Executor executor(deps);
+  executor.set_fusion_threshold(threshold);
+  executor.Run(responses, joined);
+  return ops.counters();
+}
+
+py::list RunDeviceOps(int nranks, const std::vector<py::dict>& ops, bool staging,
+                      int64_t threshold, const std::vector<int>& joined) {
+  std::vector<OpSpec> specs;
+  for (const py::dict& d : ops) specs.push_back(ToSpec(d));
+  std::vector<int> members;
+  for (int r = 0; r < nranks; ++r) members.push_back(r);
+  auto is_joined = [&](int r) {
+    for (int j : joined) if (j == r) return true;
+    return false;
+  };
+  std::vector<Request> all_requests;
+  std::vector<Response> responses;
+  for (const OpSpec& s : specs) {
+    std::vector<Request> reqs;
+    for (int r = 0; r < nranks; ++r) reqs.push_back(ToRequest(s, r));
+    std::vector<const Request*> ptrs;
+    for (int r = 0; r < nranks; ++r) ptrs.push_back(is_joined(r) ? nullptr : &reqs[static_cast<size_t>(r)]);
+    responses.push_back(BuildResponse(ptrs, members));
+  }
+  auto fabric = std::make_shared<ThreadFabric>(nranks);
+  std::vector<std::vector<OpResult>> results(static_cast<size_t>(nranks),
+                                             std::vector<OpResult>(specs.size()));
+  std::vector<HostDeviceOpsCounters> counters(static_cast<size_t>(nranks));
+  {
+    py::gil_scoped_release nogil;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < nranks; ++r) {
+      threads.emplace_back([&, r] {
+        counters[static_cast<size_t>(r)] =
+            RunRank(r, is_joined(r), staging, threshold, fabric, specs, responses,
+                    &results[static_cast<size_t>(r)]);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  py::list out;
+  for (int r = 0; r < nranks; ++r) {
+    py::list per_op;
+    for (const OpResult& res : results[static_cast<size_t>(r)]) {
+      py::dict d;
+      d["output"] = py::bytes(res.has_output ? res.output : res.input);
+      d["error"] = res.error;
+      d["extra"] = res.extra;
+      d["done"] = res.done;
+      d["device_done"] = res.device_done;
+      d["ready_waits"] = res.ready ? res.ready->stream_waits() : 0;
+      per_op.append(d);
+    }
+    const HostDeviceOpsCounters& c = counters[static_cast<size_t>(r)];
+    py::dict stats;
+    stats["launches"] = c.launches;
+    stats["regions"] = c.regions;
+    stats["records"] = c.records;
+    stats["host_copies"] = c.host_copies;
+    out.append(py::make_tuple(per_op, stats));
+  }
+  return out;
+}
+
+// HostDeviceOps::ScaleCopy over separate regions (in place when dst is src).
+py::tuple DeviceScaleCopy(const std::vector<std::string>& blobs, int dtype, double factor,
+                          bool in_place) {
+  std::vector<std::string> src = blobs, dst;
+  for (const std::string& b : blobs) dst.emplace_back(b.size(), '\0');
+  const auto dt = static_cast<DataType>(dtype);
+  std::vector<CopyRegion> regions;
+  for (size_t i = 0; i < blobs.size(); ++i) {
+    void* out = in_place ? src[i].data() : dst[i].data();
+    regions.push_back({out, src[i].data(), static_cast<int64_t>(blobs[i].size() / DataTypeSize(dt))});
+  }
+  HostDeviceOps ops;
+  ThrowIfError(ops.SetDevice(0));
+  ThrowIfError(ops.ScaleCopy(regions, dt, factor));
+  std::vector<py::bytes> result;
+  for (size_t i = 0; i < blobs.size(); ++i) result.emplace_back(in_place ? src[i] : dst[i]);
+  return py::make_tuple(result, ops.counters().launches);
+}
+
+// (tile, region, first, last) for every tile of regions of these sizes, as the kernel's blocks
+// would see them.
+std::vector<std::tuple<int64_t, int, int64_t, int64_t>> BatchPlan(const std::vector<int64_t>& counts) {
+  const std::vector<int64_t> starts = batch::TileStarts(counts);
+  std::vector<std::tuple<int64_t, int, int64_t, int64_t>> out;
+  for (int64_t t = 0; t < starts.back(); ++t) {
+    const int r = batch::FindRegion(starts.data(), static_cast<int>(counts.size()), t);
+    int64_t first = 0, last = 0;
+    batch::TileRange(starts.data(), r, t, counts[static_cast<size_t>(r)], &first, &last);
+    out.emplace_back(t, r, first, last);
+  }
+  return out;
+}
+
+// The build's real DeviceOps (CUDA) on raw device pointers: (dst, src, count) regions, one
+// ScaleCopy, then a wait for its stream. The caller synchronises torch's stream first.
+int64_t DeviceOpsScaleCopy(int device, const std::vector<std::tuple<uintptr_t, uintptr_t, int64_t>>& regions,
+                           int dtype, double factor) {
+  std::unique_ptr<DeviceOps> ops = MakeDeviceOps(0);
+  if (!ops) ThrowIfError(Status::InvalidArgument("this horovodlite was built without CUDA"));
+  std::vector<CopyRegion> rs;
+  for (const auto& [dst, src, count] : regions) {
+    rs.push_back({reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), count});
+  }
+  py::gil_scoped_release nogil;
+  Status s = ops->SetDevice(device);
+  if (s.ok()) s = ops->ScaleCopy(rs, static_cast<DataType>(dtype), factor);
+  if (s.ok()) s = ops->Synchronize();
+  py::gil_scoped_acquire gil;
+  ThrowIfError(s);
+  return static_cast<int64_t>(rs.size());
+}
+
+}  // namespace
+
+void RegisterDeviceTesting(py::module_& m) {
+  m.def("run_device_ops", &RunDeviceOps, py::arg("nranks"), py::arg("ops"),
+        py::arg("staging") = false, py::arg("fusion_threshold") = 64 << 20,
+        py::arg("joined") = std::vector<int>());
+  m.def("device_scale_copy", &DeviceScaleCopy, py::arg("blobs"), py::arg("dtype"),
+        py::arg("factor"), py::arg("in_place") = false);
+  m.def("batch_plan", &BatchPlan, py::arg("counts"));
+  m.attr("batch_tile_elements") = batch::kTileElements;
+  m.def("device_ops_scale_copy", &DeviceOpsScaleCopy, py::arg("device"), py::arg("regions"),
+        py::arg("dtype"), py::arg("factor"));
+}
+
+}  // namespace hvdl

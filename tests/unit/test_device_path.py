@@ -1,0 +1,261 @@
+"""The executor's device (CUDA) path, checked on the CPU.
+
+No GPU is needed: ``_C._testing`` runs the real Executor/DeviceExecutor with HostDeviceOps
+(host memory standing in for device memory; its ScaleCopy walks the CUDA kernel's tiles, see
+csrc/comm/batch_copy.h) and N ranks as threads over ThreadBackend, directly ("NCCL-like" device
+backend) or through HostStagingBackend (the MPI fallback). The CUDA kernels themselves are
+compared with this reference on a GPU by tests/unit/test_cuda_kernels.py and by
+``hvdl_cuda_check`` (tests/unit/test_cuda_build.py builds it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from horovodlite._extension import load
+
+T = load()._testing
+
+DTYPE_CODE = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
+              torch.float16: 5, torch.bfloat16: 6, torch.float32: 7, torch.float64: 8,
+              torch.bool: 9}
+ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER = 0, 1, 2, 3, 4
+AVERAGE, SUM, MIN, MAX, PRODUCT = 0, 1, 3, 4, 5
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+TILE = T.batch_tile_elements
+
+
+def to_bytes(t: torch.Tensor) -> bytes:
+    t = t.contiguous()
+    if t.dtype in (torch.bfloat16, torch.float16):
+        t = t.view(torch.int16)
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    return t.numpy().tobytes()
+
+
+def from_bytes(b: bytes, dtype, shape) -> torch.Tensor:
+    if len(b) == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(b), dtype=dtype).reshape(shape).clone()
+
+
+def data(seed: int, rank: int, shape, dtype, op=SUM) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    if dtype in FLOATS:
+        lo, hi = (0.5, 1.5) if op == PRODUCT else (-2.0, 2.0)
+        return (torch.rand(shape, generator=g, dtype=torch.float64) * (hi - lo) + lo).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).to(torch.bool)
+    lo = 1 if op == PRODUCT else (0 if dtype == torch.uint8 else -4)
+    return torch.randint(lo, 3 if op == PRODUCT else 5, shape, generator=g).to(dtype)
+
+
+def close(got: torch.Tensor, want: torch.Tensor, dtype, what=""):
+    tol = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 1e-5, torch.float64: 1e-12}
+    t = tol.get(dtype, 0)
+    np.testing.assert_allclose(got.to(torch.float64).numpy(), want.to(torch.float64).numpy(),
+                               rtol=t, atol=t, err_msg=what)
+
+
+def scaled(x: torch.Tensor, factor: float, dtype) -> torch.Tensor:
+    x = x.to(torch.float64) * factor
+    return x if dtype in FLOATS else torch.trunc(x)
+
+
+def reduce_ref(xs, op, dtype, prescale=1.0, postscale=1.0):
+    xs = [scaled(x, prescale, dtype) for x in xs]
+    stack = torch.stack(xs)
+    if op in (SUM, AVERAGE):
+        out = stack.sum(0)
+    elif op == MIN:
+        out = stack.min(0).values
+    elif op == MAX:
+        out = stack.max(0).values
+    else:
+        out = stack.prod(0)
+    return scaled(out, postscale / len(xs) if op == AVERAGE else postscale, dtype)
+
+
+def run(nranks, ops, staging, threshold=64 << 20, joined=()):
+    out = T.run_device_ops(nranks, ops, staging=staging, fusion_threshold=threshold,
+                           joined=list(joined))
+    for rank, (results, _) in enumerate(out):
+        if rank in joined:
+            continue
+        for op, res in zip(ops, results):
+            assert res["done"] and res["error"] == "", (rank, op["name"], res["error"])
+            assert res["device_done"], (rank, op["name"])
+            assert res["ready_waits"] >= 1, (rank, op["name"])
+    return out
+
+
+# ---------------------------------------------------------------------- the kernel's tiling
+
+
+@pytest.mark.parametrize("counts", [[1], [0], [TILE], [TILE + 1, 0, 3], [0, 0, 5, 0],
+                                    [TILE - 1, TILE, TILE + 1, 1, 0, 3 * TILE + 7]])
+def test_tiles_cover_every_element_exactly_once(counts):
+    seen = [np.zeros(c, dtype=np.int64) for c in counts]
+    tiles = T.batch_plan(counts)
+    assert [t for t, *_ in tiles] == list(range(len(tiles)))
+    for _, region, first, last in tiles:
+        assert counts[region] > 0 and 0 <= first < last <= counts[region]
+        assert last - first <= TILE
+        seen[region][first:last] += 1
+    for s in seen:
+        assert (s == 1).all()
+
+
+@pytest.mark.parametrize("dtype", list(DTYPE_CODE))
+@pytest.mark.parametrize("factor", [1.0, 0.5, 3.0, -0.25])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_batched_scale_copy_is_the_cpu_kernel_in_one_launch(dtype, factor, in_place):
+    if factor < 0 and dtype == torch.uint8:
+        pytest.skip("negative factors have no uint8 result")
+    sizes = [5, 0, TILE - 1, TILE + 3, 2 * TILE, 17]
+    tensors = [data(3, i, (n,), dtype) for i, n in enumerate(sizes)]
+    blobs = [to_bytes(t) for t in tensors]
+    out, launches = T.device_scale_copy(blobs, DTYPE_CODE[dtype], factor, in_place)
+    assert launches == 1
+    for blob, got in zip(blobs, out):
+        assert got == T.scale(blob, DTYPE_CODE[dtype], factor)  # bit for bit
+
+
+# ------------------------------------------------------------------- collectives, both paths
+
+PATHS = [pytest.param(False, id="device-backend"), pytest.param(True, id="host-staging")]
+
+
+@pytest.mark.parametrize("staging", PATHS)
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+@pytest.mark.parametrize("dtype,op", [(torch.float32, AVERAGE), (torch.float64, SUM),
+                                      (torch.float16, SUM), (torch.bfloat16, AVERAGE),
+                                      (torch.int32, MAX), (torch.int64, PRODUCT),
+                                      (torch.int16, MIN), (torch.uint8, SUM)])
+def test_fused_allreduce_packs_in_one_launch(staging, nranks, dtype, op):
+    shapes = [(3, 4), (TILE + 5,), (1,), (2, 2, 2), (0,)]
+    pre, post = (0.5, 3.0) if dtype in FLOATS else (1.0, 1.0)
+    ops = [dict(op=ALLREDUCE, name=f"t{i}", dtype=DTYPE_CODE[dtype], reduce_op=op, prescale=pre,
+                postscale=post, shapes=[s] * nranks,
+                inputs=[to_bytes(data(i, r, s, dtype, op)) for r in range(nranks)])
+           for i, s in enumerate(shapes)]
+    out = run(nranks, ops, staging)
+    for r, (results, stats) in enumerate(out):
+        for i, s in enumerate(shapes):
+            want = reduce_ref([data(i, q, s, dtype, op) for q in range(nranks)], op, dtype,
+                              pre, post)
+            close(from_bytes(results[i]["output"], dtype, s), want, dtype, f"rank {r} t{i}")
+        assert stats["launches"] == 2  # one pack, one unpack for the five tensors
+        assert stats["records"] == 1
+        assert (stats["host_copies"] > 0) == staging
+
+
+@pytest.mark.parametrize("staging", PATHS)
+@pytest.mark.parametrize("in_place", [False, True])
+def test_lone_allreduce_runs_on_its_output(staging, in_place):
+    n, s = 3, (7, 3)
+    ops = [dict(op=ALLREDUCE, name="g", dtype=DTYPE_CODE[torch.float64], reduce_op=AVERAGE,
+                prescale=2.0, in_place=in_place, shapes=[s] * n,
+                inputs=[to_bytes(data(1, r, s, torch.float64)) for r in range(n)])]
+    out = run(n, ops, staging)
+    want = reduce_ref([data(1, r, s, torch.float64) for r in range(n)], AVERAGE, torch.float64, 2.0)
+    for results, stats in out:
+        close(from_bytes(results[0]["output"], torch.float64, s), want, torch.float64)
+        assert stats["launches"] == 1  # the prescale, written into the output
+
+
+@pytest.mark.parametrize("staging", PATHS)
+def test_joined_rank_contributes_zeros(staging):
+    n, s = 3, (5,)
+    ops = [dict(op=ALLREDUCE, name=f"j{i}", dtype=DTYPE_CODE[torch.float32], reduce_op=AVERAGE,
+                shapes=[s] * n, inputs=[to_bytes(data(i, r, s, torch.float32)) for r in range(n)])
+           for i in range(2)]
+    out = run(n, ops, staging, joined=[1])
+    for i in range(2):
+        want = sum(data(i, r, s, torch.float32).double() for r in (0, 2)) / n
+        for r in (0, 2):
+            close(from_bytes(out[r][0][i]["output"], torch.float32, s), want, torch.float32)
+
+
+@pytest.mark.parametrize("staging", PATHS)
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+def test_fused_allgather_with_uneven_first_dims(staging, nranks):
+    dtype = torch.bfloat16
+    trailing = [(3,), (), (2, 2)]
+    ops = []
+    for i, tr in enumerate(trailing):
+        shapes = [(r + i + (1 if tr == () else 0), *tr) for r in range(nranks)]
+        ops.append(dict(op=ALLGATHER, name=f"a{i}", dtype=DTYPE_CODE[dtype], shapes=shapes,
+                        inputs=[to_bytes(data(i, r, shapes[r], dtype)) for r in range(nranks)]))
+    out = run(nranks, ops, staging)
+    for r, (results, stats) in enumerate(out):
+        for i, op in enumerate(ops):
+            want = torch.cat([data(i, q, op["shapes"][q], dtype) for q in range(nranks)])
+            got = from_bytes(results[i]["output"], dtype, want.shape)
+            assert torch.equal(got, want), (r, i)
+        assert stats["launches"] == 2
+
+
+@pytest.mark.parametrize("staging", PATHS)
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+@pytest.mark.parametrize("op", [AVERAGE, SUM])
+def test_fused_reducescatter_gives_low_ranks_the_extra_rows(staging, nranks, op):
+    dtype = torch.float64
+    shapes = [(7, 2), (nranks * 2,), (1, 3)]
+    ops = [dict(op=REDUCESCATTER, name=f"r{i}", dtype=DTYPE_CODE[dtype], reduce_op=op,
+                prescale=0.5, postscale=4.0, shapes=[s] * nranks,
+                inputs=[to_bytes(data(i, r, s, dtype)) for r in range(nranks)])
+           for i, s in enumerate(shapes)]
+    out = run(nranks, ops, staging)
+    for i, s in enumerate(shapes):
+        full = reduce_ref([data(i, q, s, dtype) for q in range(nranks)], op, dtype, 0.5, 4.0)
+        rows = [s[0] // nranks + (1 if q < s[0] % nranks else 0) for q in range(nranks)]
+        for r in range(nranks):
+            lo = sum(rows[:r])
+            want = full[lo:lo + rows[r]]
+            close(from_bytes(out[r][0][i]["output"], dtype, want.shape), want, dtype, f"r{i}@{r}")
+
+
+@pytest.mark.parametrize("staging", PATHS)
+@pytest.mark.parametrize("in_place", [False, True])
+def test_broadcast_from_a_non_zero_root(staging, in_place):
+    n, s, dtype = 3, (4, 5), torch.int16
+    ops = [dict(op=BROADCAST, name="b", dtype=DTYPE_CODE[dtype], root=1, in_place=in_place,
+                shapes=[s] * n, inputs=[to_bytes(data(2, r, s, dtype)) for r in range(n)])]
+    out = run(n, ops, staging)
+    for results, _ in out:
+        assert torch.equal(from_bytes(results[0]["output"], dtype, s), data(2, 1, s, dtype))
+
+
+@pytest.mark.parametrize("staging", PATHS)
+def test_alltoall_with_splits(staging):
+    n, dtype = 3, torch.float16
+    splits = [[1, 0, 2], [2, 2, 0], [0, 1, 3]]
+    shapes = [(sum(sp) + 1, 2) for sp in splits]  # one row more than sent: never read
+    ops = [dict(op=ALLTOALL, name="x", dtype=DTYPE_CODE[dtype], shapes=shapes, splits=splits,
+                inputs=[to_bytes(data(4, r, shapes[r], dtype)) for r in range(n)])]
+    out = run(n, ops, staging)
+    for r, (results, _) in enumerate(out):
+        pieces = []
+        for q in range(n):
+            start = sum(splits[q][:r])
+            pieces.append(data(4, q, shapes[q], dtype)[start:start + splits[q][r]])
+        want = torch.cat(pieces)
+        assert torch.equal(from_bytes(results[0]["output"], dtype, want.shape), want)
+        assert results[0]["extra"] == [splits[q][r] for q in range(n)]
+
+
+def test_a_small_fusion_threshold_splits_the_batch():
+    n, s, dtype = 2, (100,), torch.float32
+    ops = [dict(op=ALLREDUCE, name=f"s{i}", dtype=DTYPE_CODE[dtype], reduce_op=SUM,
+                shapes=[s] * n, inputs=[to_bytes(data(i, r, s, dtype)) for r in range(n)])
+           for i in range(4)]
+    out = run(n, ops, staging=False, threshold=2 * 400)  # two tensors per batch
+    for results, stats in out:
+        for i in range(4):
+            want = reduce_ref([data(i, r, s, dtype) for r in range(n)], SUM, dtype)
+            close(from_bytes(results[i]["output"], dtype, s), want, dtype)
+        assert stats["records"] == 2 and stats["launches"] == 4
