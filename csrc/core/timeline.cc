@@ -1,6 +1,11 @@
 #include "core/timeline.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 
 namespace hvdl {
 namespace {
@@ -36,15 +41,16 @@ Timeline::~Timeline() { Stop(); }
 
 Status Timeline::Start(const std::string& path, bool mark_cycles) {
   Stop();
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) {
-    return Status::InvalidArgument("cannot open timeline file '" + path + "' for writing");
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 || ::write(fd, "[\n]", 3) != 3) {
+    if (fd >= 0) ::close(fd);
+    return Status::InvalidArgument("cannot write timeline file '" + path +
+                                   "': " + std::strerror(errno));
   }
-  std::fputs("[\n]", f);
-  std::fflush(f);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    file_ = f;
+    fd_ = fd;
+    end_ = 2;
     wrote_any_ = false;
     stop_ = false;
     queue_.clear();
@@ -67,9 +73,9 @@ void Timeline::Stop() {
   cv_.notify_all();
   if (writer_.joinable()) writer_.join();
   std::lock_guard<std::mutex> lock(mu_);
-  if (file_ != nullptr) {
-    std::fclose(file_);
-    file_ = nullptr;
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
   }
 }
 
@@ -183,7 +189,7 @@ std::string Timeline::Format(const Event& e) const {
 }
 
 void Timeline::WriteBatch(std::vector<Event>& batch) {
-  if (batch.empty() || file_ == nullptr) return;
+  if (batch.empty() || fd_ < 0) return;
   std::string text;
   for (const Event& e : batch) {
     text += wrote_any_ ? ",\n" : "";
@@ -191,11 +197,16 @@ void Timeline::WriteBatch(std::vector<Event>& batch) {
     wrote_any_ = true;
   }
   text += "\n]";
-  // Step 1: step back over the closing bracket. Step 2: append events and a new bracket in one
-  // write, so a kill between writes leaves a complete JSON array.
-  std::fseek(file_, -1, SEEK_END);
-  std::fwrite(text.data(), 1, text.size(), file_);
-  std::fflush(file_);
+  // One pwrite over the closing bracket: the events and a new bracket land together.
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::pwrite(fd_, text.data() + done, text.size() - done,
+                         end_ + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // disk full: drop the rest of this batch, keep the file valid so far
+    done += static_cast<size_t>(n);
+  }
+  if (done == text.size()) end_ += static_cast<off_t>(text.size()) - 1;
   batch.clear();
 }
 

@@ -10,14 +10,16 @@
 //
 // Only rank 0 (the coordinator) records. Recording is off the hot path: the background thread
 // appends small fixed-size events to a queue; a writer thread formats them and appends to the
-// file every 50 ms. The file always ends with "]" after each write (the writer seeks back over
-// it before appending), so it is valid JSON even if the job is killed mid-run.
+// file every 50 ms. Each batch is ONE pwrite() that replaces the closing "]" with the events and
+// a new "]", so between any two system calls the file is a complete JSON array: it stays valid
+// even if the job is killed mid-run.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
+#include <sys/types.h>
+
 #include <cstdint>
-#include <cstdio>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -80,7 +82,8 @@ class Timeline {
   std::vector<Event> queue_;
   bool stop_ = false;
   std::thread writer_;
-  std::FILE* file_ = nullptr;
+  int fd_ = -1;
+  off_t end_ = 0;  // offset of the closing ']'
   bool wrote_any_ = false;
   int64_t origin_us_ = 0;
   // Background thread only.
