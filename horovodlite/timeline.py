@@ -30,21 +30,41 @@ def category(name: str) -> str:
 
 
 def load_spans(path: str):
-    """Returns (spans, tracks): spans are dicts tid/name/start/end/depth/args per B/E pair."""
+    """Returns (spans, tracks). Spans are dicts tid/name/start/end/depth/args, from complete
+    events ("X", what horovodlite writes) or begin/end pairs; depth is the nesting level within
+    the tensor's track (0 = NEGOTIATE_* and <OP>, 1 = the phases inside <OP>)."""
     with open(path) as f:
         events = json.load(f)
     tracks = {e["tid"]: e["args"]["name"] for e in events
               if e.get("ph") == "M" and e.get("name") == "thread_name"}
-    stacks = defaultdict(list)
-    spans = []
+    spans, stacks = [], defaultdict(list)
     for e in events:
         ph = e.get("ph")
-        if ph == "B":
+        if ph == "X":
+            spans.append({"tid": e["tid"], "name": e["name"], "start": e["ts"],
+                          "end": e["ts"] + e.get("dur", 0), "args": e.get("args", {})})
+        elif ph == "B":
             stacks[e["tid"]].append(e)
         elif ph == "E" and stacks[e["tid"]]:
             b = stacks[e["tid"]].pop()
             spans.append({"tid": b["tid"], "name": b["name"], "start": b["ts"], "end": e["ts"],
-                          "depth": len(stacks[e["tid"]]), "args": b.get("args", {})})
+                          "args": b.get("args", {})})
+    by_track = defaultdict(list)
+    for sp in spans:
+        by_track[sp["tid"]].append(sp)
+    for track in by_track.values():
+        # Outer spans first at equal starts, then assign depth by containment.
+        track.sort(key=lambda sp: (sp["start"], -(sp["end"] - sp["start"])))
+        open_spans = []
+        for sp in track:
+            while open_spans and open_spans[-1]["end"] <= sp["start"] and \
+                    open_spans[-1]["end"] - open_spans[-1]["start"] > 0:
+                open_spans.pop()
+            while open_spans and not (open_spans[-1]["start"] <= sp["start"] and
+                                      sp["end"] <= open_spans[-1]["end"]):
+                open_spans.pop()
+            sp["depth"] = len(open_spans)
+            open_spans.append(sp)
     return spans, tracks
 
 

@@ -37,10 +37,11 @@ class LogMessage {
 
 }  // namespace hvdl
 
-#define HVDL_LOG(level)                                             \
-  if (!::hvdl::LogEnabled(::hvdl::LogLevel::k##level)) {            \
-  } else                                                            \
-    ::hvdl::LogMessage(::hvdl::LogLevel::k##level, __FILE__, __LINE__).stream()
+// A `for` rather than an if/else so it is safe inside an unbraced `if ... else`.
+#define HVDL_LOG(level)                                                          \
+  for (bool _hvdl_on = ::hvdl::LogEnabled(::hvdl::LogLevel::k##level); _hvdl_on; \
+       _hvdl_on = false)                                                         \
+  ::hvdl::LogMessage(::hvdl::LogLevel::k##level, __FILE__, __LINE__).stream()
 
 #define HVDL_CHECK(cond, msg)                                                         \
   do {                                                                                \

@@ -10,14 +10,11 @@ namespace hvdl {
 class Context::Observer : public ExecutionObserver {
  public:
   explicit Observer(Context* ctx) : ctx_(ctx) {}
+  bool Recording() const override { return ctx_->timeline_->enabled(); }
   void Activity(const std::vector<std::string>& keys, const char* activity) override {
-    if (!ctx_->timeline_->enabled()) return;
-    for (const std::string& k : keys) ctx_->timeline_->Activity(k, activity);
+    ctx_->timeline_->Activity(keys, activity);
   }
-  void Done(const std::vector<std::string>& keys) override {
-    if (!ctx_->timeline_->enabled()) return;
-    for (const std::string& k : keys) ctx_->timeline_->Done(k);
-  }
+  void Done(const std::vector<std::string>& keys) override { ctx_->timeline_->Done(keys); }
   void CollectiveDone(OpType op, int tensors, int64_t bytes, int n, double seconds) override {
     const double factor = n <= 1 ? 0.0
                           : op == OpType::kAllreduce ? 2.0 * (n - 1) / n

@@ -136,7 +136,7 @@ void Executor::RunBatch(Items& items) {
 }
 
 void Executor::Finish(Items& items, const Status& status, const std::vector<int64_t>& extra) {
-  if (observer_ != nullptr) {
+  if (observer_ != nullptr && observer_->Recording()) {
     std::vector<std::string> keys;
     for (const Item& it : items) keys.push_back(it.response->Key());
     observer_->Done(keys);
@@ -153,7 +153,7 @@ void Executor::Finish(Items& items, const Status& status, const std::vector<int6
 }
 
 void Executor::Phase(const Items& items, const char* activity) {
-  if (observer_ == nullptr) return;
+  if (observer_ == nullptr || !observer_->Recording()) return;
   std::vector<std::string> keys;
   for (const Item& it : items) keys.push_back(it.response->Key());
   observer_->Activity(keys, activity);
@@ -229,7 +229,9 @@ Status Executor::RunFusedRing(Items& items, DataBackend* be, AllreduceArgs* a,
   }
   std::vector<char*> base(items.size());
   int64_t zero_offset = 0;
-  Phase(items, "SCALE_INPUTS");
+  bool copies = r.prescale != 1.0;
+  for (const Item& it : items) copies = copies || (it.has_entry && it.entry.input.data != it.entry.output.data);
+  if (copies) Phase(items, "SCALE_INPUTS");
   for (size_t i = 0; i < items.size(); ++i) {
     if (items[i].has_entry) {
       TensorEntry& e = items[i].entry;
@@ -366,7 +368,9 @@ Status Executor::RunBroadcast(Item& item, DataBackend* be) {
   if (d_.rank == r.root && e.output.data != e.input.data) {
     std::memcpy(e.output.data, e.input.data, static_cast<size_t>(count) * DataTypeSize(r.dtype));
   }
-  if (observer_ != nullptr) observer_->Activity({r.Key()}, "MPI_BROADCAST");
+  if (observer_ != nullptr && observer_->Recording()) {
+    observer_->Activity({r.Key()}, "MPI_BROADCAST");
+  }
   return be->Broadcast(e.output.data, count, r.dtype, root, r.process_set);
 }
 
@@ -388,7 +392,9 @@ Status Executor::RunAlltoall(Item& item, DataBackend* be, std::vector<int64_t>* 
     out_shape[0] += from_m;
   }
   HVDL_RETURN_IF_ERROR(item.entry.allocate(out_shape, &item.entry.output));
-  if (observer_ != nullptr) observer_->Activity({r.Key()}, "MPI_ALLTOALL");
+  if (observer_ != nullptr && observer_->Recording()) {
+    observer_->Activity({r.Key()}, "MPI_ALLTOALL");
+  }
   return be->Alltoallv(item.entry.input.data, send, item.entry.output.data, recv, r.dtype,
                        r.process_set);
 }

@@ -27,6 +27,8 @@ namespace hvdl {
 class ExecutionObserver {
  public:
   virtual ~ExecutionObserver() = default;
+  // False when nobody records phases (no timeline): the executor then skips building key lists.
+  virtual bool Recording() const = 0;
   // The tensors `keys` (TensorKey) enter `activity`, e.g. "MEMCPY_IN_FUSION_BUFFER",
   // "MPI_ALLREDUCE"; the previous activity of each ends.
   virtual void Activity(const std::vector<std::string>& keys, const char* activity) = 0;

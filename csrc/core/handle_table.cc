@@ -21,7 +21,7 @@ void HandleTable::MarkDone(int handle, const Status& status) {
     if (it == states_.end()) return;
     State& s = *it->second;
     if (!status.ok() && s.status.ok()) s.status = status;
-    --s.remaining;
+    if (--s.remaining > 0) return;  // wake waiters only when the whole handle is done
   }
   cv_.notify_all();
 }

@@ -1,9 +1,12 @@
 #include "core/timeline.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 
@@ -29,10 +32,31 @@ std::string Escape(const std::string& s) {
   return out;
 }
 
-std::string Upper(const char* s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return out;
+// Static span names per op, so recording never builds strings.
+const char* ExecName(OpType op) {
+  switch (op) {
+    case OpType::kAllreduce: return "ALLREDUCE";
+    case OpType::kAllgather: return "ALLGATHER";
+    case OpType::kBroadcast: return "BROADCAST";
+    case OpType::kAlltoall: return "ALLTOALL";
+    case OpType::kReducescatter: return "REDUCESCATTER";
+    case OpType::kBarrier: return "BARRIER";
+    case OpType::kJoin: return "JOIN";
+    default: return "CONTROL";
+  }
+}
+
+const char* NegotiateName(OpType op) {
+  switch (op) {
+    case OpType::kAllreduce: return "NEGOTIATE_ALLREDUCE";
+    case OpType::kAllgather: return "NEGOTIATE_ALLGATHER";
+    case OpType::kBroadcast: return "NEGOTIATE_BROADCAST";
+    case OpType::kAlltoall: return "NEGOTIATE_ALLTOALL";
+    case OpType::kReducescatter: return "NEGOTIATE_REDUCESCATTER";
+    case OpType::kBarrier: return "NEGOTIATE_BARRIER";
+    case OpType::kJoin: return "NEGOTIATE_JOIN";
+    default: return "NEGOTIATE_CONTROL";
+  }
 }
 
 }  // namespace
@@ -60,7 +84,8 @@ Status Timeline::Start(const std::string& path, bool mark_cycles) {
   mark_cycles_ = mark_cycles;
   writer_ = std::thread([this] { WriterLoop(); });
   enabled_ = true;
-  Push(Event{Kind::kMeta, 0, 0, "process_name", "horovodlite (rank 0)"});
+  Push(Event{Kind::kMeta, 0, 0, 0, "process_name",
+             std::make_shared<std::string>("horovodlite (rank 0)")});
   return Status::Ok();
 }
 
@@ -80,19 +105,29 @@ void Timeline::Stop() {
 }
 
 void Timeline::Push(Event e) {
-  if (e.ts_us == 0 && e.kind != Kind::kMeta) e.ts_us = NowUs();
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return;
   queue_.push_back(std::move(e));
 }
 
-Timeline::Track& Timeline::TrackFor(const std::string& key, const std::string& label) {
+void Timeline::PushAll(std::vector<Event>* events) {
+  if (events->empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return;
+  for (Event& e : *events) queue_.push_back(std::move(e));
+}
+
+Timeline::Track* Timeline::Find(const std::string& key) {
   auto it = tracks_.find(key);
-  if (it != tracks_.end()) return it->second;
+  return it == tracks_.end() ? nullptr : &it->second;
+}
+
+Timeline::Track& Timeline::TrackFor(const std::string& key, const std::string& label) {
+  if (Track* t = Find(key)) return *t;
   Track t;
   t.tid = static_cast<int32_t>(tracks_.size()) + 1;
-  Push(Event{Kind::kMeta, 0, t.tid, "thread_name", label});
-  return tracks_.emplace(key, t).first->second;
+  Push(Event{Kind::kMeta, 0, t.tid, 0, "thread_name", std::make_shared<std::string>(label)});
+  return tracks_.emplace(key, std::move(t)).first->second;
 }
 
 void Timeline::NegotiateStart(const std::string& key, const std::string& label, OpType op,
@@ -100,100 +135,136 @@ void Timeline::NegotiateStart(const std::string& key, const std::string& label, 
   if (!enabled()) return;
   Track& t = TrackFor(key, label);
   if (t.depth > 0) return;  // already negotiating or executing
-  ++t.depth;
-  std::string args = "{\"dtype\": \"" + std::string(DataTypeName(dtype)) + "\", \"shape\": \"" +
-                     ShapeString(shape) + "\"}";
-  Push(Event{Kind::kBegin, 0, t.tid, nullptr, "NEGOTIATE_" + Upper(OpTypeName(op)) + "|" + args});
+  t.depth = 1;
+  t.op = op;
+  t.via_cache = false;
+  t.negotiate_start = NowUs();
+  if (!t.args || t.dtype != dtype || t.shape != shape) {
+    t.dtype = dtype;
+    t.shape = shape;
+    std::string body = "\"dtype\": \"" + std::string(DataTypeName(dtype)) + "\", \"shape\": \"" +
+                       ShapeString(shape) + "\"";
+    t.args = std::make_shared<std::string>("{" + body + "}");
+    t.cached_args = std::make_shared<std::string>("{" + body + ", \"via\": \"response cache\"}");
+  }
 }
 
 void Timeline::RankReady(const std::string& key, int rank) {
   if (!enabled()) return;
-  auto it = tracks_.find(key);
-  if (it == tracks_.end()) return;
-  Push(Event{Kind::kInstant, 0, it->second.tid, nullptr, "rank " + std::to_string(rank) + " ready"});
+  if (Track* t = Find(key)) Push(Event{Kind::kRankReady, NowUs(), t->tid, rank, nullptr, {}});
 }
 
 void Timeline::CacheHit(const std::string& key) {
   if (!enabled()) return;
-  auto it = tracks_.find(key);
-  if (it != tracks_.end()) Push(Event{Kind::kInstant, 0, it->second.tid, "agreed via response cache", ""});
+  if (Track* t = Find(key)) t->via_cache = true;
 }
 
 void Timeline::NegotiateEnd(const std::string& key, OpType op) {
   if (!enabled()) return;
-  auto it = tracks_.find(key);
-  if (it == tracks_.end() || it->second.depth != 1) return;
-  Track& t = it->second;
-  Push(Event{Kind::kEnd, 0, t.tid, nullptr, ""});
-  Push(Event{Kind::kBegin, 0, t.tid, nullptr, Upper(OpTypeName(op))});
-  Push(Event{Kind::kBegin, 0, t.tid, "QUEUE", ""});
-  t.activity_open = true;
+  Track* t = Find(key);
+  if (t == nullptr || t->depth != 1) return;
+  const int64_t now = NowUs();
+  Push(Event{Kind::kSpan, t->negotiate_start, t->tid, now - t->negotiate_start,
+             NegotiateName(op), t->via_cache ? t->cached_args : t->args});
+  t->depth = 2;
+  t->exec_start = now;
+  t->activity = "QUEUE";
+  t->activity_start = now;
 }
 
-void Timeline::Activity(const std::string& key, const char* activity) {
-  if (!enabled()) return;
-  auto it = tracks_.find(key);
-  if (it == tracks_.end() || it->second.depth != 1) return;
-  Track& t = it->second;
-  if (t.activity_open) Push(Event{Kind::kEnd, 0, t.tid, nullptr, ""});
-  t.activity_open = activity != nullptr;
-  if (activity != nullptr) Push(Event{Kind::kBegin, 0, t.tid, activity, ""});
+void Timeline::EndActivity(Track& t, int64_t now, std::vector<Event>* out) {
+  if (t.activity != nullptr) {
+    out->push_back(Event{Kind::kSpan, t.activity_start, t.tid, now - t.activity_start,
+                         t.activity, {}});
+  }
+  t.activity = nullptr;
 }
 
-void Timeline::Done(const std::string& key) {
+void Timeline::Activity(const std::vector<std::string>& keys, const char* activity) {
   if (!enabled()) return;
-  auto it = tracks_.find(key);
-  if (it == tracks_.end() || it->second.depth != 1) return;
-  Activity(key, nullptr);
-  Push(Event{Kind::kEnd, 0, it->second.tid, nullptr, ""});
-  it->second.depth = 0;
+  const int64_t now = NowUs();
+  std::vector<Event> events;
+  events.reserve(keys.size());
+  for (const std::string& key : keys) {
+    Track* t = Find(key);
+    if (t == nullptr || t->depth != 2) continue;
+    EndActivity(*t, now, &events);
+    t->activity = activity;
+    t->activity_start = now;
+  }
+  PushAll(&events);
+}
+
+void Timeline::Done(const std::vector<std::string>& keys) {
+  if (!enabled()) return;
+  const int64_t now = NowUs();
+  std::vector<Event> events;
+  events.reserve(keys.size() * 2);
+  for (const std::string& key : keys) {
+    Track* t = Find(key);
+    if (t == nullptr || t->depth != 2) continue;
+    EndActivity(*t, now, &events);
+    events.push_back(Event{Kind::kSpan, t->exec_start, t->tid, now - t->exec_start,
+                           ExecName(t->op), {}});
+    t->depth = 0;
+  }
+  PushAll(&events);
 }
 
 void Timeline::CycleStart() {
-  if (enabled() && mark_cycles()) Push(Event{Kind::kGlobalInstant, 0, 0, "CYCLE_START", ""});
+  if (enabled() && mark_cycles()) {
+    Push(Event{Kind::kGlobalInstant, NowUs(), 0, 0, "CYCLE_START", {}});
+  }
 }
 
-std::string Timeline::Format(const Event& e) const {
-  const int64_t ts = e.kind == Kind::kMeta ? 0 : e.ts_us - origin_us_;
-  std::string name = e.name != nullptr ? e.name : e.text;
-  std::string args;
-  if (e.kind == Kind::kBegin && e.name == nullptr) {
-    size_t bar = e.text.find('|');
-    if (bar != std::string::npos) {
-      name = e.text.substr(0, bar);
-      args = e.text.substr(bar + 1);
-    }
-  }
-  std::string out = "{\"pid\": 0, \"tid\": " + std::to_string(e.tid) + ", \"ts\": " +
-                    std::to_string(ts) + ", ";
+namespace {
+
+void AppendInt(std::string* out, int64_t v) {
+  char buf[24];
+  auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  out->append(buf, static_cast<size_t>(res.ptr - buf));
+}
+
+}  // namespace
+
+void Timeline::Format(const Event& e, std::string* out) const {
+  out->append("{\"pid\": 0, \"tid\": ");
+  AppendInt(out, e.tid);
+  out->append(", \"ts\": ");
+  AppendInt(out, e.kind == Kind::kMeta ? 0 : e.ts_us - origin_us_);
   switch (e.kind) {
-    case Kind::kBegin:
-      out += "\"ph\": \"B\", \"name\": \"" + Escape(name) + "\"";
-      if (!args.empty()) out += ", \"args\": " + args;
-      break;
-    case Kind::kEnd:
-      out += "\"ph\": \"E\"";
+    case Kind::kSpan:
+      out->append(", \"ph\": \"X\", \"dur\": ");
+      AppendInt(out, e.value);
+      out->append(", \"name\": \"").append(e.name).append("\"");
+      if (e.text) out->append(", \"args\": ").append(*e.text);
       break;
     case Kind::kInstant:
-      out += "\"ph\": \"i\", \"s\": \"t\", \"name\": \"" + Escape(name) + "\"";
-      break;
     case Kind::kGlobalInstant:
-      out += "\"ph\": \"i\", \"s\": \"g\", \"name\": \"" + Escape(name) + "\"";
+      out->append(e.kind == Kind::kGlobalInstant ? ", \"ph\": \"i\", \"s\": \"g\", \"name\": \""
+                                                   : ", \"ph\": \"i\", \"s\": \"t\", \"name\": \"");
+      out->append(e.name).append("\"");
+      break;
+    case Kind::kRankReady:
+      out->append(", \"ph\": \"i\", \"s\": \"t\", \"name\": \"rank ");
+      AppendInt(out, e.value);
+      out->append(" ready\"");
       break;
     case Kind::kMeta:
-      out += "\"ph\": \"M\", \"name\": \"" + std::string(e.name) + "\", \"args\": {\"name\": \"" +
-             Escape(e.text) + "\"}";
+      out->append(", \"ph\": \"M\", \"name\": \"").append(e.name);
+      out->append("\", \"args\": {\"name\": \"").append(Escape(*e.text)).append("\"}");
       break;
   }
-  return out + "}";
+  out->append("}");
 }
 
 void Timeline::WriteBatch(std::vector<Event>& batch) {
   if (batch.empty() || fd_ < 0) return;
   std::string text;
+  text.reserve(batch.size() * 96);
   for (const Event& e : batch) {
-    text += wrote_any_ ? ",\n" : "";
-    text += Format(e);
+    if (wrote_any_) text += ",\n";
+    Format(e, &text);
     wrote_any_ = true;
   }
   text += "\n]";
@@ -211,6 +282,11 @@ void Timeline::WriteBatch(std::vector<Event>& batch) {
 }
 
 void Timeline::WriterLoop() {
+#if defined(__linux__)
+  sched_param idle{};
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);  // formatting never competes
+  pthread_setname_np(pthread_self(), "hvdl-timeline");
+#endif
   std::vector<Event> batch;
   while (true) {
     bool stopping;

@@ -2,15 +2,16 @@
 //
 // One track (tid) per tensor name. For each collective:
 //   NEGOTIATE_<OP>  from the first time the coordinator hears of the name until every rank
-//                   agreed; instant events inside say which rank reported when (or that the
-//                   response cache agreed), args carry dtype and shape;
+//                   agreed; instant events inside say which rank reported when; args carry
+//                   dtype and shape, and "via": "response cache" when the cache agreed;
 //   <OP>            the execution span, containing QUEUE, MEMCPY_IN_FUSION_BUFFER, the
 //                   collective (MPI_ALLREDUCE, RING_ALLREDUCE, ...) and MEMCPY_OUT_FUSION_BUFFER.
 // With mark_cycles, CYCLE_START instant events mark each background-loop cycle.
 //
 // Only rank 0 (the coordinator) records. Recording is off the hot path: the background thread
 // appends small fixed-size events to a queue; a writer thread formats them and appends to the
-// file every 50 ms. Each batch is ONE pwrite() that replaces the closing "]" with the events and
+// file every 50 ms, at SCHED_IDLE priority so it only uses CPU the training threads leave idle.
+// Each batch is ONE pwrite() that replaces the closing "]" with the events and
 // a new "]", so between any two system calls the file is a complete JSON array: it stays valid
 // even if the job is killed mid-run.
 #pragma once
@@ -20,6 +21,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -50,30 +52,46 @@ class Timeline {
                       DataType dtype, const Shape& shape);
   void RankReady(const std::string& key, int rank);
   void CacheHit(const std::string& key);
-  void NegotiateEnd(const std::string& key, OpType op);  // also opens the <OP> span with QUEUE
-  void Activity(const std::string& key, const char* activity);  // ends the previous activity
-  void Done(const std::string& key);  // closes the <OP> span
+  void NegotiateEnd(const std::string& key, OpType op);  // also starts <OP> with QUEUE
+  // The tensors `keys` enter `activity` (ending their previous one), or are done (closing the
+  // <OP> span); a whole fused batch is recorded under one lock.
+  void Activity(const std::vector<std::string>& keys, const char* activity);
+  void Done(const std::vector<std::string>& keys);
   void CycleStart();
 
  private:
-  enum class Kind : char { kBegin, kEnd, kInstant, kMeta, kGlobalInstant };
+  enum class Kind : char { kSpan, kInstant, kRankReady, kMeta, kGlobalInstant };
+  // Recording must stay cheap (it runs on the background thread for every tensor and phase):
+  // spans are written once, when they end, as Chrome "complete" events (start + duration); names
+  // are static strings; only metadata and negotiation args carry a string. The writer thread
+  // does all formatting.
   struct Event {
     Kind kind;
     int64_t ts_us;
     int32_t tid;
-    const char* name;   // static string (activity, op) or nullptr when `text` is used
-    std::string text;   // dynamic name (meta) or args
+    int64_t value = 0;           // kSpan: duration (us); kRankReady: the rank
+    const char* name = nullptr;  // static string
+    std::shared_ptr<const std::string> text;  // kMeta: the name shown; kSpan: JSON args or null
   };
   struct Track {
     int32_t tid;
-    int depth = 0;               // 1 while negotiating or executing
-    bool activity_open = false;  // an activity span inside <OP> is open
+    int depth = 0;  // 0 idle, 1 negotiating, 2 executing
+    OpType op = OpType::kAllreduce;
+    int64_t negotiate_start = 0, exec_start = 0, activity_start = 0;
+    const char* activity = nullptr;  // the open activity span inside <OP>
+    bool via_cache = false;
+    DataType dtype = DataType::kFloat32;
+    Shape shape;
+    std::shared_ptr<const std::string> args, cached_args;  // rebuilt only when dtype/shape change
   };
+  Track* Find(const std::string& key);
   Track& TrackFor(const std::string& key, const std::string& label);
   void Push(Event e);
+  void PushAll(std::vector<Event>* events);
+  void EndActivity(Track& t, int64_t now, std::vector<Event>* out);
   void WriterLoop();
   void WriteBatch(std::vector<Event>& batch);
-  std::string Format(const Event& e) const;
+  void Format(const Event& e, std::string* out) const;
 
   std::atomic<bool> enabled_{false};
   std::atomic<bool> mark_cycles_{false};
