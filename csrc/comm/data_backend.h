@@ -57,6 +57,8 @@ class DataBackend {
   virtual int SetSize(int ps) const = 0;
   // Background thread, in the agreed order (autotune): which allreduce algorithm to use.
   virtual void SetAllreduceAlgorithm(AllreduceAlgorithm algo) {}
+  // Ring transports (one per process set used so far) that copy straight from peer memory.
+  virtual int single_copy_transports() const { return 0; }
   // recv receives every member's block, member i's block of counts[i] elements at offset
   // sum(counts[0..i)). send holds counts[my rank] elements, or is nullptr when this rank's block
   // is already in place inside recv.

@@ -147,6 +147,10 @@ const std::vector<Knob>& Table() {
       {{"HOROVOD_RING_SEGMENT_BYTES", "262144",
         "Pipeline segment of the ring: one segment is reduced while the next is in flight."},
        [](auto& n, auto& v, Config* c) { return ParseInt(n, v, 1024, &c->ring_segment_bytes); }},
+      {{"HOROVOD_RING_CMA", "1",
+        "Ring messages between processes on one host are copied once, straight from the "
+        "sender's tensors (Linux process_vm_readv), when the kernel allows it; 0: MPI messages."},
+       [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->ring_single_copy); }},
       {{"HOROVOD_HIERARCHICAL_ALLREDUCE", "0",
         "Reduce inside each node first, then across nodes (NCCL builds)."},
        [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->hierarchical_allreduce); }},

@@ -41,6 +41,7 @@ struct Config {
   AllreduceAlgorithm allreduce_algorithm = AllreduceAlgorithm::kAuto;
   int64_t ring_threshold_bytes = -1;  // -1: chosen by measurement (see backends/mpi)
   int64_t ring_segment_bytes = 256 * 1024;
+  bool ring_single_copy = true;
   bool hierarchical_allreduce = false;
   GpuOperations gpu_operations = GpuOperations::kNccl;
 };

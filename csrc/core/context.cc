@@ -179,6 +179,10 @@ void Context::OnCycle(const CycleResult& result) {
   stats_.controller = controller_->stats();
   stats_.cache_entries = controller_->cache().size();
   stats_.fusion_buffer_bytes = fusion_->capacity();
+  stats_.single_copy_transports = 0;
+  for (DataBackend* b : comm_.backends.all()) {
+    stats_.single_copy_transports += b->single_copy_transports();
+  }
 }
 
 Status Context::Submit(std::vector<TensorEntry> entries, std::vector<Request> requests,

@@ -127,3 +127,46 @@ def test_autotune_converges_and_every_rank_agrees(tmp_path_factory):
         if hvd.rank() == 0:
             rows = open(log).read().splitlines()
             assert rows[0].startswith("sample,phase,fusion_threshold_bytes") and len(rows) > 5
+
+
+
+def ring_batches(r):
+    """Rank r's fused batches, giving the ring every kind of message: small ones (carried inside
+    the descriptor), large ones of few pieces (read from the peer's memory) and ones of many tiny
+    pieces (sent as MPI messages)."""
+    return {
+        "small": [rank_data(40, r, (3,), torch.float32), rank_data(41, r, (5,), torch.float64)],
+        "large": [rank_data(42 + i, r, (70_001 + i,), torch.float32) for i in range(3)],
+        "tiny-pieces": [rank_data(50 + i, r, (16,), torch.float32) for i in range(700)],
+        "half": [rank_data(45, r, (40_003,), torch.bfloat16)],
+    }
+
+
+def reduce_batches(tag):
+    out = {}
+    for kind, tensors in ring_batches(hvd.rank()).items():
+        hs = [hvd.allreduce_async(t, name=f"{tag}.{kind}.{i}", op=hvd.Sum)
+              for i, t in enumerate(tensors)]
+        out[kind] = [hvd.synchronize(h) for h in hs]
+    return out
+
+
+def test_ring_single_copy_and_mpi_messages_give_the_same_bits():
+    with runtime(HOROVOD_ALLREDUCE_ALGO="ring", HOROVOD_RING_SEGMENT_BYTES=65536):
+        single = reduce_batches("sc")
+        hvd.barrier()
+        used = hvd.allgather_object(_stats()["single_copy_transports"], name="sc.used")
+    # All or nothing: every rank reports the same (1 on a host that allows it, 0 with one rank).
+    assert len(set(used)) == 1, f"ranks disagree about single copy: {used}"
+    with runtime(HOROVOD_ALLREDUCE_ALGO="ring", HOROVOD_RING_SEGMENT_BYTES=65536,
+                 HOROVOD_RING_CMA=0):
+        plain = reduce_batches("mpi")
+        hvd.barrier()
+        assert _stats()["single_copy_transports"] == 0
+    everyone = [ring_batches(k) for k in range(hvd.size())]
+    for kind, tensors in ring_batches(hvd.rank()).items():
+        for i, t in enumerate(tensors):
+            assert torch.equal(single[kind][i], plain[kind][i]), (
+                f"{kind}[{i}]: single copy and MPI messages differ")
+            expected = reference_allreduce([b[kind][i] for b in everyone], "Sum", t.dtype)
+            assert_close(single[kind][i], expected, t.dtype, f"{kind}[{i}]")

@@ -34,7 +34,8 @@ MpiBackend::MpiBackend(MpiWorld* world, const Config& config)
     : world_(world),
       algorithm_(config.allreduce_algorithm),
       ring_threshold_(config.ring_threshold_bytes),
-      segment_bytes_(static_cast<size_t>(config.ring_segment_bytes)) {}
+      segment_bytes_(static_cast<size_t>(config.ring_segment_bytes)),
+      single_copy_(config.ring_single_copy) {}
 
 bool MpiBackend::Supports(OpType op, DataType dtype, int device) const {
   return device == kCpuDevice;
@@ -59,9 +60,16 @@ int MpiBackend::SetSize(int ps) const {
 MpiTransport* MpiBackend::TransportFor(int ps) {
   auto it = transports_.find(ps);
   if (it == transports_.end()) {
-    it = transports_.emplace(ps, std::make_unique<MpiTransport>(world_->data(ps))).first;
+    auto t = std::make_unique<MpiTransport>(world_->data(ps), single_copy_);  // collective
+    it = transports_.emplace(ps, std::move(t)).first;
   }
   return it->second.get();
+}
+
+int MpiBackend::single_copy_transports() const {
+  int n = 0;
+  for (const auto& kv : transports_) n += kv.second->single_copy() ? 1 : 0;
+  return n;
 }
 
 Status MpiBackend::AddProcessSet(int ps, const std::vector<int>& ranks) {

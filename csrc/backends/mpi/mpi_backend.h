@@ -44,6 +44,7 @@ class MpiBackend : public DataBackend {
                        DataType dtype, ReduceOp op, int ps) override;
 
   void SetAllreduceAlgorithm(AllreduceAlgorithm algo) override { algorithm_ = algo; }
+  int single_copy_transports() const override;
 
   static constexpr int64_t kFusedRingBytes = 256 * 1024;
 
@@ -55,6 +56,7 @@ class MpiBackend : public DataBackend {
   AllreduceAlgorithm algorithm_;
   int64_t ring_threshold_;
   size_t segment_bytes_;
+  bool single_copy_;
   std::map<int, std::unique_ptr<MpiTransport>> transports_;
 };
 

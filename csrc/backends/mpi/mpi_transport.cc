@@ -1,56 +1,154 @@
 #include "backends/mpi/mpi_transport.h"
 
 #include <climits>
+#include <cstring>
+
+#if defined(__linux__)
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#endif
 
 #include "backends/mpi/mpi_util.h"
+#include "common/logging.h"
 
 namespace hvdl {
 namespace {
-constexpr int kRingTag = 7;  // the data communicator carries no other point-to-point traffic
+
+// The data communicator carries no other point-to-point traffic.
+constexpr int kRingTag = 7;        // plain messages (single copy off)
+constexpr int kDescriptorTag = 8;  // single copy: descriptors, in posting order
+constexpr int kAckTag = 9;         // single copy: "read it", receiver -> sender
+constexpr int kDataTag = 10;       // single copy: data too scattered for a descriptor
+
+// Descriptor: {kind, total bytes, pieces, then (address, length) per piece or inline bytes}.
+enum Kind : uint64_t { kInline = 0, kRead = 1, kSeparate = 2 };
+constexpr size_t kHeaderWords = 3;
+constexpr size_t kMaxPieces = 256;  // well under IOV_MAX
+constexpr size_t kIovMax = 1024;    // Linux's IOV_MAX: iovecs per process_vm_readv call
+constexpr size_t kDescriptorWords = kHeaderWords + 2 * kMaxPieces;
+constexpr size_t kInlineBytes = (kDescriptorWords - kHeaderWords) * sizeof(uint64_t);
+constexpr uint64_t kProbeMagic = 0x68766c6400000000ULL;
+
+int64_t TotalBytes(const std::vector<Span>& spans) {
+  int64_t total = 0;
+  for (const Span& s : spans) total += s.count;
+  return total;
 }
 
-MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
+std::vector<Span> InBytes(const std::vector<Span>& spans, size_t esize) {
+  std::vector<Span> out;
+  out.reserve(spans.size());
+  for (const Span& s : spans) out.push_back(Span{s.data, s.count * static_cast<int64_t>(esize)});
+  return out;
+}
+
+#if defined(__linux__)
+// Copies `remote` (addresses in process `pid`) into `local`; both describe the same number of
+// bytes. process_vm_readv may stop early at an iovec boundary: continue from there.
+Status ReadRemote(pid_t pid, std::vector<iovec> local, std::vector<iovec> remote) {
+  size_t li = 0, ri = 0;
+  while (li < local.size() && ri < remote.size()) {
+    const size_t ln = std::min<size_t>(local.size() - li, kIovMax);
+    const size_t rn = std::min<size_t>(remote.size() - ri, kIovMax);
+    ssize_t got = process_vm_readv(pid, &local[li], ln, &remote[ri], rn, 0);
+    if (got < 0) {
+      return Status::Internal(std::string("ring single-copy read from pid ") +
+                              std::to_string(pid) + " failed: " + std::strerror(errno) +
+                              " (set HOROVOD_RING_CMA=0 to use MPI messages)");
+    }
+    if (got == 0) return Status::Internal("ring single-copy read made no progress");
+    for (size_t left = static_cast<size_t>(got); left > 0;) {  // advance the local side
+      size_t step = std::min(left, local[li].iov_len);
+      local[li].iov_base = static_cast<char*>(local[li].iov_base) + step;
+      local[li].iov_len -= step;
+      left -= step;
+      if (local[li].iov_len == 0) ++li;
+    }
+    for (size_t left = static_cast<size_t>(got); left > 0;) {  // and the remote side
+      size_t step = std::min(left, remote[ri].iov_len);
+      remote[ri].iov_base = static_cast<char*>(remote[ri].iov_base) + step;
+      remote[ri].iov_len -= step;
+      left -= step;
+      if (remote[ri].iov_len == 0) ++ri;
+    }
+    while (li < local.size() && local[li].iov_len == 0) ++li;
+    while (ri < remote.size() && remote[ri].iov_len == 0) ++ri;
+  }
+  return Status::Ok();
+}
+#endif
+
+}  // namespace
+
+MpiTransport::MpiTransport(MPI_Comm comm, bool single_copy) : comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  if (single_copy && size_ > 1) single_copy_ = ProbeSingleCopy();
 }
 
-int MpiTransport::Slot(MPI_Request req) {
+// Collective: single copy is used only if every member is on this host and every member could
+// read its left neighbour's memory (the ring only ever reads from the left).
+bool MpiTransport::ProbeSingleCopy() {
+  int ok = 0;
+  std::vector<uint64_t> all(2 * static_cast<size_t>(size_));
+#if defined(__linux__)
+  MPI_Comm host = MPI_COMM_NULL;
+  int host_size = 0;
+  if (MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host) ==
+          MPI_SUCCESS &&
+      host != MPI_COMM_NULL) {
+    MPI_Comm_size(host, &host_size);
+    MPI_Comm_free(&host);
+  }
+  ok = host_size == size_ ? 1 : 0;
+  probe_word_ = kProbeMagic | static_cast<uint64_t>(rank_);
+  uint64_t mine[2] = {static_cast<uint64_t>(getpid()),
+                      static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&probe_word_))};
+  MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_);
+  const int left = (rank_ - 1 + size_) % size_;
+  if (ok) {
+    uint64_t got = 0;
+    iovec l{&got, sizeof(got)};
+    iovec r{reinterpret_cast<void*>(static_cast<uintptr_t>(all[2 * left + 1])), sizeof(got)};
+    ok = process_vm_readv(static_cast<pid_t>(all[2 * left]), &l, 1, &r, 1, 0) ==
+                 static_cast<ssize_t>(sizeof(got)) &&
+             got == (kProbeMagic | static_cast<uint64_t>(left))
+         ? 1
+         : 0;
+  }
+#else
+  uint64_t mine[2] = {0, 0};
+  MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_);
+#endif
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm_);  // all or nothing
+  for (int i = 0; i < size_; ++i) pids_.push_back(static_cast<int64_t>(all[2 * i]));
+  if (rank_ == 0) {
+    HVDL_LOG(Debug) << "ring transport over " << size_ << " ranks: "
+                    << (ok ? "single copy (process_vm_readv)" : "MPI messages");
+  }
+  return ok != 0;
+}
+
+int MpiTransport::NewRequest() {
   if (!free_.empty()) {
     int s = free_.back();
     free_.pop_back();
-    requests_[static_cast<size_t>(s)] = req;
     return s;
   }
-  requests_.push_back(req);
+  requests_.emplace_back();
   return static_cast<int>(requests_.size() - 1);
 }
 
-Status MpiTransport::Isend(const void* buf, size_t bytes, int peer, int* request) {
-  if (bytes > INT_MAX) return Status::Internal("ring segment larger than 2 GiB");
-  MPI_Request req;
-  HVDL_MPI(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, peer, kRingTag, comm_, &req));
-  *request = Slot(req);
-  return Status::Ok();
-}
-
-Status MpiTransport::Irecv(void* buf, size_t bytes, int peer, int* request) {
-  if (bytes > INT_MAX) return Status::Internal("ring segment larger than 2 GiB");
-  MPI_Request req;
-  HVDL_MPI(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, peer, kRingTag, comm_, &req));
-  *request = Slot(req);
-  return Status::Ok();
-}
-
-Status MpiTransport::SpanType(const std::vector<Span>& spans, size_t esize,
-                              MPI_Datatype* type) {
+Status MpiTransport::SpanType(const std::vector<Span>& spans, MPI_Datatype* type) {
   std::vector<int> lengths;
   std::vector<MPI_Aint> addresses;
   for (const Span& s : spans) {
-    const size_t bytes = static_cast<size_t>(s.count) * esize;
-    if (bytes > INT_MAX) return Status::Internal("ring span larger than 2 GiB");
+    if (s.count > INT_MAX) return Status::Internal("ring span larger than 2 GiB");
     MPI_Aint addr;
     HVDL_MPI(MPI_Get_address(s.data, &addr));
-    lengths.push_back(static_cast<int>(bytes));
+    lengths.push_back(static_cast<int>(s.count));
     addresses.push_back(addr);
   }
   HVDL_MPI(MPI_Type_create_hindexed(static_cast<int>(spans.size()), lengths.data(),
@@ -61,40 +159,159 @@ Status MpiTransport::SpanType(const std::vector<Span>& spans, size_t esize,
 
 // One span is a plain transfer; several become one message described by an hindexed datatype.
 // The datatype is freed right after posting: MPI keeps it alive until the transfer completes.
-Status MpiTransport::PostSpans(bool send, const std::vector<Span>& spans, size_t esize, int peer,
-                               int* request) {
+Status MpiTransport::PostPlain(bool send, const std::vector<Span>& spans, int peer, int tag,
+                               MPI_Request* req) {
   if (spans.size() == 1) {
-    const size_t bytes = static_cast<size_t>(spans[0].count) * esize;
-    return send ? Isend(spans[0].data, bytes, peer, request)
-                : Irecv(spans[0].data, bytes, peer, request);
+    if (spans[0].count > INT_MAX) return Status::Internal("ring segment larger than 2 GiB");
+    const int bytes = static_cast<int>(spans[0].count);
+    if (send) {
+      HVDL_MPI(MPI_Isend(spans[0].data, bytes, MPI_BYTE, peer, tag, comm_, req));
+    } else {
+      HVDL_MPI(MPI_Irecv(spans[0].data, bytes, MPI_BYTE, peer, tag, comm_, req));
+    }
+    return Status::Ok();
   }
   MPI_Datatype type;
-  HVDL_RETURN_IF_ERROR(SpanType(spans, esize, &type));
-  MPI_Request req;
-  int rc = send ? MPI_Isend(MPI_BOTTOM, 1, type, peer, kRingTag, comm_, &req)
-                : MPI_Irecv(MPI_BOTTOM, 1, type, peer, kRingTag, comm_, &req);
+  HVDL_RETURN_IF_ERROR(SpanType(spans, &type));
+  int rc = send ? MPI_Isend(MPI_BOTTOM, 1, type, peer, tag, comm_, req)
+                : MPI_Irecv(MPI_BOTTOM, 1, type, peer, tag, comm_, req);
   MPI_Type_free(&type);
   if (rc != MPI_SUCCESS) return MpiStatus(rc, send ? "MPI_Isend (ring)" : "MPI_Irecv (ring)");
-  *request = Slot(req);
   return Status::Ok();
+}
+
+Status MpiTransport::PostSend(const std::vector<Span>& spans, int peer, int* request) {
+  const int id = NewRequest();
+  *request = id;
+  Request& r = requests_[static_cast<size_t>(id)];
+  r.peer = peer;
+  r.receive_descriptor = false;
+  if (!single_copy_) return PostPlain(true, spans, peer, kRingTag, &r.mpi);
+  const uint64_t total = static_cast<uint64_t>(TotalBytes(spans));
+  std::vector<uint64_t>& d = r.descriptor;
+  d.assign(kHeaderWords, 0);
+  d[1] = total;
+  d[2] = spans.size();
+  if (total <= kInlineBytes) {
+    d[0] = kInline;
+    d.resize(kHeaderWords + (total + sizeof(uint64_t) - 1) / sizeof(uint64_t));
+    char* p = reinterpret_cast<char*>(d.data() + kHeaderWords);
+    for (const Span& s : spans) {
+      std::memcpy(p, s.data, static_cast<size_t>(s.count));
+      p += s.count;
+    }
+  } else if (spans.size() <= kMaxPieces) {
+    d[0] = kRead;
+    for (const Span& s : spans) {
+      d.push_back(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(s.data)));
+      d.push_back(static_cast<uint64_t>(s.count));
+    }
+    // The acknowledgement's receive is posted before the descriptor leaves, so the receiver's
+    // blocking send of it always finds a match.
+    HVDL_MPI(MPI_Irecv(nullptr, 0, MPI_BYTE, peer, kAckTag, comm_, &r.second));
+  } else {
+    d[0] = kSeparate;
+    HVDL_RETURN_IF_ERROR(PostPlain(true, spans, peer, kDataTag, &r.second));
+  }
+  const int bytes = static_cast<int>(d.size() * sizeof(uint64_t));
+  HVDL_MPI(MPI_Isend(d.data(), bytes, MPI_BYTE, peer, kDescriptorTag, comm_, &r.mpi));
+  return Status::Ok();
+}
+
+Status MpiTransport::PostRecv(const std::vector<Span>& spans, int peer, int* request) {
+  const int id = NewRequest();
+  *request = id;
+  Request& r = requests_[static_cast<size_t>(id)];
+  r.peer = peer;
+  r.receive_descriptor = single_copy_;
+  if (!single_copy_) return PostPlain(false, spans, peer, kRingTag, &r.mpi);
+  r.local = spans;
+  r.descriptor.resize(kDescriptorWords);
+  HVDL_MPI(MPI_Irecv(r.descriptor.data(), static_cast<int>(kDescriptorWords * sizeof(uint64_t)),
+                     MPI_BYTE, peer, kDescriptorTag, comm_, &r.mpi));
+  return Status::Ok();
+}
+
+// The ring waits for its receives in posting order, so descriptors are consumed, and
+// acknowledgements sent, in the order the sender posted them.
+Status MpiTransport::CompleteReceive(Request* r) {
+  HVDL_MPI(MPI_Wait(&r->mpi, MPI_STATUS_IGNORE));
+  const uint64_t* d = r->descriptor.data();
+  const uint64_t total = d[1];
+  if (total != static_cast<uint64_t>(TotalBytes(r->local))) {
+    return Status::Internal("ring message of " + std::to_string(total) + " bytes for a " +
+                            std::to_string(TotalBytes(r->local)) + "-byte destination from rank " +
+                            std::to_string(r->peer));
+  }
+  switch (d[0]) {
+    case kInline: {
+      const char* p = reinterpret_cast<const char*>(d + kHeaderWords);
+      for (const Span& s : r->local) {
+        std::memcpy(s.data, p, static_cast<size_t>(s.count));
+        p += s.count;
+      }
+      return Status::Ok();
+    }
+    case kRead: {
+#if defined(__linux__)
+      std::vector<iovec> local, remote;
+      for (const Span& s : r->local) local.push_back({s.data, static_cast<size_t>(s.count)});
+      for (uint64_t i = 0; i < d[2]; ++i) {
+        remote.push_back({reinterpret_cast<void*>(static_cast<uintptr_t>(d[kHeaderWords + 2 * i])),
+                          static_cast<size_t>(d[kHeaderWords + 2 * i + 1])});
+      }
+      HVDL_RETURN_IF_ERROR(ReadRemote(static_cast<pid_t>(pids_[static_cast<size_t>(r->peer)]),
+                                      std::move(local), std::move(remote)));
+      HVDL_MPI(MPI_Send(nullptr, 0, MPI_BYTE, r->peer, kAckTag, comm_));
+      return Status::Ok();
+#else
+      return Status::Internal("ring single-copy descriptor on a platform without it");
+#endif
+    }
+    case kSeparate: {
+      MPI_Request req;
+      HVDL_RETURN_IF_ERROR(PostPlain(false, r->local, r->peer, kDataTag, &req));
+      HVDL_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE));
+      return Status::Ok();
+    }
+    default:
+      return Status::Internal("corrupt ring descriptor from rank " + std::to_string(r->peer));
+  }
+}
+
+Status MpiTransport::Isend(const void* buf, size_t bytes, int peer, int* request) {
+  return PostSend({Span{const_cast<void*>(buf), static_cast<int64_t>(bytes)}}, peer, request);
+}
+
+Status MpiTransport::Irecv(void* buf, size_t bytes, int peer, int* request) {
+  return PostRecv({Span{buf, static_cast<int64_t>(bytes)}}, peer, request);
 }
 
 Status MpiTransport::IsendSpans(const std::vector<Span>& spans, size_t esize, int peer,
                                 int* request) {
-  return PostSpans(true, spans, esize, peer, request);
+  return PostSend(InBytes(spans, esize), peer, request);
 }
 
 Status MpiTransport::IrecvSpans(const std::vector<Span>& spans, size_t esize, int peer,
                                 int* request) {
-  return PostSpans(false, spans, esize, peer, request);
+  return PostRecv(InBytes(spans, esize), peer, request);
 }
 
 Status MpiTransport::Wait(int request) {
-  MPI_Request& req = requests_[static_cast<size_t>(request)];
-  int rc = MPI_Wait(&req, MPI_STATUS_IGNORE);
+  Request& r = requests_[static_cast<size_t>(request)];
+  Status s;
+  if (r.receive_descriptor) {
+    s = CompleteReceive(&r);
+  } else {
+    MPI_Request both[2] = {r.mpi, r.second};
+    int rc = MPI_Waitall(2, both, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) s = MpiStatus(rc, "MPI_Waitall (ring)");
+  }
+  r.mpi = MPI_REQUEST_NULL;
+  r.second = MPI_REQUEST_NULL;
+  r.local.clear();
   free_.push_back(request);
-  if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Wait (ring)");
-  return Status::Ok();
+  return s;
 }
 
 }  // namespace hvdl
