@@ -183,6 +183,16 @@ Status Executor::RunAllreduce(Items& items, DataBackend* be) {
     return be->Allreduce(a);
   }
   if (ring) return RunFusedRing(items, be, &a, counts, n);
+  if (n == 1) {  // nothing to exchange: scale each tensor where it is, no fusion buffer
+    Phase(items, "SCALE_INPUTS");
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!items[i].has_entry) continue;
+      TensorEntry& e = items[i].entry;
+      ScaleCopy(e.output.data, e.input.data, counts[i], r.dtype, r.prescale);
+      if (a.postscale != 1.0) Scale(e.output.data, counts[i], r.dtype, a.postscale);
+    }
+    return Status::Ok();
+  }
   // MPI_Allreduce needs one contiguous buffer: pack, reduce, unpack.
   void* buf = d_.fusion->Reserve(static_cast<size_t>(a.count) * esize);
   if (buf == nullptr) return OutOfMemory(a.count * static_cast<int64_t>(esize));

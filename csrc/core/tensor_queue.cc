@@ -1,30 +1,33 @@
 #include "core/tensor_queue.h"
 
+#include <string_view>
+#include <unordered_set>
+
 namespace hvdl {
 
 Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> requests) {
+  std::vector<std::string> keys;
+  keys.reserve(entries.size());
+  for (const TensorEntry& e : entries) keys.push_back(TensorKey(e.name, e.process_set));
+  std::unordered_set<std::string_view> batch;  // a group naming one tensor twice
+  if (keys.size() > 1) batch.reserve(keys.size());
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return closed_status_;
     for (size_t i = 0; i < entries.size(); ++i) {
-      const std::string& name = entries[i].name;
-      const std::string key = TensorKey(name, entries[i].process_set);
-      bool repeated = entries_.count(key) != 0;
-      for (size_t j = 0; j < i && !repeated; ++j) {
-        repeated = TensorKey(entries[j].name, entries[j].process_set) == key;
-      }
+      bool repeated = entries_.count(keys[i]) != 0;
+      if (!repeated && keys.size() > 1) repeated = !batch.insert(keys[i]).second;
       if (repeated) {
         return Status::InvalidArgument(
-            std::string(OpTypeName(entries[i].op)) + " '" + name +
+            std::string(OpTypeName(entries[i].op)) + " '" + entries[i].name +
             "': a collective with this name is still pending on this rank; synchronize() it "
             "before reusing the name, or pass a different name.");
       }
     }
     auto now = std::chrono::steady_clock::now();
-    for (TensorEntry& e : entries) {
-      e.enqueued = now;
-      std::string key = TensorKey(e.name, e.process_set);
-      entries_.emplace(std::move(key), std::move(e));
+    for (size_t i = 0; i < entries.size(); ++i) {
+      entries[i].enqueued = now;
+      entries_.emplace(std::move(keys[i]), std::move(entries[i]));
     }
     for (Request& r : requests) new_requests_.push_back(std::move(r));
     arrivals_ += requests.size();
