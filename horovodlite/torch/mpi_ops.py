@@ -67,7 +67,7 @@ def _site() -> str:
         frame = frame.f_back
     if frame is None:
         return ""
-    key = (frame.f_code, frame.f_lineno)
+    key = (frame.f_code, frame.f_lasti)  # f_lineno decodes the line table: only on a miss
     site = _site_cache.get(key)
     if site is None:
         site = _site_cache[key] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
