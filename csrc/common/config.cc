@@ -94,9 +94,10 @@ const std::vector<Knob>& Table() {
       {{"HOROVOD_FUSION_THRESHOLD", "134217728",
         "Bytes of ready allreduces packed into one fused collective (0 disables fusion)."},
        [](auto& n, auto& v, Config* c) { return ParseInt(n, v, 0, &c->fusion_threshold_bytes); }},
-      {{"HOROVOD_CYCLE_TIME", "1",
-        "Milliseconds the background thread may hold back a batch while more tensors keep "
-        "arriving; a lone tensor is sent after a short quiet gap, not a full cycle."},
+      {{"HOROVOD_CYCLE_TIME", "5",
+        "Milliseconds the background thread may hold new tensors back to fuse them while no "
+        "thread waits on a handle (training is still computing); a thread starting to wait ends "
+        "the hold at once, so a waited-for tensor is sent after a short quiet gap."},
        [](auto& n, auto& v, Config* c) { return ParseDouble(n, v, 0.0, &c->cycle_time_ms); }},
       {{"HOROVOD_CACHE_CAPACITY", "1024",
         "Negotiated names remembered by the response cache (0 disables it)."},

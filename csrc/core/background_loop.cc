@@ -17,6 +17,11 @@ using std::chrono::microseconds;
 
 // Polling policy. Sleeping is expensive on small VMs (a 1 us sleep or a condition-variable
 // wake-up costs 15-20 us there) and every wake-up steals CPU from training, so:
+//  - the loop is in a hurry only while a user thread is blocked on a handle (Urgent(): the user
+//    has nothing to do until we deliver; HandleTable wakes us the moment it starts to block).
+//    Otherwise - training still computing the next gradients - new work is batched for up to
+//    HOROVOD_CYCLE_TIME and nothing spins: on a 2-core machine running 2 ranks, the spins and
+//    per-gradient cycles cost ~10 ms of CPU per training step that the training needed;
 //  - only a rank that itself waits for a response polls quickly, and it backs off in proportion
 //    to how long it has waited (period <= 1/8 of the wait so far, at most kWaitingCap): short
 //    waits stay short, long waits cost ~2% of a core;
@@ -110,7 +115,7 @@ void BackgroundLoop::WaitBeforeCycle(bool progressed, bool others_pending) {
     // catch it without a wake-up; otherwise run one cycle to hear from the other ranks.
     if (progressed) {
       backoff_ = kMinBackoff;
-      SpinFor(kSpinAfterWork, has_new);
+      if (Urgent()) SpinFor(kSpinAfterWork, has_new);
       if (!has_new()) return;
     } else {
       d_.queue->WaitForRequests(Clock::now() + backoff_);
@@ -119,12 +124,18 @@ void BackgroundLoop::WaitBeforeCycle(bool progressed, bool others_pending) {
       if (!has_new()) return;
     }
   }
-  // New local work: let a burst of submissions finish so it fuses, but never hold a lone
-  // tensor for a full cycle: stop at the first quiet gap.
+  // New local work. While nobody waits for it, batch for up to one cycle time (a user thread
+  // starting to block ends the wait at once). While somebody does, let a burst of submissions
+  // finish so it fuses, but never hold a lone tensor for a full cycle: stop at the first quiet
+  // gap.
   backoff_ = kMinBackoff;
   const microseconds limit{cycle_time_us_.load()};
-  const microseconds gap = std::clamp(limit / 100, microseconds{0}, microseconds{10});
   const auto start = Clock::now();
+  if (!Urgent()) {
+    d_.queue->WaitForWake(start + limit);
+    if (!Urgent()) return;
+  }
+  const microseconds gap = std::clamp(limit / 100, microseconds{0}, microseconds{10});
   uint64_t seen = d_.queue->arrivals();
   while (gap.count() > 0 && Clock::now() - start + gap <= limit) {
     bool more = SpinFor(gap, [&] { return d_.queue->arrivals() != seen; });
@@ -151,7 +162,8 @@ Status BackgroundLoop::RunCycle(CycleResult* result, bool others_pending) {
   };
   // Wait for the other ranks. Between tests, sleep on the queue's condition variable so that
   // local work arriving meanwhile wakes us: the other ranks may be waiting for it.
-  if (!waiting || !SpinFor(kSpinWaiting, tested_done)) {
+  bool urgent = Urgent();
+  if (!waiting || !urgent || !SpinFor(kSpinWaiting, tested_done)) {
     microseconds sleep = kMinBackoff;
     uint64_t seen = d_.queue->arrivals();
     while (!tested_done()) {
@@ -161,7 +173,11 @@ Status BackgroundLoop::RunCycle(CycleResult* result, bool others_pending) {
         waiting = true;  // the new work will need this cycle to finish quickly
         waiting_since_ = Clock::now();
         sleep = kMinBackoff;
-        if (SpinFor(kSpinWaiting, tested_done)) break;
+      }
+      if (!urgent && Urgent()) {  // a user thread just started to wait: hurry from now on
+        urgent = true;
+        sleep = kMinBackoff;
+        if (waiting && SpinFor(kSpinWaiting, tested_done)) break;
       }
       seen = now_seen;
       sleep = std::min(sleep * 2, PollCap(waiting, others_pending, waiting_since_));

@@ -24,6 +24,7 @@
 #include "common/config.h"
 #include "core/controller.h"
 #include "core/executor.h"
+#include "core/handle_table.h"
 #include "core/tensor_queue.h"
 #include "core/timeline.h"
 
@@ -35,6 +36,7 @@ struct LoopDeps {
   Executor* executor = nullptr;
   const Config* config = nullptr;
   Timeline* timeline = nullptr;  // CYCLE_START markers; may be nullptr
+  const HandleTable* handles = nullptr;  // is a user thread blocked on us? may be nullptr
 };
 
 // Called on the loop thread after each cycle's negotiation, before its responses run.
@@ -60,6 +62,8 @@ class BackgroundLoop {
  private:
   void Run();
   using Clock = std::chrono::steady_clock;
+  // A user thread waits for a result (or no handle table is wired: always treat as urgent).
+  bool Urgent() const { return d_.handles == nullptr || d_.handles->user_blocked(); }
   void WaitBeforeCycle(bool progressed, bool others_pending);
   Status RunCycle(CycleResult* result, bool others_pending);
   std::chrono::microseconds PollCap(bool waiting, bool others_pending,

@@ -83,6 +83,7 @@ Status Context::Init(const InitOptions& options) {
   loop_deps.executor = executor_.get();
   loop_deps.config = &config_;
   loop_deps.timeline = timeline_.get();
+  loop_deps.handles = handles_;
   loop_ = std::make_unique<BackgroundLoop>(loop_deps);
   loop_->set_cycle_hook([this](const CycleResult& r) { OnCycle(r); });
   stats_.params = TunedParams{true, config_.fusion_threshold_bytes, config_.cycle_time_ms,
@@ -102,11 +103,14 @@ Status Context::Init(const InitOptions& options) {
                   << t.local_size << ", fusion threshold " << config_.fusion_threshold_bytes
                   << " B, cycle time " << config_.cycle_time_ms << " ms, cache capacity "
                   << config_.cache_capacity;
+  // A user thread starting to block on a handle interrupts the loop's batching and slow polls.
+  if (handles_ != nullptr) handles_->SetBlockHook([queue = queue_.get()] { queue->Wake(); });
   loop_->Start();
   return Status::Ok();
 }
 
 Context::~Context() {
+  if (handles_ != nullptr) handles_->SetBlockHook(nullptr);
   if (loop_) {
     loop_->RequestShutdown("horovodlite runtime destroyed");
     loop_->Join();

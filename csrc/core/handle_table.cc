@@ -45,11 +45,21 @@ Status HandleTable::Wait(int handle, Status* op_status, std::shared_ptr<void>* p
   auto it = states_.find(handle);
   if (it == states_.end()) return Unknown(handle);
   std::shared_ptr<State> state = it->second;
-  cv_.wait(lock, [&] { return state->remaining <= 0; });
+  if (state->remaining > 0) {
+    blocked_.fetch_add(1, std::memory_order_relaxed);
+    if (block_hook_) block_hook_();
+    cv_.wait(lock, [&] { return state->remaining <= 0; });
+    blocked_.fetch_sub(1, std::memory_order_relaxed);
+  }
   states_.erase(handle);
   *op_status = state->status;
   *payload = std::move(state->payload);
   return Status::Ok();
+}
+
+void HandleTable::SetBlockHook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  block_hook_ = std::move(hook);
 }
 
 void HandleTable::Release(int handle) {

@@ -7,7 +7,9 @@
 // (its tensors), handed back by Wait so the adapter can return outputs. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -28,6 +30,11 @@ class HandleTable {
   // Forgets a handle without waiting (the payload stays alive until its entries complete).
   void Release(int handle);
   size_t size() const;
+  // True while some thread is blocked in Wait on an unfinished handle: the user is idle until we
+  // deliver, so the background loop stops batching and polls quickly (see background_loop.cc).
+  bool user_blocked() const { return blocked_.load(std::memory_order_relaxed) > 0; }
+  // Runs (under the table's lock) when a thread starts blocking in Wait; nullptr clears it.
+  void SetBlockHook(std::function<void()> hook);
 
  private:
   struct State {
@@ -41,6 +48,8 @@ class HandleTable {
   std::condition_variable cv_;
   std::unordered_map<int, std::shared_ptr<State>> states_;
   int next_ = 1;
+  std::atomic<int> blocked_{0};
+  std::function<void()> block_hook_;
 };
 
 }  // namespace hvdl

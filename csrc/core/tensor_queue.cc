@@ -80,6 +80,12 @@ void TensorQueue::WaitForArrival(uint64_t seen, std::chrono::steady_clock::time_
   woken_ = false;
 }
 
+void TensorQueue::WaitForWake(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_until(lock, deadline, [&] { return woken_; });
+  woken_ = false;
+}
+
 void TensorQueue::Wake() {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -59,6 +59,8 @@ class TensorQueue {
   void WaitForRequests(std::chrono::steady_clock::time_point deadline);
   // Blocks until more than `seen` requests were ever added, Wake() is called, or `deadline`.
   void WaitForArrival(uint64_t seen, std::chrono::steady_clock::time_point deadline);
+  // Blocks until Wake() is called or `deadline` passes (arrivals do not end it).
+  void WaitForWake(std::chrono::steady_clock::time_point deadline);
   void Wake();
   bool HasNew() const;
   // Monotonic count of requests ever added (batching detects quiet gaps with it).

@@ -50,6 +50,9 @@ class MpiBackend : public DataBackend {
 
  private:
   Status Comm(int ps, MPI_Comm* comm) const;
+  // Comm, then a CPU-friendly meeting of every member (see Meet in the .cc): call first in
+  // every collective.
+  Status Begin(int ps, MPI_Comm* comm) const;
   MpiTransport* TransportFor(int ps);
 
   MpiWorld* world_;
