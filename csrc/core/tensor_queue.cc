@@ -11,6 +11,7 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> r
   for (const TensorEntry& e : entries) keys.push_back(TensorKey(e.name, e.process_set));
   std::unordered_set<std::string_view> batch;  // a group naming one tensor twice
   if (keys.size() > 1) batch.reserve(keys.size());
+  bool notify = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return closed_status_;
@@ -31,8 +32,11 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> r
     }
     for (Request& r : requests) new_requests_.push_back(std::move(r));
     arrivals_ += requests.size();
+    notify = arrival_waiter_;
   }
-  cv_.notify_one();
+  // Only a loop waiting for arrivals is woken: while it holds work back to fuse it, each
+  // submission waking it would cost two context switches on a core the training needs.
+  if (notify) cv_.notify_one();
   return Status::Ok();
 }
 
@@ -70,13 +74,17 @@ void TensorQueue::Close(const Status& status) {
 
 void TensorQueue::WaitForRequests(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
+  arrival_waiter_ = true;
   cv_.wait_until(lock, deadline, [&] { return !new_requests_.empty() || woken_; });
+  arrival_waiter_ = false;
   woken_ = false;
 }
 
 void TensorQueue::WaitForArrival(uint64_t seen, std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
+  arrival_waiter_ = true;
   cv_.wait_until(lock, deadline, [&] { return arrivals_ != seen || woken_; });
+  arrival_waiter_ = false;
   woken_ = false;
 }
 

@@ -74,6 +74,7 @@ class TensorQueue {
   std::vector<Request> new_requests_;
   uint64_t arrivals_ = 0;
   bool woken_ = false;
+  bool arrival_waiter_ = false;  // the loop waits in WaitForRequests/WaitForArrival
   bool closed_ = false;
   Status closed_status_;
 };
