@@ -227,6 +227,11 @@ def run_fusion(comps, count, nbytes, quick):
             f"{t / times['mpi4py']:16.2f}")
         rows.append(dict(case="fusion", library=name, seconds=t, busbw=busbw(total, t),
                          ratio_to_one_call=t / one, ratio_to_separate_calls=t / times["mpi4py"]))
+    from horovodlite.common.basics import _stats  # noqa: PLC0415
+
+    single_copy = _stats()["single_copy_transports"] > 0
+    log("horovodlite's ring moved the fused batch by "
+        + ("single copy (process_vm_readv)" if single_copy else "MPI messages"))
     return rows
 
 
@@ -321,9 +326,11 @@ def main() -> int:
     hvd.init()
     comps = competitors()
     skip = set(filter(None, args.skip.split(",")))
+    from horovodlite import _C  # noqa: PLC0415  (after hvd.init: the runtime is up)
+
     log(f"allreduce benchmark: np={SIZE}, {MPI.Get_library_version().splitlines()[0]}, "
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, horovodlite transport "
-        f"{hvd.common.basics._transport() if hasattr(hvd, 'common') else ''}")
+        f"{_C.transport_version()}")
     sizes = [4, 1 * KiB, 64 * KiB, 1 * MiB, 16 * MiB] if args.quick else \
         [4, 64, 1 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
     rows = []
