@@ -5,10 +5,13 @@
 
 #include <thread>
 
+#include <unistd.h>
+
 #include "comm/local_control_plane.h"
 #include "comm/local_transport.h"
 #include "comm/reduce_kernels.h"
 #include "comm/ring.h"
+#include "comm/single_copy.h"
 #include "common/config.h"
 #include "core/controller.h"
 #include "core/fusion.h"
@@ -217,6 +220,27 @@ py::list RoundTrip(const std::vector<py::dict>& reqs) {
   return out;
 }
 
+// Splits `payload` into separately allocated pieces of `remote_sizes` bytes, reads them with
+// ReadFromProcess (from `pid`, this process by default) into pieces of `local_sizes` bytes and
+// returns what landed, concatenated.
+py::bytes SingleCopyRead(const std::string& payload, const std::vector<int64_t>& remote_sizes,
+                         const std::vector<int64_t>& local_sizes, int64_t pid) {
+  std::vector<std::string> there, here;
+  std::vector<Span> remote, local;
+  size_t at = 0;
+  for (int64_t n : remote_sizes) {
+    there.push_back(payload.substr(std::min(at, payload.size()), static_cast<size_t>(n)));
+    at += static_cast<size_t>(n);
+  }
+  for (int64_t n : local_sizes) here.emplace_back(static_cast<size_t>(n), '\0');
+  for (std::string& s : there) remote.push_back({s.data(), static_cast<int64_t>(s.size())});
+  for (std::string& s : here) local.push_back({s.data(), static_cast<int64_t>(s.size())});
+  ThrowIfError(ReadFromProcess(pid < 0 ? getpid() : pid, local, remote));
+  std::string out;
+  for (const std::string& s : here) out += s;
+  return py::bytes(out);
+}
+
 }  // namespace
 
 void RegisterTesting(py::module_& parent) {
@@ -231,6 +255,9 @@ void RegisterTesting(py::module_& parent) {
   m.def("parse_config", &ParseEnv);
   m.def("plan_batches", &Plan);
   m.def("serialize_roundtrip", &RoundTrip);
+  m.def("single_copy_read", &SingleCopyRead, py::arg("payload"), py::arg("remote_sizes"),
+        py::arg("local_sizes"), py::arg("pid") = -1);
+  m.def("single_copy_built", &SingleCopyBuilt);
   m.def("float_to_half", [](float f) { return FloatToHalf(f); });
   m.def("half_to_float", [](uint16_t h) { return HalfToFloat(h); });
   m.def("float_to_bfloat16", [](float f) { return FloatToBFloat16(f); });

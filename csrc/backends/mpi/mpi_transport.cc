@@ -3,14 +3,10 @@
 #include <climits>
 #include <cstring>
 
-#if defined(__linux__)
-#include <sys/uio.h>
 #include <unistd.h>
 
-#include <cerrno>
-#endif
-
 #include "backends/mpi/mpi_util.h"
+#include "comm/single_copy.h"
 #include "common/logging.h"
 
 namespace hvdl {
@@ -26,7 +22,6 @@ constexpr int kDataTag = 10;       // single copy: data too scattered for a desc
 enum Kind : uint64_t { kInline = 0, kRead = 1, kSeparate = 2 };
 constexpr size_t kHeaderWords = 3;
 constexpr size_t kMaxPieces = 256;  // well under IOV_MAX
-constexpr size_t kIovMax = 1024;    // Linux's IOV_MAX: iovecs per process_vm_readv call
 constexpr size_t kDescriptorWords = kHeaderWords + 2 * kMaxPieces;
 constexpr size_t kInlineBytes = (kDescriptorWords - kHeaderWords) * sizeof(uint64_t);
 constexpr uint64_t kProbeMagic = 0x68766c6400000000ULL;
@@ -44,42 +39,6 @@ std::vector<Span> InBytes(const std::vector<Span>& spans, size_t esize) {
   return out;
 }
 
-#if defined(__linux__)
-// Copies `remote` (addresses in process `pid`) into `local`; both describe the same number of
-// bytes. process_vm_readv may stop early at an iovec boundary: continue from there.
-Status ReadRemote(pid_t pid, std::vector<iovec> local, std::vector<iovec> remote) {
-  size_t li = 0, ri = 0;
-  while (li < local.size() && ri < remote.size()) {
-    const size_t ln = std::min<size_t>(local.size() - li, kIovMax);
-    const size_t rn = std::min<size_t>(remote.size() - ri, kIovMax);
-    ssize_t got = process_vm_readv(pid, &local[li], ln, &remote[ri], rn, 0);
-    if (got < 0) {
-      return Status::Internal(std::string("ring single-copy read from pid ") +
-                              std::to_string(pid) + " failed: " + std::strerror(errno) +
-                              " (set HOROVOD_RING_CMA=0 to use MPI messages)");
-    }
-    if (got == 0) return Status::Internal("ring single-copy read made no progress");
-    for (size_t left = static_cast<size_t>(got); left > 0;) {  // advance the local side
-      size_t step = std::min(left, local[li].iov_len);
-      local[li].iov_base = static_cast<char*>(local[li].iov_base) + step;
-      local[li].iov_len -= step;
-      left -= step;
-      if (local[li].iov_len == 0) ++li;
-    }
-    for (size_t left = static_cast<size_t>(got); left > 0;) {  // and the remote side
-      size_t step = std::min(left, remote[ri].iov_len);
-      remote[ri].iov_base = static_cast<char*>(remote[ri].iov_base) + step;
-      remote[ri].iov_len -= step;
-      left -= step;
-      if (remote[ri].iov_len == 0) ++ri;
-    }
-    while (li < local.size() && local[li].iov_len == 0) ++li;
-    while (ri < remote.size() && remote[ri].iov_len == 0) ++ri;
-  }
-  return Status::Ok();
-}
-#endif
-
 }  // namespace
 
 MpiTransport::MpiTransport(MPI_Comm comm, bool single_copy) : comm_(comm) {
@@ -92,38 +51,32 @@ MpiTransport::MpiTransport(MPI_Comm comm, bool single_copy) : comm_(comm) {
 // read its left neighbour's memory (the ring only ever reads from the left).
 bool MpiTransport::ProbeSingleCopy() {
   int ok = 0;
-  std::vector<uint64_t> all(2 * static_cast<size_t>(size_));
-#if defined(__linux__)
-  MPI_Comm host = MPI_COMM_NULL;
-  int host_size = 0;
-  if (MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host) ==
-          MPI_SUCCESS &&
-      host != MPI_COMM_NULL) {
-    MPI_Comm_size(host, &host_size);
-    MPI_Comm_free(&host);
+  if (SingleCopyBuilt()) {
+    MPI_Comm host = MPI_COMM_NULL;
+    int host_size = 0;
+    if (MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host) ==
+            MPI_SUCCESS &&
+        host != MPI_COMM_NULL) {
+      MPI_Comm_size(host, &host_size);
+      MPI_Comm_free(&host);
+    }
+    ok = host_size == size_ ? 1 : 0;
   }
-  ok = host_size == size_ ? 1 : 0;
   probe_word_ = kProbeMagic | static_cast<uint64_t>(rank_);
   uint64_t mine[2] = {static_cast<uint64_t>(getpid()),
                       static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&probe_word_))};
+  std::vector<uint64_t> all(2 * static_cast<size_t>(size_));
   MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_);
+  for (int i = 0; i < size_; ++i) pids_.push_back(static_cast<int64_t>(all[2 * i]));
   const int left = (rank_ - 1 + size_) % size_;
   if (ok) {
     uint64_t got = 0;
-    iovec l{&got, sizeof(got)};
-    iovec r{reinterpret_cast<void*>(static_cast<uintptr_t>(all[2 * left + 1])), sizeof(got)};
-    ok = process_vm_readv(static_cast<pid_t>(all[2 * left]), &l, 1, &r, 1, 0) ==
-                 static_cast<ssize_t>(sizeof(got)) &&
-             got == (kProbeMagic | static_cast<uint64_t>(left))
-         ? 1
-         : 0;
+    void* there = reinterpret_cast<void*>(static_cast<uintptr_t>(all[2 * left + 1]));
+    Status s = ReadFromProcess(pids_[static_cast<size_t>(left)], {Span{&got, sizeof(got)}},
+                               {Span{there, sizeof(got)}});
+    ok = s.ok() && got == (kProbeMagic | static_cast<uint64_t>(left)) ? 1 : 0;
   }
-#else
-  uint64_t mine[2] = {0, 0};
-  MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_);
-#endif
   MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm_);  // all or nothing
-  for (int i = 0; i < size_; ++i) pids_.push_back(static_cast<int64_t>(all[2 * i]));
   if (rank_ == 0) {
     HVDL_LOG(Debug) << "ring transport over " << size_ << " ranks: "
                     << (ok ? "single copy (process_vm_readv)" : "MPI messages");
@@ -253,20 +206,14 @@ Status MpiTransport::CompleteReceive(Request* r) {
       return Status::Ok();
     }
     case kRead: {
-#if defined(__linux__)
-      std::vector<iovec> local, remote;
-      for (const Span& s : r->local) local.push_back({s.data, static_cast<size_t>(s.count)});
+      std::vector<Span> remote;
       for (uint64_t i = 0; i < d[2]; ++i) {
         remote.push_back({reinterpret_cast<void*>(static_cast<uintptr_t>(d[kHeaderWords + 2 * i])),
-                          static_cast<size_t>(d[kHeaderWords + 2 * i + 1])});
+                          static_cast<int64_t>(d[kHeaderWords + 2 * i + 1])});
       }
-      HVDL_RETURN_IF_ERROR(ReadRemote(static_cast<pid_t>(pids_[static_cast<size_t>(r->peer)]),
-                                      std::move(local), std::move(remote)));
+      HVDL_RETURN_IF_ERROR(ReadFromProcess(pids_[static_cast<size_t>(r->peer)], r->local, remote));
       HVDL_MPI(MPI_Send(nullptr, 0, MPI_BYTE, r->peer, kAckTag, comm_));
       return Status::Ok();
-#else
-      return Status::Internal("ring single-copy descriptor on a platform without it");
-#endif
     }
     case kSeparate: {
       MPI_Request req;
