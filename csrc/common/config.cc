@@ -94,7 +94,7 @@ const std::vector<Knob>& Table() {
       {{"HOROVOD_FUSION_THRESHOLD", "134217728",
         "Bytes of ready allreduces packed into one fused collective (0 disables fusion)."},
        [](auto& n, auto& v, Config* c) { return ParseInt(n, v, 0, &c->fusion_threshold_bytes); }},
-      {{"HOROVOD_CYCLE_TIME", "5",
+      {{"HOROVOD_CYCLE_TIME", "10",
         "Milliseconds the background thread may hold new tensors back to fuse them while no "
         "thread waits on a handle (training is still computing); a thread starting to wait ends "
         "the hold at once, so a waited-for tensor is sent after a short quiet gap."},

@@ -23,7 +23,7 @@ enum class GpuOperations { kNccl = 0, kMpi };
 
 struct Config {
   int64_t fusion_threshold_bytes = 128LL * 1024 * 1024;
-  double cycle_time_ms = 5.0;
+  double cycle_time_ms = 10.0;
   LogLevel log_level = LogLevel::kWarning;
   bool log_hide_time = false;
   int64_t cache_capacity = 1024;

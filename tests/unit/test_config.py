@@ -15,7 +15,7 @@ T = C._testing
 def test_defaults():
     cfg = T.parse_config({})
     assert cfg["fusion_threshold_bytes"] == 128 * 1024 * 1024
-    assert cfg["cycle_time_ms"] == 5.0
+    assert cfg["cycle_time_ms"] == 10.0
     assert cfg["cache_capacity"] == 1024
     assert cfg["log_level"] == "WARNING"
     assert cfg["stall_check_seconds"] == 60.0
