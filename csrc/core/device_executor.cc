@@ -2,21 +2,10 @@
 
 #include <cstring>
 
+#include "core/collective_layout.h"
+
 namespace hvdl {
 namespace {
-
-int64_t Trailing(const Shape& shape) {
-  int64_t e = 1;
-  for (size_t i = 1; i < shape.size(); ++i) e *= shape[i];
-  return e;
-}
-
-// Rows of a dim-0 split of `rows` across `n` members: the first rows % n get one extra.
-int64_t RowsOf(int64_t rows, int n, int m) { return rows / n + (m < rows % n ? 1 : 0); }
-
-char* At(void* base, int64_t elems, size_t esize) {
-  return static_cast<char*>(base) + elems * static_cast<int64_t>(esize);
-}
 
 // Timeline activity of the collective itself (static strings: the timeline keeps the pointer).
 const char* CollectiveActivity(const DataBackend* be, OpType op) {
@@ -175,54 +164,33 @@ Status DeviceExecutor::Allgather(std::vector<DeviceItem>& items, DataBackend* be
   const int n = sets_->Size(r0.process_set);
   const int me = sets_->RankIn(r0.process_set, rank_);
   const size_t esize = DataTypeSize(r0.dtype);
-  std::vector<int64_t> counts(static_cast<size_t>(n), 0);
-  for (DeviceItem& it : items) {
-    const Response& r = *it.response;
-    Shape out_shape = r.shape.empty() ? Shape{0} : r.shape;
-    out_shape[0] = 0;
-    for (int m = 0; m < n; ++m) {
-      out_shape[0] += r.sizes[static_cast<size_t>(m)];
-      counts[static_cast<size_t>(m)] += r.sizes[static_cast<size_t>(m)] * Trailing(r.shape);
-    }
-    HVDL_RETURN_IF_ERROR(it.entry->allocate(out_shape, &it.entry->output));
+  std::vector<const Response*> rs;
+  for (const DeviceItem& it : items) rs.push_back(it.response);
+  const FusedLayout layout = AllgatherLayout(rs, n);
+  for (size_t i = 0; i < items.size(); ++i) {
+    TensorEntry& e = *items[i].entry;
+    HVDL_RETURN_IF_ERROR(e.allocate(layout.out_shapes[i], &e.output));
   }
   HVDL_RETURN_IF_ERROR(WaitReady(items));  // after allocation: it re-records the ready events
+  std::vector<const void*> inputs;
+  std::vector<void*> outputs;
+  for (const DeviceItem& it : items) {
+    inputs.push_back(it.entry->input.data);
+    outputs.push_back(it.entry->output.data);
+  }
   if (items.size() == 1) {
     phase(CollectiveActivity(be, OpType::kAllgather));
-    return be->Allgatherv(items[0].entry->input.data, items[0].entry->output.data, counts,
-                          r0.dtype, r0.process_set);
+    return be->Allgatherv(inputs[0], outputs[0], layout.counts, r0.dtype, r0.process_set);
   }
-  std::vector<int64_t> displ(static_cast<size_t>(n), 0);
-  for (size_t m = 1; m < displ.size(); ++m) displ[m] = displ[m - 1] + counts[m - 1];
-  const int64_t total = displ.back() + counts.back();
   void* buf = nullptr;
-  HVDL_RETURN_IF_ERROR(Buffer(static_cast<size_t>(total) * esize, &buf));
-  // Member-major buffer: member m's block holds its rows of every tensor, tensor by tensor.
+  HVDL_RETURN_IF_ERROR(Buffer(static_cast<size_t>(layout.total) * esize, &buf));
   phase("MEMCPY_IN_FUSION_BUFFER");
-  std::vector<CopyRegion> pack;
-  int64_t off = displ[static_cast<size_t>(me)];
-  for (DeviceItem& it : items) {
-    int64_t c = it.response->sizes[static_cast<size_t>(me)] * Trailing(it.response->shape);
-    pack.push_back({At(buf, off, esize), it.entry->input.data, c});
-    off += c;
-  }
-  HVDL_RETURN_IF_ERROR(ops_->ScaleCopy(pack, r0.dtype, 1.0));
+  HVDL_RETURN_IF_ERROR(
+      ops_->ScaleCopy(AllgatherPack(rs, inputs, layout, me, buf, esize), r0.dtype, 1.0));
   phase(CollectiveActivity(be, OpType::kAllgather));
-  HVDL_RETURN_IF_ERROR(be->Allgatherv(nullptr, buf, counts, r0.dtype, r0.process_set));
+  HVDL_RETURN_IF_ERROR(be->Allgatherv(nullptr, buf, layout.counts, r0.dtype, r0.process_set));
   phase("MEMCPY_OUT_FUSION_BUFFER");
-  std::vector<CopyRegion> unpack;
-  std::vector<int64_t> written(items.size(), 0);
-  for (int m = 0; m < n; ++m) {
-    int64_t src = displ[static_cast<size_t>(m)];
-    for (size_t i = 0; i < items.size(); ++i) {
-      const Response& r = *items[i].response;
-      int64_t c = r.sizes[static_cast<size_t>(m)] * Trailing(r.shape);
-      unpack.push_back({At(items[i].entry->output.data, written[i], esize), At(buf, src, esize), c});
-      written[i] += c;
-      src += c;
-    }
-  }
-  return ops_->ScaleCopy(unpack, r0.dtype, 1.0);
+  return ops_->ScaleCopy(AllgatherUnpack(rs, outputs, layout, buf, esize), r0.dtype, 1.0);
 }
 
 Status DeviceExecutor::Reducescatter(std::vector<DeviceItem>& items, DataBackend* be,
@@ -233,38 +201,25 @@ Status DeviceExecutor::Reducescatter(std::vector<DeviceItem>& items, DataBackend
   const size_t esize = DataTypeSize(r0.dtype);
   const ReduceOp op = r0.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r0.reduce_op;
   const double post = r0.postscale * (r0.reduce_op == ReduceOp::kAverage ? 1.0 / n : 1.0);
-  std::vector<int64_t> counts(static_cast<size_t>(n), 0);
-  for (DeviceItem& it : items) {
-    const Response& r = *it.response;
-    Shape out_shape = r.shape;
-    out_shape[0] = RowsOf(r.shape[0], n, me);
-    for (int m = 0; m < n; ++m) counts[static_cast<size_t>(m)] += RowsOf(r.shape[0], n, m) * Trailing(r.shape);
-    HVDL_RETURN_IF_ERROR(it.entry->allocate(out_shape, &it.entry->output));
+  std::vector<const Response*> rs;
+  for (const DeviceItem& it : items) rs.push_back(it.response);
+  const FusedLayout layout = ReducescatterLayout(rs, n, me);
+  for (size_t i = 0; i < items.size(); ++i) {
+    TensorEntry& e = *items[i].entry;
+    HVDL_RETURN_IF_ERROR(e.allocate(layout.out_shapes[i], &e.output));
   }
   HVDL_RETURN_IF_ERROR(WaitReady(items));
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  const int64_t mine = counts[static_cast<size_t>(me)];
+  std::vector<const void*> inputs;
+  for (const DeviceItem& it : items) inputs.push_back(it.entry->input.data);
+  const int64_t mine = layout.counts[static_cast<size_t>(me)];
   void* buf = nullptr;
-  HVDL_RETURN_IF_ERROR(Buffer(static_cast<size_t>(total + mine) * esize, &buf));
-  // Member-major send buffer: block m holds member m's rows of every tensor, prescaled.
+  HVDL_RETURN_IF_ERROR(Buffer(static_cast<size_t>(layout.total + mine) * esize, &buf));
   phase("MEMCPY_IN_FUSION_BUFFER");
-  std::vector<CopyRegion> pack;
-  int64_t dst = 0;
-  for (int m = 0; m < n; ++m) {
-    for (DeviceItem& it : items) {
-      const Response& r = *it.response;
-      int64_t row0 = 0;
-      for (int k = 0; k < m; ++k) row0 += RowsOf(r.shape[0], n, k);
-      int64_t c = RowsOf(r.shape[0], n, m) * Trailing(r.shape);
-      pack.push_back({At(buf, dst, esize), At(it.entry->input.data, row0 * Trailing(r.shape), esize), c});
-      dst += c;
-    }
-  }
-  HVDL_RETURN_IF_ERROR(ops_->ScaleCopy(pack, r0.dtype, r0.prescale));
-  void* recv = At(buf, total, esize);
+  HVDL_RETURN_IF_ERROR(
+      ops_->ScaleCopy(ReducescatterPack(rs, inputs, n, buf, esize), r0.dtype, r0.prescale));
+  void* recv = At(buf, layout.total, esize);
   phase(CollectiveActivity(be, OpType::kReducescatter));
-  HVDL_RETURN_IF_ERROR(be->ReduceScatter(buf, recv, counts, r0.dtype, op, r0.process_set));
+  HVDL_RETURN_IF_ERROR(be->ReduceScatter(buf, recv, layout.counts, r0.dtype, op, r0.process_set));
   phase("MEMCPY_OUT_FUSION_BUFFER");
   std::vector<CopyRegion> unpack;
   int64_t src = 0;
@@ -292,25 +247,13 @@ Status DeviceExecutor::Broadcast(DeviceItem& item, DataBackend* be, const Phase&
 Status DeviceExecutor::Alltoall(DeviceItem& item, DataBackend* be, const Phase& phase,
                                 std::vector<int64_t>* received) {
   const Response& r = *item.response;
-  const int n = sets_->Size(r.process_set);
-  const int me = sets_->RankIn(r.process_set, rank_);
-  const int64_t e = Trailing(r.shape);
-  std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
-  received->assign(static_cast<size_t>(n), 0);
-  Shape out_shape = r.shape.empty() ? Shape{0} : r.shape;
-  out_shape[0] = 0;
-  for (int m = 0; m < n; ++m) {
-    int64_t to_m = r.sizes[static_cast<size_t>(me * n + m)];
-    int64_t from_m = r.sizes[static_cast<size_t>(m * n + me)];
-    send[static_cast<size_t>(m)] = to_m * e;
-    recv[static_cast<size_t>(m)] = from_m * e;
-    (*received)[static_cast<size_t>(m)] = from_m;
-    out_shape[0] += from_m;
-  }
-  HVDL_RETURN_IF_ERROR(item.entry->allocate(out_shape, &item.entry->output));
+  AlltoallLayout l =
+      PlanAlltoall(r, sets_->Size(r.process_set), sets_->RankIn(r.process_set, rank_));
+  *received = std::move(l.received);
+  HVDL_RETURN_IF_ERROR(item.entry->allocate(l.out_shape, &item.entry->output));
   HVDL_RETURN_IF_ERROR(WaitReady({item}));
   phase(CollectiveActivity(be, OpType::kAlltoall));
-  return be->Alltoallv(item.entry->input.data, send, item.entry->output.data, recv, r.dtype,
+  return be->Alltoallv(item.entry->input.data, l.send, item.entry->output.data, l.recv, r.dtype,
                        r.process_set);
 }
 

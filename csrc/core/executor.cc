@@ -6,22 +6,15 @@
 #include "comm/reduce_kernels.h"
 #include "comm/ring.h"
 #include "common/logging.h"
+#include "core/collective_layout.h"
 
 namespace hvdl {
 namespace {
 
-int64_t Trailing(const Shape& shape) {
-  int64_t e = 1;
-  for (size_t i = 1; i < shape.size(); ++i) e *= shape[i];
-  return e;
+// Host memory: each region copied (and scaled) in turn.
+void CopyRegions(const std::vector<CopyRegion>& regions, DataType dtype, double factor) {
+  for (const CopyRegion& c : regions) ScaleCopy(c.dst, c.src, c.count, dtype, factor);
 }
-
-char* At(void* base, int64_t elems, size_t esize) {
-  return static_cast<char*>(base) + elems * static_cast<int64_t>(esize);
-}
-
-// Rows of a dim-0 split of `rows` across `n` members: the first rows % n get one extra.
-int64_t RowsOf(int64_t rows, int n, int m) { return rows / n + (m < rows % n ? 1 : 0); }
 
 // The element ranges of each tensor that fall in each ring chunk. Chunk-major: chunk c holds
 // every tensor's c-th even piece, so an element's chunk - and hence its reduction order - depends
@@ -273,52 +266,29 @@ Status Executor::RunAllgather(Items& items, DataBackend* be) {
   const int n = d_.sets->Size(r0.process_set);
   const int me = d_.sets->RankIn(r0.process_set, d_.rank);
   const size_t esize = DataTypeSize(r0.dtype);
-  std::vector<int64_t> counts(static_cast<size_t>(n), 0);
-  for (Item& it : items) {
-    const Response& r = *it.response;
-    Shape out_shape = r.shape.empty() ? Shape{0} : r.shape;
-    out_shape[0] = 0;
-    for (int m = 0; m < n; ++m) {
-      out_shape[0] += r.sizes[static_cast<size_t>(m)];
-      counts[static_cast<size_t>(m)] += r.sizes[static_cast<size_t>(m)] * Trailing(r.shape);
-    }
-    HVDL_RETURN_IF_ERROR(it.entry.allocate(out_shape, &it.entry.output));
+  std::vector<const Response*> rs;
+  for (const Item& it : items) rs.push_back(it.response);
+  const FusedLayout layout = AllgatherLayout(rs, n);
+  std::vector<const void*> inputs;
+  std::vector<void*> outputs;
+  for (size_t i = 0; i < items.size(); ++i) {
+    TensorEntry& e = items[i].entry;
+    HVDL_RETURN_IF_ERROR(e.allocate(layout.out_shapes[i], &e.output));
+    inputs.push_back(e.input.data);
+    outputs.push_back(e.output.data);
   }
   if (items.size() == 1) {
     Phase(items, "MPI_ALLGATHER");
-    Status s = be->Allgatherv(items[0].entry.input.data, items[0].entry.output.data, counts,
-                              r0.dtype, r0.process_set);
-    return s;
+    return be->Allgatherv(inputs[0], outputs[0], layout.counts, r0.dtype, r0.process_set);
   }
-  std::vector<int64_t> displ(static_cast<size_t>(n), 0);
-  for (int m = 1; m < n; ++m) displ[static_cast<size_t>(m)] = displ[static_cast<size_t>(m - 1)] + counts[static_cast<size_t>(m - 1)];
-  int64_t total = displ.back() + counts.back();
-  void* buf = d_.fusion->Reserve(static_cast<size_t>(total) * esize);
-  if (buf == nullptr) return OutOfMemory(total * static_cast<int64_t>(esize));
-  // Member-major buffer: member m's block holds its rows of every tensor, tensor by tensor.
+  void* buf = d_.fusion->Reserve(static_cast<size_t>(layout.total) * esize);
+  if (buf == nullptr) return OutOfMemory(layout.total * static_cast<int64_t>(esize));
   Phase(items, "MEMCPY_IN_FUSION_BUFFER");
-  int64_t off = displ[static_cast<size_t>(me)];
-  for (Item& it : items) {
-    int64_t c = it.response->sizes[static_cast<size_t>(me)] * Trailing(it.response->shape);
-    std::memcpy(At(buf, off, esize), it.entry.input.data, static_cast<size_t>(c) * esize);
-    off += c;
-  }
+  CopyRegions(AllgatherPack(rs, inputs, layout, me, buf, esize), r0.dtype, 1.0);
   Phase(items, "MPI_ALLGATHER");
-  Status s = be->Allgatherv(nullptr, buf, counts, r0.dtype, r0.process_set);
-  if (!s.ok()) return s;
+  HVDL_RETURN_IF_ERROR(be->Allgatherv(nullptr, buf, layout.counts, r0.dtype, r0.process_set));
   Phase(items, "MEMCPY_OUT_FUSION_BUFFER");
-  std::vector<int64_t> written(items.size(), 0);
-  for (int m = 0; m < n; ++m) {
-    int64_t src = displ[static_cast<size_t>(m)];
-    for (size_t i = 0; i < items.size(); ++i) {
-      const Response& r = *items[i].response;
-      int64_t c = r.sizes[static_cast<size_t>(m)] * Trailing(r.shape);
-      std::memcpy(At(items[i].entry.output.data, written[i], esize), At(buf, src, esize),
-                  static_cast<size_t>(c) * esize);
-      written[i] += c;
-      src += c;
-    }
-  }
+  CopyRegions(AllgatherUnpack(rs, outputs, layout, buf, esize), r0.dtype, 1.0);
   return Status::Ok();
 }
 
@@ -329,37 +299,23 @@ Status Executor::RunReducescatter(Items& items, DataBackend* be) {
   const size_t esize = DataTypeSize(r0.dtype);
   const ReduceOp op = r0.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r0.reduce_op;
   const double post = r0.postscale * (r0.reduce_op == ReduceOp::kAverage ? 1.0 / n : 1.0);
-  std::vector<int64_t> counts(static_cast<size_t>(n), 0);
-  for (Item& it : items) {
-    const Response& r = *it.response;
-    Shape out_shape = r.shape;
-    out_shape[0] = RowsOf(r.shape[0], n, me);
-    for (int m = 0; m < n; ++m) counts[static_cast<size_t>(m)] += RowsOf(r.shape[0], n, m) * Trailing(r.shape);
-    HVDL_RETURN_IF_ERROR(it.entry.allocate(out_shape, &it.entry.output));
+  std::vector<const Response*> rs;
+  for (const Item& it : items) rs.push_back(it.response);
+  const FusedLayout layout = ReducescatterLayout(rs, n, me);
+  std::vector<const void*> inputs;
+  for (size_t i = 0; i < items.size(); ++i) {
+    TensorEntry& e = items[i].entry;
+    HVDL_RETURN_IF_ERROR(e.allocate(layout.out_shapes[i], &e.output));
+    inputs.push_back(e.input.data);
   }
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  const int64_t mine = counts[static_cast<size_t>(me)];
-  void* buf = d_.fusion->Reserve(static_cast<size_t>(total + mine) * esize);
-  if (buf == nullptr) return OutOfMemory((total + mine) * static_cast<int64_t>(esize));
-  // Member-major send buffer: block m holds member m's rows of every tensor, prescaled.
+  const int64_t mine = layout.counts[static_cast<size_t>(me)];
+  void* buf = d_.fusion->Reserve(static_cast<size_t>(layout.total + mine) * esize);
+  if (buf == nullptr) return OutOfMemory((layout.total + mine) * static_cast<int64_t>(esize));
   Phase(items, "MEMCPY_IN_FUSION_BUFFER");
-  int64_t dst = 0;
-  for (int m = 0; m < n; ++m) {
-    for (Item& it : items) {
-      const Response& r = *it.response;
-      int64_t row0 = 0;
-      for (int k = 0; k < m; ++k) row0 += RowsOf(r.shape[0], n, k);
-      int64_t c = RowsOf(r.shape[0], n, m) * Trailing(r.shape);
-      ScaleCopy(At(buf, dst, esize), At(it.entry.input.data, row0 * Trailing(r.shape), esize), c,
-                r.dtype, r.prescale);
-      dst += c;
-    }
-  }
-  void* recv = At(buf, total, esize);
+  CopyRegions(ReducescatterPack(rs, inputs, n, buf, esize), r0.dtype, r0.prescale);
+  void* recv = At(buf, layout.total, esize);
   Phase(items, "MPI_REDUCESCATTER");
-  Status s = be->ReduceScatter(buf, recv, counts, r0.dtype, op, r0.process_set);
-  if (!s.ok()) return s;
+  HVDL_RETURN_IF_ERROR(be->ReduceScatter(buf, recv, layout.counts, r0.dtype, op, r0.process_set));
   Phase(items, "MEMCPY_OUT_FUSION_BUFFER");
   int64_t src = 0;
   for (Item& it : items) {
@@ -386,26 +342,14 @@ Status Executor::RunBroadcast(Item& item, DataBackend* be) {
 
 Status Executor::RunAlltoall(Item& item, DataBackend* be, std::vector<int64_t>* received) {
   const Response& r = *item.response;
-  const int n = d_.sets->Size(r.process_set);
-  const int me = d_.sets->RankIn(r.process_set, d_.rank);
-  const int64_t e = Trailing(r.shape);
-  std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
-  received->assign(static_cast<size_t>(n), 0);
-  Shape out_shape = r.shape.empty() ? Shape{0} : r.shape;
-  out_shape[0] = 0;
-  for (int m = 0; m < n; ++m) {
-    int64_t to_m = r.sizes[static_cast<size_t>(me * n + m)];
-    int64_t from_m = r.sizes[static_cast<size_t>(m * n + me)];
-    send[static_cast<size_t>(m)] = to_m * e;
-    recv[static_cast<size_t>(m)] = from_m * e;
-    (*received)[static_cast<size_t>(m)] = from_m;
-    out_shape[0] += from_m;
-  }
-  HVDL_RETURN_IF_ERROR(item.entry.allocate(out_shape, &item.entry.output));
+  AlltoallLayout l = PlanAlltoall(r, d_.sets->Size(r.process_set),
+                                  d_.sets->RankIn(r.process_set, d_.rank));
+  *received = std::move(l.received);
+  HVDL_RETURN_IF_ERROR(item.entry.allocate(l.out_shape, &item.entry.output));
   if (observer_ != nullptr && observer_->Recording()) {
     observer_->Activity({r.Key()}, "MPI_ALLTOALL");
   }
-  return be->Alltoallv(item.entry.input.data, send, item.entry.output.data, recv, r.dtype,
+  return be->Alltoallv(item.entry.input.data, l.send, item.entry.output.data, l.recv, r.dtype,
                        r.process_set);
 }
 
