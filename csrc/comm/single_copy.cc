@@ -13,12 +13,6 @@
 namespace hvdl {
 namespace {
 
-int64_t Bytes(const std::vector<Span>& pieces) {
-  int64_t n = 0;
-  for (const Span& s : pieces) n += s.count;
-  return n;
-}
-
 #if defined(__linux__)
 constexpr size_t kIovMax = 1024;  // Linux's IOV_MAX: iovecs per process_vm_readv call
 
@@ -54,9 +48,10 @@ bool SingleCopyBuilt() {
 
 Status ReadFromProcess(int64_t pid, const std::vector<Span>& local,
                        const std::vector<Span>& remote) {
-  if (Bytes(local) != Bytes(remote)) {
-    return Status::Internal("single copy of " + std::to_string(Bytes(remote)) + " bytes into " +
-                            std::to_string(Bytes(local)) + " bytes");
+  const int64_t want = TotalCount(remote), room = TotalCount(local);
+  if (want != room) {
+    return Status::Internal("single copy of " + std::to_string(want) + " bytes into " +
+                            std::to_string(room) + " bytes");
   }
 #if defined(__linux__)
   std::vector<iovec> l = ToIovecs(local), r = ToIovecs(remote);

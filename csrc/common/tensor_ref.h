@@ -2,6 +2,8 @@
 // (the torch adapter) keeps the storage alive until the entry's callback has run.
 #pragma once
 
+#include <vector>
+
 #include "common/types.h"
 
 namespace hvdl {
@@ -22,5 +24,11 @@ struct Span {
   void* data = nullptr;
   int64_t count = 0;
 };
+
+inline int64_t TotalCount(const std::vector<Span>& spans) {
+  int64_t n = 0;
+  for (const Span& s : spans) n += s.count;
+  return n;
+}
 
 }  // namespace hvdl

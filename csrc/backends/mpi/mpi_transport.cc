@@ -26,12 +26,6 @@ constexpr size_t kDescriptorWords = kHeaderWords + 2 * kMaxPieces;
 constexpr size_t kInlineBytes = (kDescriptorWords - kHeaderWords) * sizeof(uint64_t);
 constexpr uint64_t kProbeMagic = 0x68766c6400000000ULL;
 
-int64_t TotalBytes(const std::vector<Span>& spans) {
-  int64_t total = 0;
-  for (const Span& s : spans) total += s.count;
-  return total;
-}
-
 std::vector<Span> InBytes(const std::vector<Span>& spans, size_t esize) {
   std::vector<Span> out;
   out.reserve(spans.size());
@@ -140,7 +134,7 @@ Status MpiTransport::PostSend(const std::vector<Span>& spans, int peer, int* req
   r.peer = peer;
   r.receive_descriptor = false;
   if (!single_copy_) return PostPlain(true, spans, peer, kRingTag, &r.mpi);
-  const uint64_t total = static_cast<uint64_t>(TotalBytes(spans));
+  const uint64_t total = static_cast<uint64_t>(TotalCount(spans));
   std::vector<uint64_t>& d = r.descriptor;
   d.assign(kHeaderWords, 0);
   d[1] = total;
@@ -191,9 +185,9 @@ Status MpiTransport::CompleteReceive(Request* r) {
   HVDL_MPI(MPI_Wait(&r->mpi, MPI_STATUS_IGNORE));
   const uint64_t* d = r->descriptor.data();
   const uint64_t total = d[1];
-  if (total != static_cast<uint64_t>(TotalBytes(r->local))) {
+  if (total != static_cast<uint64_t>(TotalCount(r->local))) {
     return Status::Internal("ring message of " + std::to_string(total) + " bytes for a " +
-                            std::to_string(TotalBytes(r->local)) + "-byte destination from rank " +
+                            std::to_string(TotalCount(r->local)) + "-byte destination from rank " +
                             std::to_string(r->peer));
   }
   switch (d[0]) {
