@@ -15,12 +15,18 @@ import time
 from pathlib import Path
 
 import pytest
+from launching import retry_if_launcher_did_not_start
 
 HERE = Path(__file__).parent
 SCRIPTS = HERE / "scripts"
 
 
 def job(np_: int, script: str, *args, env: dict | None = None, timeout: float = 90):
+    return retry_if_launcher_did_not_start(
+        lambda: _job(np_, script, *args, env=env, timeout=timeout))
+
+
+def _job(np_: int, script: str, *args, env: dict | None = None, timeout: float = 90):
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", HOROVOD_LOG_HIDE_TIME="1")
     full_env.update(env or {})
     cmd = [sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_), sys.executable,

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from launching import retry_if_launcher_did_not_start
 
 HERE = Path(__file__).parent
 # test_gpu_*.py need a GPU and particular environments: tests/test_gpu.py launches them.
@@ -59,9 +60,14 @@ def run_parallel(np_: int, target: str, extra_env: dict | None = None,
         return subprocess.CompletedProcess(cmd, proc.returncode, log.read(), "")
 
 
+def _as_tuple(proc: subprocess.CompletedProcess) -> tuple:
+    return proc.returncode, proc.stdout, proc
+
+
 @pytest.mark.parametrize("np_", SIZES, ids=lambda n: f"np{n}")
 @pytest.mark.parametrize("module", PARALLEL)
 def test_parallel(module, np_):
-    proc = run_parallel(np_, f"tests/parallel/{module}")
+    proc = retry_if_launcher_did_not_start(
+        lambda: _as_tuple(run_parallel(np_, f"tests/parallel/{module}")))[2]
     if proc.returncode != 0:
         pytest.fail(f"np={np_} {module} failed (exit {proc.returncode}):\n{proc.stdout[-10000:]}")

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from launching import retry_if_launcher_did_not_start
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,8 +23,12 @@ def launch(script: str, *args: str, np_: int = 2, timeout: int = 240) -> str:
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_), sys.executable,
            script, *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    def run():
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=timeout)
+        return p.returncode, p.stdout + p.stderr, p
+
+    proc = retry_if_launcher_did_not_start(run)[2]
     if proc.returncode != 0:
         pytest.fail(f"{script} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n"
                     f"{proc.stderr[-4000:]}")
