@@ -155,20 +155,47 @@ def test_timeline_is_valid_and_agrees_with_the_summary(tmp_path):
 
 
 def test_timeline_stays_valid_json_when_the_job_is_killed(tmp_path):
+    """SIGKILL of the launcher's process group: Open MPI's ranks are in their own groups and
+    survive it, so they notice the launcher is gone and stop (launcher watch); the timeline rank 0
+    was writing stays valid JSON whenever its writes were cut."""
     path = tmp_path / "killed.json"
+    pids = tmp_path / "pids"
+    pids.mkdir()
     script = tmp_path / "endless.py"
     script.write_text(
-        "import torch, horovodlite.torch as hvd\n"
+        "import os, pathlib, sys, torch, horovodlite.torch as hvd\n"
         "hvd.init()\n"
+        "(pathlib.Path(sys.argv[1]) / str(os.getpid())).touch()\n"
         "while True:\n"
         "    hvd.allreduce(torch.ones(10), name='forever')\n")
     env = dict(os.environ, HOROVOD_TIMELINE=str(path))
     proc = subprocess.Popen([sys.executable, "-m", "horovodlite.runner.launch", "-np", "2",
-                             sys.executable, str(script)], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(6)
+                             sys.executable, str(script), str(pids)], env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(3)  # a few MB of trace: the file has outgrown its first region
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    ranks = [int(p.name) for p in pids.iterdir()]
+    assert len(ranks) == 2
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+
+    deadline = time.monotonic() + 20
+    while any(alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in ranks if alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"ranks {left} kept running after their launcher was killed"
     events = json.loads(path.read_text())
     assert any(e.get("name") == "MPI_ALLREDUCE" and e.get("ph") == "X" for e in events)
 

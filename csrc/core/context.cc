@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "core/launcher_watch.h"
 
 namespace hvdl {
 
@@ -52,6 +53,7 @@ Status Context::Init(const InitOptions& options) {
   HVDL_RETURN_IF_ERROR(BuildCommRuntime(options.comm, config_, &comm_));
   const Topology& t = comm_.topology;
   ConfigureLogging(t.rank, t.size, config_.log_level, config_.log_hide_time);
+  WatchLauncher(t.rank);
   sets_ = std::make_unique<ProcessSetTable>(t.size);
   for (const std::vector<int>& ranks : options.process_sets) {
     int id = sets_->NextId();

@@ -5,10 +5,14 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstring>
+#include <vector>
+
+#include "common/logging.h"
 
 namespace hvdl {
 namespace {
@@ -19,9 +23,20 @@ int64_t NowUs() {
       .count();
 }
 
+// Names longer than this are cut: every event must fit in one page of the file (see timeline.h).
+constexpr size_t kMaxNameChars = 1024;
+// Events waiting for the writer; a recorder that finds the queue this full waits for it.
+constexpr size_t kMaxQueued = size_t{1} << 18;
+// The first region of spaces the closing bracket sits behind; it doubles when full.
+constexpr off_t kInitialRegion = off_t{1} << 20;
+
 std::string Escape(const std::string& s) {
   std::string out;
   for (char c : s) {
+    if (out.size() >= kMaxNameChars) {
+      out += "...";
+      break;
+    }
     if (c == '"' || c == '\\') out += '\\';
     if (static_cast<unsigned char>(c) < 0x20) {
       out += ' ';
@@ -59,22 +74,70 @@ const char* NegotiateName(OpType op) {
   }
 }
 
+bool WriteAll(int fd, off_t offset, const char* data, size_t n);
+
+// Writes `n` spaces at `offset`; false on an I/O error.
+bool WriteSpaces(int fd, off_t offset, size_t n) {
+  static const std::string chunk(size_t{1} << 16, ' ');
+  for (size_t len; n > 0; n -= len, offset += static_cast<off_t>(len)) {
+    len = std::min(n, chunk.size());
+    if (!WriteAll(fd, offset, chunk.data(), len)) return false;
+  }
+  return true;
+}
+
+bool WriteAll(int fd, off_t offset, const char* data, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd, data, n, offset);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    data += w;
+    n -= static_cast<size_t>(w);
+    offset += w;
+  }
+  return true;
+}
+
+// Copies [0, n) of `from` to `to` in the kernel where it can (copy_file_range), else by hand.
+bool CopyPrefix(int from, int to, off_t n) {
+  off_t in = 0, out = 0;
+  while (in < n) {
+    ssize_t w = ::copy_file_range(from, &in, to, &out, static_cast<size_t>(n - in), 0);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+  }
+  std::vector<char> buf(size_t{1} << 20);
+  while (in < n) {
+    ssize_t r = ::pread(from, buf.data(), std::min<size_t>(buf.size(), n - in), in);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0 || !WriteAll(to, in, buf.data(), static_cast<size_t>(r))) return false;
+    in += r;
+  }
+  return true;
+}
+
 }  // namespace
 
 Timeline::~Timeline() { Stop(); }
 
 Status Timeline::Start(const std::string& path, bool mark_cycles) {
   Stop();
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0 || ::write(fd, "[\n]", 3) != 3) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 || ::pwrite(fd, "[", 1, 0) != 1 || !WriteSpaces(fd, 1, kInitialRegion - 2) ||
+      ::pwrite(fd, "]", 1, kInitialRegion - 1) != 1) {
+    const int err = errno;
     if (fd >= 0) ::close(fd);
     return Status::InvalidArgument("cannot write timeline file '" + path +
-                                   "': " + std::strerror(errno));
+                                   "': " + std::strerror(err));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    path_ = path;
     fd_ = fd;
-    end_ = 2;
+    pos_ = 1;
+    end_ = kInitialRegion - 1;
+    page_ = page > 0 ? static_cast<size_t>(page) : 4096;
     wrote_any_ = false;
     stop_ = false;
     queue_.clear();
@@ -96,6 +159,7 @@ void Timeline::Stop() {
     stop_ = true;
   }
   cv_.notify_all();
+  space_cv_.notify_all();
   if (writer_.joinable()) writer_.join();
   std::lock_guard<std::mutex> lock(mu_);
   if (fd_ >= 0) {
@@ -105,14 +169,17 @@ void Timeline::Stop() {
 }
 
 void Timeline::Push(Event e) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  // Back-pressure instead of unbounded memory when the idle-priority writer gets no CPU.
+  space_cv_.wait(lock, [&] { return stop_ || queue_.size() < kMaxQueued; });
   if (stop_) return;
   queue_.push_back(std::move(e));
 }
 
 void Timeline::PushAll(std::vector<Event>* events) {
   if (events->empty()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  space_cv_.wait(lock, [&] { return stop_ || queue_.size() < kMaxQueued; });
   if (stop_) return;
   for (Event& e : *events) queue_.push_back(std::move(e));
 }
@@ -258,26 +325,74 @@ void Timeline::Format(const Event& e, std::string* out) const {
   out->append("}");
 }
 
+void Timeline::Fail(const char* what) {
+  const int err = errno;
+  HVDL_LOG(Error) << "timeline '" << path_ << "': " << what << ": " << std::strerror(err)
+                  << "; recording stopped (the file keeps what was written before)";
+  enabled_ = false;
+  ::close(fd_);
+  fd_ = -1;
+}
+
+bool Timeline::Flush(const std::string& text) {
+  if (text.empty()) return true;
+  if (!WriteAll(fd_, pos_, text.data(), text.size())) {
+    Fail("write failed");
+    return false;
+  }
+  pos_ += static_cast<off_t>(text.size());
+  return true;
+}
+
+bool Timeline::Rewrite(off_t new_end) {
+  const std::string tmp = path_ + ".hvdl-tmp";
+  int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  bool ok = fd >= 0 && CopyPrefix(fd_, fd, pos_) &&
+            WriteSpaces(fd, pos_, static_cast<size_t>(new_end - pos_)) &&
+            ::pwrite(fd, "]", 1, new_end) == 1 && ::rename(tmp.c_str(), path_.c_str()) == 0;
+  if (!ok) {
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(tmp.c_str());
+    }
+    Fail("cannot rewrite the file");
+    return false;
+  }
+  ::close(fd_);
+  fd_ = fd;
+  end_ = new_end;
+  return true;
+}
+
 void Timeline::WriteBatch(std::vector<Event>& batch) {
-  if (batch.empty() || fd_ < 0) return;
-  std::string text;
+  if (batch.empty() || fd_ < 0) {
+    batch.clear();
+    return;
+  }
+  std::string text, event;
   text.reserve(batch.size() * 96);
+  off_t at = pos_;  // where the next byte of `text` lands
   for (const Event& e : batch) {
-    if (wrote_any_) text += ",\n";
-    Format(e, &text);
+    event.assign(wrote_any_ ? ",\n" : "\n");
+    Format(e, &event);
+    if (event.size() > page_) continue;  // cannot happen with names cut to kMaxNameChars
+    const size_t in_page = static_cast<size_t>(at) % page_;
+    if (in_page + event.size() > page_) {  // never across a page boundary: pad to the next
+      text.append(page_ - in_page, ' ');
+      at += static_cast<off_t>(page_ - in_page);
+    }
+    if (at + static_cast<off_t>(event.size()) > end_) {  // region full: flush, then grow
+      if (!Flush(text) || !Rewrite(std::max<off_t>(2 * (end_ + 1), at + event.size() + 1) - 1)) {
+        batch.clear();
+        return;
+      }
+      text.clear();  // pos_ == at now
+    }
+    text += event;
+    at += static_cast<off_t>(event.size());
     wrote_any_ = true;
   }
-  text += "\n]";
-  // One pwrite over the closing bracket: the events and a new bracket land together.
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::pwrite(fd_, text.data() + done, text.size() - done,
-                         end_ + static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // disk full: drop the rest of this batch, keep the file valid so far
-    done += static_cast<size_t>(n);
-  }
-  if (done == text.size()) end_ += static_cast<off_t>(text.size()) - 1;
+  Flush(text);
   batch.clear();
 }
 
@@ -296,8 +411,14 @@ void Timeline::WriterLoop() {
       batch.swap(queue_);
       stopping = stop_;
     }
+    space_cv_.notify_all();
     WriteBatch(batch);  // formatting and I/O happen outside the lock the recorder takes
-    if (stopping) return;
+    if (stopping) break;
+  }
+  // Drop the padding: a copy ending "\n]" replaces the file.
+  if (fd_ >= 0 && end_ > pos_ + 2) {
+    if (WriteAll(fd_, pos_, "\n", 1)) ++pos_;
+    Rewrite(pos_);
   }
 }
 

@@ -9,11 +9,19 @@
 // With mark_cycles, CYCLE_START instant events mark each background-loop cycle.
 //
 // Only rank 0 (the coordinator) records. Recording is off the hot path: the background thread
-// appends small fixed-size events to a queue; a writer thread formats them and appends to the
-// file every 50 ms, at SCHED_IDLE priority so it only uses CPU the training threads leave idle.
-// Each batch is ONE pwrite() that replaces the closing "]" with the events and
-// a new "]", so between any two system calls the file is a complete JSON array: it stays valid
-// even if the job is killed mid-run.
+// appends small fixed-size events to a bounded queue; a writer thread formats them and writes
+// them every 50 ms, at SCHED_IDLE priority so it only uses CPU the training threads leave idle.
+//
+// The file is valid JSON at every moment, also when the job is SIGKILLed in the middle of a
+// write (Linux stops a write between page-cache folios, so a killed write leaves a prefix that
+// ends on a page boundary). The layout makes every such prefix valid:
+//   "[" events, padding spaces ... "]"
+// The closing bracket sits at the end of a preallocated region of spaces, and events are
+// written into the spaces without ever crossing a page boundary (an event that would is moved
+// to the next page; the gap stays spaces). So every page of a partial write holds whole events
+// and whitespace, and the bracket is already in place behind them. When the region is full, a
+// copy with a region twice the size replaces the file with rename() (atomic); Stop() trims the
+// padding the same way. Files of a killed job may end in up to half their size of spaces.
 #pragma once
 
 #include <atomic>
@@ -92,16 +100,27 @@ class Timeline {
   void WriterLoop();
   void WriteBatch(std::vector<Event>& batch);
   void Format(const Event& e, std::string* out) const;
+  // Writer thread. Write `text` at pos_, advancing pos_; false (and the timeline disabled) on
+  // an I/O error.
+  bool Flush(const std::string& text);
+  // Writer thread. Replace the file by a copy of its events [0, pos_) followed by `tail`
+  // (spaces up to the new closing bracket, or just the bracket when trimming), via rename().
+  bool Rewrite(off_t new_end);
+  void Fail(const char* what);
 
   std::atomic<bool> enabled_{false};
   std::atomic<bool> mark_cycles_{false};
   std::mutex mu_;  // guards queue_ and stop_; the writer thread owns the file while it runs
-  std::condition_variable cv_;
+  std::condition_variable cv_;        // wakes the writer
+  std::condition_variable space_cv_;  // wakes a recorder waiting for room in the queue
   std::vector<Event> queue_;
   bool stop_ = false;
   std::thread writer_;
+  std::string path_;
   int fd_ = -1;
-  off_t end_ = 0;  // offset of the closing ']'
+  off_t pos_ = 0;  // end of the last event written: [0, pos_) is final content
+  off_t end_ = 0;  // offset of the closing ']' (the file is end_ + 1 bytes)
+  size_t page_ = 4096;
   bool wrote_any_ = false;
   int64_t origin_us_ = 0;
   // Background thread only.
