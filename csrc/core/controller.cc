@@ -83,8 +83,7 @@ void Controller::Forget(const Response& response, bool cached) {
     since_.erase(it);
   }
   if (timeline_ != nullptr && timeline_->enabled()) {
-    if (cached) timeline_->CacheHit(key);
-    timeline_->NegotiateEnd(key, response.op);
+    timeline_->NegotiateEnd(key, response.op, cached);
   }
 }
 

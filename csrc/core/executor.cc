@@ -129,11 +129,8 @@ void Executor::RunBatch(Items& items) {
 }
 
 void Executor::Finish(Items& items, const Status& status, const std::vector<int64_t>& extra) {
-  if (observer_ != nullptr && observer_->Recording()) {
-    std::vector<std::string> keys;
-    for (const Item& it : items) keys.push_back(it.response->Key());
-    observer_->Done(keys);
-  }
+  if (observer_ != nullptr && observer_->Recording()) observer_->Done(TraceKeys(items));
+  traced_ = nullptr;
   for (Item& it : items) {
     if (!it.has_entry) continue;
     Status s = status;
@@ -145,11 +142,18 @@ void Executor::Finish(Items& items, const Status& status, const std::vector<int6
   }
 }
 
+const std::vector<std::string>& Executor::TraceKeys(const Items& items) {
+  if (traced_ != &items) {
+    trace_keys_.clear();
+    for (const Item& it : items) trace_keys_.push_back(it.response->Key());
+    traced_ = &items;
+  }
+  return trace_keys_;
+}
+
 void Executor::Phase(const Items& items, const char* activity) {
   if (observer_ == nullptr || !observer_->Recording()) return;
-  std::vector<std::string> keys;
-  for (const Item& it : items) keys.push_back(it.response->Key());
-  observer_->Activity(keys, activity);
+  observer_->Activity(TraceKeys(items), activity);
 }
 
 Status Executor::RunAllreduce(Items& items, DataBackend* be) {

@@ -84,12 +84,16 @@ class Executor {
   Status RunOnDevice(Items& items, DataBackend* be, std::vector<int64_t>* extra);
   int64_t PayloadBytes(const Response& r) const;
   void Phase(const Items& items, const char* activity);
+  // The timeline keys of the batch being run, built once per batch (Finish forgets them).
+  const std::vector<std::string>& TraceKeys(const Items& items);
   void Finish(Items& items, const Status& status, const std::vector<int64_t>& extra);
 
   ExecutorDeps d_;
   std::unique_ptr<DeviceExecutor> device_;  // set when d_.device_ops is
   int64_t threshold_ = 0;
   ExecutionObserver* observer_ = nullptr;
+  const Items* traced_ = nullptr;
+  std::vector<std::string> trace_keys_;
   int64_t last_batch_bytes_ = 0;
 };
 

@@ -204,15 +204,14 @@ void Timeline::NegotiateStart(const std::string& key, const std::string& label, 
   if (t.depth > 0) return;  // already negotiating or executing
   t.depth = 1;
   t.op = op;
-  t.via_cache = false;
   t.negotiate_start = NowUs();
   if (!t.args || t.dtype != dtype || t.shape != shape) {
     t.dtype = dtype;
     t.shape = shape;
-    std::string body = "\"dtype\": \"" + std::string(DataTypeName(dtype)) + "\", \"shape\": \"" +
+    std::string body = "\"dtype\":\"" + std::string(DataTypeName(dtype)) + "\",\"shape\":\"" +
                        ShapeString(shape) + "\"";
     t.args = std::make_shared<std::string>("{" + body + "}");
-    t.cached_args = std::make_shared<std::string>("{" + body + ", \"via\": \"response cache\"}");
+    t.cached_args = std::make_shared<std::string>("{" + body + ",\"via\":\"response cache\"}");
   }
 }
 
@@ -221,18 +220,13 @@ void Timeline::RankReady(const std::string& key, int rank) {
   if (Track* t = Find(key)) Push(Event{Kind::kRankReady, NowUs(), t->tid, rank, nullptr, {}});
 }
 
-void Timeline::CacheHit(const std::string& key) {
-  if (!enabled()) return;
-  if (Track* t = Find(key)) t->via_cache = true;
-}
-
-void Timeline::NegotiateEnd(const std::string& key, OpType op) {
+void Timeline::NegotiateEnd(const std::string& key, OpType op, bool cached) {
   if (!enabled()) return;
   Track* t = Find(key);
   if (t == nullptr || t->depth != 1) return;
   const int64_t now = NowUs();
   Push(Event{Kind::kSpan, t->negotiate_start, t->tid, now - t->negotiate_start,
-             NegotiateName(op), t->via_cache ? t->cached_args : t->args});
+             NegotiateName(op), cached ? t->cached_args : t->args});
   t->depth = 2;
   t->exec_start = now;
   t->activity = "QUEUE";
@@ -286,43 +280,63 @@ void Timeline::CycleStart() {
 
 namespace {
 
-void AppendInt(std::string* out, int64_t v) {
-  char buf[24];
-  auto res = std::to_chars(buf, buf + sizeof(buf), v);
-  out->append(buf, static_cast<size_t>(res.ptr - buf));
-}
+// Formatting runs for every event: it writes into a stack buffer and appends once.
+class Line {
+ public:
+  void Put(const char* s, size_t n) {
+    std::memcpy(p_, s, n);
+    p_ += n;
+  }
+  template <size_t N>
+  void Lit(const char (&s)[N]) {
+    Put(s, N - 1);
+  }
+  void Int(int64_t v) { p_ = std::to_chars(p_, buf_ + sizeof(buf_), v).ptr; }
+  void AppendTo(std::string* out) const { out->append(buf_, static_cast<size_t>(p_ - buf_)); }
+
+ private:
+  char buf_[224];  // the fixed parts of an event: three integers and a static name (< 64)
+  char* p_ = buf_;
+};
 
 }  // namespace
 
 void Timeline::Format(const Event& e, std::string* out) const {
-  out->append("{\"pid\": 0, \"tid\": ");
-  AppendInt(out, e.tid);
-  out->append(", \"ts\": ");
-  AppendInt(out, e.kind == Kind::kMeta ? 0 : e.ts_us - origin_us_);
+  Line line;
+  line.Lit("{\"pid\":0,\"tid\":");
+  line.Int(e.tid);
+  line.Lit(",\"ts\":");
+  line.Int(e.kind == Kind::kMeta ? 0 : e.ts_us - origin_us_);
   switch (e.kind) {
     case Kind::kSpan:
-      out->append(", \"ph\": \"X\", \"dur\": ");
-      AppendInt(out, e.value);
-      out->append(", \"name\": \"").append(e.name).append("\"");
-      if (e.text) out->append(", \"args\": ").append(*e.text);
-      break;
+      line.Lit(",\"ph\":\"X\",\"dur\":");
+      line.Int(e.value);
+      line.Lit(",\"name\":\"");
+      line.Put(e.name, std::strlen(e.name));
+      line.AppendTo(out);
+      if (e.text) out->append("\",\"args\":").append(*e.text).append("}");
+      else out->append("\"}");
+      return;
     case Kind::kInstant:
     case Kind::kGlobalInstant:
-      out->append(e.kind == Kind::kGlobalInstant ? ", \"ph\": \"i\", \"s\": \"g\", \"name\": \""
-                                                   : ", \"ph\": \"i\", \"s\": \"t\", \"name\": \"");
-      out->append(e.name).append("\"");
+      if (e.kind == Kind::kGlobalInstant) line.Lit(",\"ph\":\"i\",\"s\":\"g\",\"name\":\"");
+      else line.Lit(",\"ph\":\"i\",\"s\":\"t\",\"name\":\"");
+      line.Put(e.name, std::strlen(e.name));
+      line.Lit("\"}");
       break;
     case Kind::kRankReady:
-      out->append(", \"ph\": \"i\", \"s\": \"t\", \"name\": \"rank ");
-      AppendInt(out, e.value);
-      out->append(" ready\"");
+      line.Lit(",\"ph\":\"i\",\"s\":\"t\",\"name\":\"rank ");
+      line.Int(e.value);
+      line.Lit(" ready\"}");
       break;
     case Kind::kMeta:
-      out->append(", \"ph\": \"M\", \"name\": \"").append(e.name);
-      out->append("\", \"args\": {\"name\": \"").append(Escape(*e.text)).append("\"}");
-      break;
+      line.Lit(",\"ph\":\"M\",\"name\":\"");
+      line.Put(e.name, std::strlen(e.name));
+      line.AppendTo(out);
+      out->append("\",\"args\":{\"name\":\"").append(Escape(*e.text)).append("\"}}");
+      return;
   }
-  out->append("}");
+  line.AppendTo(out);
 }
 
 void Timeline::Fail(const char* what) {

@@ -59,8 +59,8 @@ class Timeline {
   void NegotiateStart(const std::string& key, const std::string& label, OpType op,
                       DataType dtype, const Shape& shape);
   void RankReady(const std::string& key, int rank);
-  void CacheHit(const std::string& key);
-  void NegotiateEnd(const std::string& key, OpType op);  // also starts <OP> with QUEUE
+  // Also starts <OP> with QUEUE; `cached`: the response cache agreed (args say so).
+  void NegotiateEnd(const std::string& key, OpType op, bool cached);
   // The tensors `keys` enter `activity` (ending their previous one), or are done (closing the
   // <OP> span); a whole fused batch is recorded under one lock.
   void Activity(const std::vector<std::string>& keys, const char* activity);
@@ -87,7 +87,6 @@ class Timeline {
     OpType op = OpType::kAllreduce;
     int64_t negotiate_start = 0, exec_start = 0, activity_start = 0;
     const char* activity = nullptr;  // the open activity span inside <OP>
-    bool via_cache = false;
     DataType dtype = DataType::kFloat32;
     Shape shape;
     std::shared_ptr<const std::string> args, cached_args;  // rebuilt only when dtype/shape change
