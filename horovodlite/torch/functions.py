@@ -47,8 +47,12 @@ def broadcast_parameters(params, root_rank: int) -> None:
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set=global_process_set) -> Any:
-    """Pickles ``obj`` (cloudpickle) on ``root_rank`` and returns the copy on every rank."""
-    name = name or type(obj).__name__
+    """Pickles ``obj`` (cloudpickle) on ``root_rank`` and returns the copy on every rank.
+
+    Without ``name`` every rank uses the same default, whatever its ``obj`` is: the common
+    ``broadcast_object(x if hvd.rank() == 0 else None)`` must not stall on a name derived from the
+    object's type (``str`` on the root, ``NoneType`` elsewhere)."""
+    name = name or "obj"
     if _C.rank() == root_rank:
         buf = io.BytesIO()
         cloudpickle.dump(obj, buf)
@@ -66,8 +70,9 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set=global_process_set) -> list:
-    """Returns the list of every rank's ``obj`` (in rank order)."""
-    name = name or type(obj).__name__
+    """Returns the list of every rank's ``obj`` (in rank order); ``name`` defaults as in
+    broadcast_object, the same on every rank."""
+    name = name or "obj"
     data = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8)
     sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64),
                       name=f"allgather_object.{name}.len", process_set=process_set).tolist()

@@ -169,7 +169,8 @@ STEPS, COMMIT_EVERY, FAIL_AT = 10, 3, 7
 
 
 def inject(scenario, failures):
-    """Called between backward and step (gradient allreduces in flight) at FAIL_AT, once."""
+    """Called between backward and step (gradient allreduces in flight) at FAIL_AT, at most once
+    and only before the first reset."""
     if scenario is None or failures["left"] == 0:
         return
     failures["left"] -= 1
@@ -194,8 +195,11 @@ def train_with(scenario):
                                    named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, opt, batch=0, losses=[])
     resets = []
-    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
     failures = {"left": 1}
+    # A rank knocked out by a faster peer's failure before reaching its own injection must not
+    # inject after the reset: that would be a second, different failure.
+    state.register_reset_callbacks([lambda: resets.append(hvd.size()),
+                                    lambda: failures.update(left=0)])
 
     @hvd.elastic.run(reset_limit=2)
     def train(state):

@@ -131,3 +131,11 @@ def test_broadcast_and_allgather_objects():
     everyone = hvd.allgather_object({"rank": r, "payload": "x" * (r * 100)})
     assert [o["rank"] for o in everyone] == list(range(n))
     assert [len(o["payload"]) for o in everyone] == [k * 100 for k in range(n)]
+
+
+def test_object_helpers_without_a_name_agree_whatever_each_rank_passes():
+    r, n = hvd.rank(), hvd.size()
+    path = hvd.broadcast_object("/chosen/by/root" if r == 0 else None)
+    assert path == "/chosen/by/root"
+    mixed = hvd.allgather_object(r if r % 2 else None)
+    assert mixed == [k if k % 2 else None for k in range(n)]
