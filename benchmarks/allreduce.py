@@ -282,7 +282,7 @@ def run_rss(steps: int, count: int, nbytes: int):
     return dict(case="rss", steps=steps, growth_mib=growth)
 
 
-def run_timeline_overhead(count, nbytes, quick):
+def run_timeline_overhead(count, nbytes, quick, rounds):
     """The fusion case with the timeline recording vs not. Each round runs both, in alternating
     order (off/on, then on/off: the second run of a pair is favoured by a few percent, measured
     with the timeline off in both), and the overhead is the median of the per-round ratios
@@ -292,7 +292,7 @@ def run_timeline_overhead(count, nbytes, quick):
     path = os.path.join(tempfile.gettempdir(), f"hvdl_bench_timeline_{os.getpid()}.json")
     iters = calibrate(step, 5, 0.1 if quick else 0.25)
     wall, cpu = [], []
-    for round_ in range(6 if quick else 24):
+    for round_ in range(6 if quick else rounds):
         pair_wall, pair_cpu = {}, {}
         for mode in (("off", "on"), ("on", "off"))[round_ % 2]:
             if mode == "on":
@@ -320,6 +320,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="fewer sizes and shorter measurements")
     p.add_argument("--rss-steps", type=int, default=10000)
     p.add_argument("--idle-seconds", type=float, default=5.0)
+    p.add_argument("--timeline-rounds", type=int, default=24,
+                   help="paired rounds of the timeline overhead measurement")
     p.add_argument("--json", help="write all measurements to this file (rank 0)")
     p.add_argument("--skip", default="", help="comma list of parts to skip: "
                                               "single,fusion,idle,rss,timeline")
@@ -343,7 +345,7 @@ def main() -> int:
     if "idle" not in skip:
         rows.append(run_idle(args.idle_seconds))
     if "timeline" not in skip:
-        rows.append(run_timeline_overhead(200, 64 * KiB, args.quick))
+        rows.append(run_timeline_overhead(200, 64 * KiB, args.quick, args.timeline_rounds))
     if "rss" not in skip:
         rows.append(run_rss(1000 if args.quick else args.rss_steps, 200, 64 * KiB))
     if args.json and RANK == 0:
