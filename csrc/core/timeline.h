@@ -8,7 +8,7 @@
 //                   collective (MPI_ALLREDUCE, RING_ALLREDUCE, ...) and MEMCPY_OUT_FUSION_BUFFER.
 // With mark_cycles, CYCLE_START instant events mark each background-loop cycle.
 //
-// Only rank 0 (the coordinator) records. Recording is off the hot path: the background thread
+// Only rank 0 (the coordinator) records. Recording is kept cheap: the background thread only
 // appends small fixed-size events to a bounded queue; a writer thread formats them and writes
 // them every 50 ms, at SCHED_IDLE priority so it only uses CPU the training threads leave idle.
 //
@@ -102,8 +102,8 @@ class Timeline {
   // Writer thread. Write `text` at pos_, advancing pos_; false (and the timeline disabled) on
   // an I/O error.
   bool Flush(const std::string& text);
-  // Writer thread. Replace the file by a copy of its events [0, pos_) followed by `tail`
-  // (spaces up to the new closing bracket, or just the bracket when trimming), via rename().
+  // Writer thread. Replace the file, via rename(), by a copy of its events [0, pos_) followed by
+  // spaces up to `new_end` and the closing bracket there (new_end == pos_ trims the padding).
   bool Rewrite(off_t new_end);
   void Fail(const char* what);
 
