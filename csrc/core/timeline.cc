@@ -359,11 +359,26 @@ bool Timeline::Flush(const std::string& text) {
 }
 
 bool Timeline::Rewrite(off_t new_end) {
+  // The copy is built in an unnamed file (O_TMPFILE) where the filesystem has them, so a kill
+  // during the copy leaves nothing behind; it is named only just before the rename.
   const std::string tmp = path_ + ".hvdl-tmp";
-  int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const size_t slash = path_.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
+  bool unnamed = true;
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    unnamed = false;
+    fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
   bool ok = fd >= 0 && CopyPrefix(fd_, fd, pos_) &&
             WriteSpaces(fd, pos_, static_cast<size_t>(new_end - pos_)) &&
-            ::pwrite(fd, "]", 1, new_end) == 1 && ::rename(tmp.c_str(), path_.c_str()) == 0;
+            ::pwrite(fd, "]", 1, new_end) == 1;
+  if (ok && unnamed) {
+    const std::string self = "/proc/self/fd/" + std::to_string(fd);
+    ::unlink(tmp.c_str());  // a leftover of an earlier killed run
+    ok = ::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, tmp.c_str(), AT_SYMLINK_FOLLOW) == 0;
+  }
+  ok = ok && ::rename(tmp.c_str(), path_.c_str()) == 0;
   if (!ok) {
     if (fd >= 0) {
       ::close(fd);
