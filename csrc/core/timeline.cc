@@ -74,18 +74,6 @@ const char* NegotiateName(OpType op) {
   }
 }
 
-bool WriteAll(int fd, off_t offset, const char* data, size_t n);
-
-// Writes `n` spaces at `offset`; false on an I/O error.
-bool WriteSpaces(int fd, off_t offset, size_t n) {
-  static const std::string chunk(size_t{1} << 16, ' ');
-  for (size_t len; n > 0; n -= len, offset += static_cast<off_t>(len)) {
-    len = std::min(n, chunk.size());
-    if (!WriteAll(fd, offset, chunk.data(), len)) return false;
-  }
-  return true;
-}
-
 bool WriteAll(int fd, off_t offset, const char* data, size_t n) {
   while (n > 0) {
     ssize_t w = ::pwrite(fd, data, n, offset);
@@ -96,6 +84,16 @@ bool WriteAll(int fd, off_t offset, const char* data, size_t n) {
     offset += w;
   }
   return true;
+}
+
+// The region's tail: spaces over [from, end) and the closing bracket at `end`.
+bool WriteTail(int fd, off_t from, off_t end) {
+  static const std::string chunk(size_t{1} << 16, ' ');
+  for (size_t len; from < end; from += static_cast<off_t>(len)) {
+    len = std::min(static_cast<size_t>(end - from), chunk.size());
+    if (!WriteAll(fd, from, chunk.data(), len)) return false;
+  }
+  return WriteAll(fd, end, "]", 1);
 }
 
 // Copies [0, n) of `from` to `to` in the kernel where it can (copy_file_range), else by hand.
@@ -124,8 +122,7 @@ Status Timeline::Start(const std::string& path, bool mark_cycles) {
   Stop();
   const long page = ::sysconf(_SC_PAGESIZE);
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0 || ::pwrite(fd, "[", 1, 0) != 1 || !WriteSpaces(fd, 1, kInitialRegion - 2) ||
-      ::pwrite(fd, "]", 1, kInitialRegion - 1) != 1) {
+  if (fd < 0 || !WriteAll(fd, 0, "[", 1) || !WriteTail(fd, 1, kInitialRegion - 1)) {
     const int err = errno;
     if (fd >= 0) ::close(fd);
     return Status::InvalidArgument("cannot write timeline file '" + path +
@@ -168,19 +165,21 @@ void Timeline::Stop() {
   }
 }
 
-void Timeline::Push(Event e) {
-  std::unique_lock<std::mutex> lock(mu_);
+bool Timeline::WaitForRoom(std::unique_lock<std::mutex>& lock) {
   // Back-pressure instead of unbounded memory when the idle-priority writer gets no CPU.
   space_cv_.wait(lock, [&] { return stop_ || queue_.size() < kMaxQueued; });
-  if (stop_) return;
-  queue_.push_back(std::move(e));
+  return !stop_;
+}
+
+void Timeline::Push(Event e) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (WaitForRoom(lock)) queue_.push_back(std::move(e));
 }
 
 void Timeline::PushAll(std::vector<Event>* events) {
   if (events->empty()) return;
   std::unique_lock<std::mutex> lock(mu_);
-  space_cv_.wait(lock, [&] { return stop_ || queue_.size() < kMaxQueued; });
-  if (stop_) return;
+  if (!WaitForRoom(lock)) return;
   for (Event& e : *events) queue_.push_back(std::move(e));
 }
 
@@ -370,9 +369,7 @@ bool Timeline::Rewrite(off_t new_end) {
     unnamed = false;
     fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   }
-  bool ok = fd >= 0 && CopyPrefix(fd_, fd, pos_) &&
-            WriteSpaces(fd, pos_, static_cast<size_t>(new_end - pos_)) &&
-            ::pwrite(fd, "]", 1, new_end) == 1;
+  bool ok = fd >= 0 && CopyPrefix(fd_, fd, pos_) && WriteTail(fd, pos_, new_end);
   if (ok && unnamed) {
     const std::string self = "/proc/self/fd/" + std::to_string(fd);
     ::unlink(tmp.c_str());  // a leftover of an earlier killed run

@@ -93,6 +93,8 @@ class Timeline {
   };
   Track* Find(const std::string& key);
   Track& TrackFor(const std::string& key, const std::string& label);
+  // Waits (mu_ held by `lock`) while the queue is full; false once the timeline stops.
+  bool WaitForRoom(std::unique_lock<std::mutex>& lock);
   void Push(Event e);
   void PushAll(std::vector<Event>* events);
   void EndActivity(Track& t, int64_t now, std::vector<Event>* out);

@@ -78,14 +78,18 @@ bool MpiTransport::ProbeSingleCopy() {
   return ok != 0;
 }
 
-int MpiTransport::NewRequest() {
+MpiTransport::Request& MpiTransport::NewRequest(int peer, bool receive_descriptor, int* id) {
   if (!free_.empty()) {
-    int s = free_.back();
+    *id = free_.back();
     free_.pop_back();
-    return s;
+  } else {
+    requests_.emplace_back();
+    *id = static_cast<int>(requests_.size() - 1);
   }
-  requests_.emplace_back();
-  return static_cast<int>(requests_.size() - 1);
+  Request& r = requests_[static_cast<size_t>(*id)];
+  r.peer = peer;
+  r.receive_descriptor = receive_descriptor;
+  return r;
 }
 
 Status MpiTransport::SpanType(const std::vector<Span>& spans, MPI_Datatype* type) {
@@ -128,11 +132,7 @@ Status MpiTransport::PostPlain(bool send, const std::vector<Span>& spans, int pe
 }
 
 Status MpiTransport::PostSend(const std::vector<Span>& spans, int peer, int* request) {
-  const int id = NewRequest();
-  *request = id;
-  Request& r = requests_[static_cast<size_t>(id)];
-  r.peer = peer;
-  r.receive_descriptor = false;
+  Request& r = NewRequest(peer, false, request);
   if (!single_copy_) return PostPlain(true, spans, peer, kRingTag, &r.mpi);
   const uint64_t total = static_cast<uint64_t>(TotalCount(spans));
   std::vector<uint64_t>& d = r.descriptor;
@@ -166,11 +166,7 @@ Status MpiTransport::PostSend(const std::vector<Span>& spans, int peer, int* req
 }
 
 Status MpiTransport::PostRecv(const std::vector<Span>& spans, int peer, int* request) {
-  const int id = NewRequest();
-  *request = id;
-  Request& r = requests_[static_cast<size_t>(id)];
-  r.peer = peer;
-  r.receive_descriptor = single_copy_;
+  Request& r = NewRequest(peer, single_copy_, request);
   if (!single_copy_) return PostPlain(false, spans, peer, kRingTag, &r.mpi);
   r.local = spans;
   r.descriptor.resize(kDescriptorWords);

@@ -51,7 +51,9 @@ class MpiTransport : public Transport {
     std::vector<Span> local;  // receiver's destination, counts in bytes
   };
 
-  int NewRequest();
+  // A free slot (its index in `*id`) for a request with `peer`; descriptor/local keep their
+  // capacity for reuse.
+  Request& NewRequest(int peer, bool receive_descriptor, int* id);
   bool ProbeSingleCopy();
   Status PostPlain(bool send, const std::vector<Span>& spans, int peer, int tag,
                    MPI_Request* req);
