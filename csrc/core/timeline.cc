@@ -29,6 +29,8 @@ constexpr size_t kMaxNameChars = 1024;
 constexpr size_t kMaxQueued = size_t{1} << 18;
 // The first region of spaces the closing bracket sits behind; it doubles when full.
 constexpr off_t kInitialRegion = off_t{1} << 20;
+// The writer's page-aligned I/O buffer.
+constexpr size_t kIoBytes = size_t{1} << 20;
 
 std::string Escape(const std::string& s) {
   std::string out;
@@ -74,44 +76,40 @@ const char* NegotiateName(OpType op) {
   }
 }
 
-bool WriteAll(int fd, off_t offset, const char* data, size_t n) {
+// Opens with O_DIRECT where the filesystem allows it (see timeline.h), else buffered.
+int OpenFile(const char* path, int flags) {
+  int fd = ::open(path, flags | O_DIRECT, 0644);
+  if (fd < 0 && errno == EINVAL) fd = ::open(path, flags, 0644);
+  return fd;
+}
+
+// pread/pwrite of the whole range, retried on short counts and EINTR. A filesystem that took
+// O_DIRECT at open but rejects the transfer (EINVAL) gets the fd switched to buffered I/O.
+template <typename Io, typename Buf>
+bool Transfer(Io io, int fd, Buf data, size_t n, off_t offset) {
   while (n > 0) {
-    ssize_t w = ::pwrite(fd, data, n, offset);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    data += w;
-    n -= static_cast<size_t>(w);
-    offset += w;
+    ssize_t done = io(fd, data, n, offset);
+    if (done < 0 && errno == EINTR) continue;
+    if (done < 0 && errno == EINVAL) {
+      const int flags = ::fcntl(fd, F_GETFL);
+      if (flags >= 0 && (flags & O_DIRECT) != 0 && ::fcntl(fd, F_SETFL, flags & ~O_DIRECT) == 0) {
+        continue;
+      }
+    }
+    if (done <= 0) return false;
+    data += done;
+    n -= static_cast<size_t>(done);
+    offset += done;
   }
   return true;
 }
 
-// The region's tail: spaces over [from, end) and the closing bracket at `end`.
-bool WriteTail(int fd, off_t from, off_t end) {
-  static const std::string chunk(size_t{1} << 16, ' ');
-  for (size_t len; from < end; from += static_cast<off_t>(len)) {
-    len = std::min(static_cast<size_t>(end - from), chunk.size());
-    if (!WriteAll(fd, from, chunk.data(), len)) return false;
-  }
-  return WriteAll(fd, end, "]", 1);
+bool WriteAll(int fd, off_t offset, const char* data, size_t n) {
+  return Transfer(::pwrite, fd, data, n, offset);
 }
 
-// Copies [0, n) of `from` to `to` in the kernel where it can (copy_file_range), else by hand.
-bool CopyPrefix(int from, int to, off_t n) {
-  off_t in = 0, out = 0;
-  while (in < n) {
-    ssize_t w = ::copy_file_range(from, &in, to, &out, static_cast<size_t>(n - in), 0);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) break;
-  }
-  std::vector<char> buf(size_t{1} << 20);
-  while (in < n) {
-    ssize_t r = ::pread(from, buf.data(), std::min<size_t>(buf.size(), n - in), in);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0 || !WriteAll(to, in, buf.data(), static_cast<size_t>(r))) return false;
-    in += r;
-  }
-  return true;
+bool ReadAll(int fd, off_t offset, char* data, size_t n) {
+  return Transfer(::pread, fd, data, n, offset);
 }
 
 }  // namespace
@@ -121,8 +119,16 @@ Timeline::~Timeline() { Stop(); }
 Status Timeline::Start(const std::string& path, bool mark_cycles) {
   Stop();
   const long page = ::sysconf(_SC_PAGESIZE);
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0 || !WriteAll(fd, 0, "[", 1) || !WriteTail(fd, 1, kInitialRegion - 1)) {
+  page_ = page > 0 ? static_cast<size_t>(page) : 4096;
+  if (!io_) {
+    void* buf = nullptr;
+    if (::posix_memalign(&buf, page_, kIoBytes) != 0) {
+      return Status::InvalidArgument("timeline: out of memory for the I/O buffer");
+    }
+    io_.reset(static_cast<char*>(buf));
+  }
+  int fd = OpenFile(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC);
+  if (fd < 0 || !PutPages(fd, 0, kInitialRegion, kInitialRegion - 1, "[")) {
     const int err = errno;
     if (fd >= 0) ::close(fd);
     return Status::InvalidArgument("cannot write timeline file '" + path +
@@ -133,8 +139,8 @@ Status Timeline::Start(const std::string& path, bool mark_cycles) {
     path_ = path;
     fd_ = fd;
     pos_ = 1;
+    head_ = "[";
     end_ = kInitialRegion - 1;
-    page_ = page > 0 ? static_cast<size_t>(page) : 4096;
     wrote_any_ = false;
     stop_ = false;
     queue_.clear();
@@ -347,13 +353,46 @@ void Timeline::Fail(const char* what) {
   fd_ = -1;
 }
 
-bool Timeline::Flush(const std::string& text) {
-  if (text.empty()) return true;
-  if (!WriteAll(fd_, pos_, text.data(), text.size())) {
+off_t Timeline::PageStart(off_t at) const { return at - at % static_cast<off_t>(page_); }
+
+off_t Timeline::PageEnd(off_t at) const {
+  return PageStart(at + static_cast<off_t>(page_) - 1);
+}
+
+bool Timeline::PutPages(int fd, off_t at, off_t upto, off_t bracket, const std::string& data) {
+  char* buf = io_.get();
+  size_t used = 0;  // bytes of `data` placed so far
+  for (off_t off = at; off < upto;) {
+    const size_t len = static_cast<size_t>(std::min<off_t>(upto - off, kIoBytes));
+    const size_t take = std::min(data.size() - used, len);
+    std::memcpy(buf, data.data() + used, take);
+    std::memset(buf + take, ' ', len - take);
+    if (bracket >= off && bracket < off + static_cast<off_t>(len)) buf[bracket - off] = ']';
+    if (!WriteAll(fd, off, buf, len)) return false;
+    used += take;
+    off += static_cast<off_t>(len);
+  }
+  return true;
+}
+
+bool Timeline::CopyPages(int from, int to, off_t n) {
+  for (off_t off = 0; off < n;) {
+    const size_t len = static_cast<size_t>(std::min<off_t>(n - off, kIoBytes));
+    if (!ReadAll(from, off, io_.get(), len) || !WriteAll(to, off, io_.get(), len)) return false;
+    off += static_cast<off_t>(len);
+  }
+  return true;
+}
+
+bool Timeline::Flush(const std::string& text, off_t at) {
+  if (at == pos_) return true;
+  const off_t base = PageStart(pos_);
+  if (!PutPages(fd_, base, PageEnd(at), end_, text)) {
     Fail("write failed");
     return false;
   }
-  pos_ += static_cast<off_t>(text.size());
+  pos_ = at;
+  head_.assign(text, static_cast<size_t>(PageStart(at) - base), std::string::npos);
   return true;
 }
 
@@ -364,12 +403,16 @@ bool Timeline::Rewrite(off_t new_end) {
   const size_t slash = path_.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
   bool unnamed = true;
-  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  int fd = OpenFile(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     unnamed = false;
-    fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd = OpenFile(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC);
   }
-  bool ok = fd >= 0 && CopyPrefix(fd_, fd, pos_) && WriteTail(fd, pos_, new_end);
+  // Whole pages up to the one holding pos_, then that page's content (head_), spaces and the
+  // bracket; a trimmed file (new_end not at a page's end) is cut right after its bracket.
+  const off_t base = PageStart(pos_), size = new_end + 1;
+  bool ok = fd >= 0 && CopyPages(fd_, fd, base) && PutPages(fd, base, PageEnd(size), new_end, head_) &&
+            (size == PageEnd(size) || ::ftruncate(fd, size) == 0);
   if (ok && unnamed) {
     const std::string self = "/proc/self/fd/" + std::to_string(fd);
     ::unlink(tmp.c_str());  // a leftover of an earlier killed run
@@ -395,30 +438,38 @@ void Timeline::WriteBatch(std::vector<Event>& batch) {
     batch.clear();
     return;
   }
-  std::string text, event;
-  text.reserve(batch.size() * 96);
-  off_t at = pos_;  // where the next byte of `text` lands
+  // `text` is what the pages from the one holding pos_ onwards will hold: it starts with that
+  // page's content so far (head_), and `at` is where its next byte lands.
+  std::string text = head_, event;
+  text.reserve(head_.size() + batch.size() * 96);
+  off_t at = pos_;
   for (const Event& e : batch) {
     event.assign(wrote_any_ ? ",\n" : "\n");
     Format(e, &event);
     if (event.size() > page_) continue;  // cannot happen with names cut to kMaxNameChars
-    const size_t in_page = static_cast<size_t>(at) % page_;
-    if (in_page + event.size() > page_) {  // never across a page boundary: pad to the next
-      text.append(page_ - in_page, ' ');
-      at += static_cast<off_t>(page_ - in_page);
-    }
-    if (at + static_cast<off_t>(event.size()) > end_) {  // region full: flush, then grow
-      if (!Flush(text) || !Rewrite(std::max<off_t>(2 * (end_ + 1), at + event.size() + 1) - 1)) {
+    const off_t size = static_cast<off_t>(event.size());
+    // Never across a page boundary: an event that would is moved to the next page.
+    const auto place = [&](off_t from) {
+      return from % static_cast<off_t>(page_) + size > static_cast<off_t>(page_) ? PageEnd(from)
+                                                                                 : from;
+    };
+    off_t start = place(at);
+    if (start + size > end_) {  // region full: write what fits, then grow (the content stops
+      // at `at`: the padding is left out, it would cover the bracket)
+      const off_t grown = PageEnd(std::max<off_t>(2 * (end_ + 1), size + 1 + PageEnd(at)));
+      if (!Flush(text, at) || !Rewrite(grown - 1)) {
         batch.clear();
         return;
       }
-      text.clear();  // pos_ == at now
+      text = head_;  // pos_ == at now
+      start = place(at);
     }
+    text.append(static_cast<size_t>(start - at), ' ');
     text += event;
-    at += static_cast<off_t>(event.size());
+    at = start + size;
     wrote_any_ = true;
   }
-  Flush(text);
+  Flush(text, at);
   batch.clear();
 }
 
@@ -443,7 +494,9 @@ void Timeline::WriterLoop() {
   }
   // Drop the padding: a copy ending "\n]" replaces the file.
   if (fd_ >= 0 && end_ > pos_ + 2) {
-    if (WriteAll(fd_, pos_, "\n", 1)) ++pos_;
+    head_ += '\n';
+    ++pos_;
+    if (pos_ == PageStart(pos_)) head_.clear();  // the newline completed its page
     Rewrite(pos_);
   }
 }

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdlib>
 #include <condition_variable>
 #include <sys/types.h>
 
@@ -101,9 +102,16 @@ class Timeline {
   void WriterLoop();
   void WriteBatch(std::vector<Event>& batch);
   void Format(const Event& e, std::string* out) const;
-  // Writer thread. Write `text` at pos_, advancing pos_; false (and the timeline disabled) on
-  // an I/O error.
-  bool Flush(const std::string& text);
+  // Writer thread. The file is written in whole pages from the page-aligned buffer io_ (so it
+  // can be opened O_DIRECT). PutPages writes [at, upto) (page-aligned) as `data`, then spaces,
+  // with the closing bracket at `bracket` if that falls inside; CopyPages copies [0, n).
+  off_t PageStart(off_t at) const;
+  off_t PageEnd(off_t at) const;  // the first page boundary at or after `at`
+  bool PutPages(int fd, off_t at, off_t upto, off_t bracket, const std::string& data);
+  bool CopyPages(int from, int to, off_t n);
+  // Writer thread. `text` is the content of [PageStart(pos_), at): write it, advancing pos_ to
+  // `at`; false (and the timeline disabled) on an I/O error.
+  bool Flush(const std::string& text, off_t at);
   // Writer thread. Replace the file, via rename(), by a copy of its events [0, pos_) followed by
   // spaces up to `new_end` and the closing bracket there (new_end == pos_ trims the padding).
   bool Rewrite(off_t new_end);
@@ -121,6 +129,11 @@ class Timeline {
   int fd_ = -1;
   off_t pos_ = 0;  // end of the last event written: [0, pos_) is final content
   off_t end_ = 0;  // offset of the closing ']' (the file is end_ + 1 bytes)
+  std::string head_;  // the content of the page holding pos_: [PageStart(pos_), pos_)
+  struct FreeDeleter {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, FreeDeleter> io_;
   size_t page_ = 4096;
   bool wrote_any_ = false;
   int64_t origin_us_ = 0;
