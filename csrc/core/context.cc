@@ -12,10 +12,9 @@ class Context::Observer : public ExecutionObserver {
  public:
   explicit Observer(Context* ctx) : ctx_(ctx) {}
   bool Recording() const override { return ctx_->timeline_->enabled(); }
-  void Activity(const std::vector<std::string>& keys, const char* activity) override {
-    ctx_->timeline_->Activity(keys, activity);
-  }
-  void Done(const std::vector<std::string>& keys) override { ctx_->timeline_->Done(keys); }
+  void Begin(const std::vector<std::string>& keys) override { ctx_->timeline_->BeginBatch(keys); }
+  void Activity(const char* activity) override { ctx_->timeline_->Activity(activity); }
+  void Done() override { ctx_->timeline_->Done(); }
   void CollectiveDone(OpType op, int tensors, int64_t bytes, int n, double seconds) override {
     const double factor = n <= 1 ? 0.0
                           : op == OpType::kAllreduce ? 2.0 * (n - 1) / n

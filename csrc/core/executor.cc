@@ -114,8 +114,8 @@ void Executor::RunBatch(Items& items) {
       else if (r.op == OpType::kAllreduce) s = RunAllreduce(items, be);
       else if (r.op == OpType::kAllgather) s = RunAllgather(items, be);
       else if (r.op == OpType::kReducescatter) s = RunReducescatter(items, be);
-      else if (r.op == OpType::kBroadcast) s = RunBroadcast(items.front(), be);
-      else if (r.op == OpType::kAlltoall) s = RunAlltoall(items.front(), be, &extra);
+      else if (r.op == OpType::kBroadcast) s = RunBroadcast(items, be);
+      else if (r.op == OpType::kAlltoall) s = RunAlltoall(items, be, &extra);
       if (observer_ != nullptr && s.ok()) {
         int64_t total = 0;
         for (const Item& it : items) total += PayloadBytes(*it.response);
@@ -129,7 +129,10 @@ void Executor::RunBatch(Items& items) {
 }
 
 void Executor::Finish(Items& items, const Status& status, const std::vector<int64_t>& extra) {
-  if (observer_ != nullptr && observer_->Recording()) observer_->Done(TraceKeys(items));
+  if (observer_ != nullptr && observer_->Recording()) {
+    Trace(items);
+    observer_->Done();
+  }
   traced_ = nullptr;
   for (Item& it : items) {
     if (!it.has_entry) continue;
@@ -142,18 +145,18 @@ void Executor::Finish(Items& items, const Status& status, const std::vector<int6
   }
 }
 
-const std::vector<std::string>& Executor::TraceKeys(const Items& items) {
-  if (traced_ != &items) {
-    trace_keys_.clear();
-    for (const Item& it : items) trace_keys_.push_back(it.response->Key());
-    traced_ = &items;
-  }
-  return trace_keys_;
+void Executor::Trace(const Items& items) {
+  if (traced_ == &items) return;
+  trace_keys_.clear();
+  for (const Item& it : items) trace_keys_.push_back(it.response->Key());
+  observer_->Begin(trace_keys_);
+  traced_ = &items;
 }
 
 void Executor::Phase(const Items& items, const char* activity) {
   if (observer_ == nullptr || !observer_->Recording()) return;
-  observer_->Activity(TraceKeys(items), activity);
+  Trace(items);
+  observer_->Activity(activity);
 }
 
 Status Executor::RunAllreduce(Items& items, DataBackend* be) {
@@ -330,7 +333,8 @@ Status Executor::RunReducescatter(Items& items, DataBackend* be) {
   return Status::Ok();
 }
 
-Status Executor::RunBroadcast(Item& item, DataBackend* be) {
+Status Executor::RunBroadcast(Items& items, DataBackend* be) {
+  Item& item = items.front();
   const Response& r = *item.response;
   const int root = d_.sets->RankIn(r.process_set, r.root);
   TensorEntry& e = item.entry;
@@ -338,21 +342,18 @@ Status Executor::RunBroadcast(Item& item, DataBackend* be) {
   if (d_.rank == r.root && e.output.data != e.input.data) {
     std::memcpy(e.output.data, e.input.data, static_cast<size_t>(count) * DataTypeSize(r.dtype));
   }
-  if (observer_ != nullptr && observer_->Recording()) {
-    observer_->Activity({r.Key()}, "MPI_BROADCAST");
-  }
+  Phase(items, "MPI_BROADCAST");
   return be->Broadcast(e.output.data, count, r.dtype, root, r.process_set);
 }
 
-Status Executor::RunAlltoall(Item& item, DataBackend* be, std::vector<int64_t>* received) {
+Status Executor::RunAlltoall(Items& items, DataBackend* be, std::vector<int64_t>* received) {
+  Item& item = items.front();
   const Response& r = *item.response;
   AlltoallLayout l = PlanAlltoall(r, d_.sets->Size(r.process_set),
                                   d_.sets->RankIn(r.process_set, d_.rank));
   *received = std::move(l.received);
   HVDL_RETURN_IF_ERROR(item.entry.allocate(l.out_shape, &item.entry.output));
-  if (observer_ != nullptr && observer_->Recording()) {
-    observer_->Activity({r.Key()}, "MPI_ALLTOALL");
-  }
+  Phase(items, "MPI_ALLTOALL");
   return be->Alltoallv(item.entry.input.data, l.send, item.entry.output.data, l.recv, r.dtype,
                        r.process_set);
 }

@@ -29,11 +29,13 @@ class ExecutionObserver {
   virtual ~ExecutionObserver() = default;
   // False when nobody records phases (no timeline): the executor then skips building key lists.
   virtual bool Recording() const = 0;
-  // The tensors `keys` (TensorKey) enter `activity`, e.g. "MEMCPY_IN_FUSION_BUFFER",
-  // "MPI_ALLREDUCE"; the previous activity of each ends.
-  virtual void Activity(const std::vector<std::string>& keys, const char* activity) = 0;
-  // The tensors `keys` completed (successfully or not).
-  virtual void Done(const std::vector<std::string>& keys) = 0;
+  // A batch of the tensors `keys` (TensorKey) starts; Activity and Done refer to it.
+  virtual void Begin(const std::vector<std::string>& keys) = 0;
+  // The batch enters `activity`, e.g. "MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE"; its previous
+  // activity ends.
+  virtual void Activity(const char* activity) = 0;
+  // The batch completed (successfully or not).
+  virtual void Done() = 0;
   // One collective of `tensors` tensors moved `bytes` of payload in `seconds`.
   virtual void CollectiveDone(OpType op, int tensors, int64_t bytes, int set_size,
                               double seconds) = 0;
@@ -78,14 +80,14 @@ class Executor {
   Status OutOfMemory(int64_t bytes) const;
   Status RunAllgather(Items& items, DataBackend* be);
   Status RunReducescatter(Items& items, DataBackend* be);
-  Status RunBroadcast(Item& item, DataBackend* be);
-  Status RunAlltoall(Item& item, DataBackend* be, std::vector<int64_t>* received);
+  Status RunBroadcast(Items& items, DataBackend* be);
+  Status RunAlltoall(Items& items, DataBackend* be, std::vector<int64_t>* received);
   Status RunProcessSet(Item& item, std::vector<int64_t>* extra);
   Status RunOnDevice(Items& items, DataBackend* be, std::vector<int64_t>* extra);
   int64_t PayloadBytes(const Response& r) const;
   void Phase(const Items& items, const char* activity);
-  // The timeline keys of the batch being run, built once per batch (Finish forgets them).
-  const std::vector<std::string>& TraceKeys(const Items& items);
+  // Tells the observer, once per batch, which tensors the batch being run has (Finish forgets).
+  void Trace(const Items& items);
   void Finish(Items& items, const Status& status, const std::vector<int64_t>& extra);
 
   ExecutorDeps d_;

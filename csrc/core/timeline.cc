@@ -146,12 +146,12 @@ Status Timeline::Start(const std::string& path, bool mark_cycles) {
     queue_.clear();
     origin_us_ = NowUs();
   }
-  tracks_.clear();
+  generation_.fetch_add(1, std::memory_order_release);  // the background thread forgets its tracks
   mark_cycles_ = mark_cycles;
   writer_ = std::thread([this] { WriterLoop(); });
   enabled_ = true;
   Push(Event{Kind::kMeta, 0, 0, 0, "process_name",
-             std::make_shared<std::string>("horovodlite (rank 0)")});
+             std::make_shared<std::string>("horovodlite (rank 0)"), {}});
   return Status::Ok();
 }
 
@@ -182,11 +182,27 @@ void Timeline::Push(Event e) {
   if (WaitForRoom(lock)) queue_.push_back(std::move(e));
 }
 
-void Timeline::PushAll(std::vector<Event>* events) {
-  if (events->empty()) return;
+void Timeline::Publish() {
+  if (staged_.empty()) return;
   std::unique_lock<std::mutex> lock(mu_);
-  if (!WaitForRoom(lock)) return;
-  for (Event& e : *events) queue_.push_back(std::move(e));
+  if (!WaitForRoom(lock)) {
+    staged_.clear();
+    return;
+  }
+  if (queue_.empty()) queue_.swap(staged_);  // the common case: no copy, buffers trade places
+  else queue_.insert(queue_.end(), std::make_move_iterator(staged_.begin()),
+                     std::make_move_iterator(staged_.end()));
+  staged_.clear();
+}
+
+void Timeline::Sync() {
+  const uint64_t gen = generation_.load(std::memory_order_acquire);
+  if (gen == seen_generation_) return;
+  seen_generation_ = gen;
+  tracks_.clear();
+  staged_.clear();
+  batch_.reset();
+  batch_tracks_.clear();
 }
 
 Timeline::Track* Timeline::Find(const std::string& key) {
@@ -198,13 +214,15 @@ Timeline::Track& Timeline::TrackFor(const std::string& key, const std::string& l
   if (Track* t = Find(key)) return *t;
   Track t;
   t.tid = static_cast<int32_t>(tracks_.size()) + 1;
-  Push(Event{Kind::kMeta, 0, t.tid, 0, "thread_name", std::make_shared<std::string>(label)});
+  staged_.push_back(
+      Event{Kind::kMeta, 0, t.tid, 0, "thread_name", std::make_shared<std::string>(label), {}});
   return tracks_.emplace(key, std::move(t)).first->second;
 }
 
 void Timeline::NegotiateStart(const std::string& key, const std::string& label, OpType op,
                               DataType dtype, const Shape& shape) {
   if (!enabled()) return;
+  Sync();
   Track& t = TrackFor(key, label);
   if (t.depth > 0) return;  // already negotiating or executing
   t.depth = 1;
@@ -222,65 +240,76 @@ void Timeline::NegotiateStart(const std::string& key, const std::string& label, 
 
 void Timeline::RankReady(const std::string& key, int rank) {
   if (!enabled()) return;
-  if (Track* t = Find(key)) Push(Event{Kind::kRankReady, NowUs(), t->tid, rank, nullptr, {}});
+  Sync();
+  if (Track* t = Find(key)) {
+    staged_.push_back(Event{Kind::kRankReady, NowUs(), t->tid, rank, nullptr, {}, {}});
+  }
 }
 
 void Timeline::NegotiateEnd(const std::string& key, OpType op, bool cached) {
   if (!enabled()) return;
+  Sync();
   Track* t = Find(key);
   if (t == nullptr || t->depth != 1) return;
   const int64_t now = NowUs();
-  Push(Event{Kind::kSpan, t->negotiate_start, t->tid, now - t->negotiate_start,
-             NegotiateName(op), cached ? t->cached_args : t->args});
+  staged_.push_back(Event{Kind::kSpan, t->negotiate_start, t->tid, now - t->negotiate_start,
+                          NegotiateName(op), cached ? t->cached_args : t->args, {}});
   t->depth = 2;
-  t->exec_start = now;
-  t->activity = "QUEUE";
-  t->activity_start = now;
+  t->exec_start = now;  // QUEUE starts
 }
 
-void Timeline::EndActivity(Track& t, int64_t now, std::vector<Event>* out) {
-  if (t.activity != nullptr) {
-    out->push_back(Event{Kind::kSpan, t.activity_start, t.tid, now - t.activity_start,
-                         t.activity, {}});
-  }
-  t.activity = nullptr;
-}
-
-void Timeline::Activity(const std::vector<std::string>& keys, const char* activity) {
+void Timeline::BeginBatch(const std::vector<std::string>& keys) {
+  batch_.reset();
+  batch_tracks_.clear();
   if (!enabled()) return;
-  const int64_t now = NowUs();
-  std::vector<Event> events;
-  events.reserve(keys.size());
+  Sync();
+  auto members = std::make_shared<std::vector<Member>>();
+  members->reserve(keys.size());
   for (const std::string& key : keys) {
     Track* t = Find(key);
     if (t == nullptr || t->depth != 2) continue;
-    EndActivity(*t, now, &events);
-    t->activity = activity;
-    t->activity_start = now;
+    members->push_back(Member{t->tid, t->op, t->exec_start});
+    batch_tracks_.push_back(t);
   }
-  PushAll(&events);
+  if (!members->empty()) batch_ = std::move(members);
+  phase_ = nullptr;
 }
 
-void Timeline::Done(const std::vector<std::string>& keys) {
-  if (!enabled()) return;
+void Timeline::EndPhase(int64_t now) {
+  if (phase_ == nullptr) staged_.push_back(Event{Kind::kBatchQueue, 0, 0, now, "QUEUE", {}, batch_});
+  else staged_.push_back(Event{Kind::kBatchPhase, phase_start_, 0, now, phase_, {}, batch_});
+}
+
+void Timeline::Activity(const char* activity) {
+  if (!enabled() || !batch_) return;
+  Sync();
+  if (!batch_) return;
   const int64_t now = NowUs();
-  std::vector<Event> events;
-  events.reserve(keys.size() * 2);
-  for (const std::string& key : keys) {
-    Track* t = Find(key);
-    if (t == nullptr || t->depth != 2) continue;
-    EndActivity(*t, now, &events);
-    events.push_back(Event{Kind::kSpan, t->exec_start, t->tid, now - t->exec_start,
-                           ExecName(t->op), {}});
-    t->depth = 0;
+  EndPhase(now);
+  phase_ = activity;
+  phase_start_ = now;
+}
+
+void Timeline::Done() {
+  if (enabled() && batch_) {
+    Sync();
+    if (batch_) {
+      const int64_t now = NowUs();
+      EndPhase(now);
+      staged_.push_back(Event{Kind::kBatchOp, 0, 0, now, nullptr, {}, batch_});
+      for (Track* t : batch_tracks_) t->depth = 0;
+    }
   }
-  PushAll(&events);
+  batch_.reset();
+  batch_tracks_.clear();
+  Publish();
 }
 
 void Timeline::CycleStart() {
-  if (enabled() && mark_cycles()) {
-    Push(Event{Kind::kGlobalInstant, NowUs(), 0, 0, "CYCLE_START", {}});
-  }
+  if (!enabled()) return;
+  Sync();
+  if (mark_cycles()) staged_.push_back(Event{Kind::kGlobalInstant, NowUs(), 0, 0, "CYCLE_START", {}, {}});
+  Publish();
 }
 
 namespace {
@@ -306,22 +335,32 @@ class Line {
 
 }  // namespace
 
+void Timeline::FormatSpan(int32_t tid, int64_t start, int64_t end, const char* name,
+                          const std::string* args, std::string* out) const {
+  Line line;
+  line.Lit("{\"pid\":0,\"tid\":");
+  line.Int(tid);
+  line.Lit(",\"ts\":");
+  line.Int(start - origin_us_);
+  line.Lit(",\"ph\":\"X\",\"dur\":");
+  line.Int(end - start);
+  line.Lit(",\"name\":\"");
+  line.Put(name, std::strlen(name));
+  line.AppendTo(out);
+  if (args != nullptr) out->append("\",\"args\":").append(*args).append("}");
+  else out->append("\"}");
+}
+
 void Timeline::Format(const Event& e, std::string* out) const {
+  if (e.kind == Kind::kSpan) {
+    return FormatSpan(e.tid, e.ts_us, e.ts_us + e.value, e.name, e.text.get(), out);
+  }
   Line line;
   line.Lit("{\"pid\":0,\"tid\":");
   line.Int(e.tid);
   line.Lit(",\"ts\":");
   line.Int(e.kind == Kind::kMeta ? 0 : e.ts_us - origin_us_);
   switch (e.kind) {
-    case Kind::kSpan:
-      line.Lit(",\"ph\":\"X\",\"dur\":");
-      line.Int(e.value);
-      line.Lit(",\"name\":\"");
-      line.Put(e.name, std::strlen(e.name));
-      line.AppendTo(out);
-      if (e.text) out->append("\",\"args\":").append(*e.text).append("}");
-      else out->append("\"}");
-      return;
     case Kind::kInstant:
     case Kind::kGlobalInstant:
       if (e.kind == Kind::kGlobalInstant) line.Lit(",\"ph\":\"i\",\"s\":\"g\",\"name\":\"");
@@ -339,6 +378,8 @@ void Timeline::Format(const Event& e, std::string* out) const {
       line.Put(e.name, std::strlen(e.name));
       line.AppendTo(out);
       out->append("\",\"args\":{\"name\":\"").append(Escape(*e.text)).append("\"}}");
+      return;
+    default:  // spans: above; batch events: expanded by WriteBatch
       return;
   }
   line.AppendTo(out);
@@ -438,38 +479,53 @@ void Timeline::WriteBatch(std::vector<Event>& batch) {
     batch.clear();
     return;
   }
-  // `text` is what the pages from the one holding pos_ onwards will hold: it starts with that
-  // page's content so far (head_), and `at` is where its next byte lands.
-  std::string text = head_, event;
-  text.reserve(head_.size() + batch.size() * 96);
+  // text_ is what the pages from the one holding pos_ onwards will hold: it starts with that
+  // page's content so far (head_), and `at` is where its next byte lands. (text_ and event_ are
+  // members so their memory is reused from batch to batch.)
+  text_ = head_;
   off_t at = pos_;
-  for (const Event& e : batch) {
-    event.assign(wrote_any_ ? ",\n" : "\n");
-    Format(e, &event);
-    if (event.size() > page_) continue;  // cannot happen with names cut to kMaxNameChars
-    const off_t size = static_cast<off_t>(event.size());
-    // Never across a page boundary: an event that would is moved to the next page.
-    const auto place = [&](off_t from) {
+  // Appends event_ to text_ without letting it cross a page boundary; grows the file first when
+  // the region is full. False after an I/O error.
+  const auto place = [&]() {
+    const off_t size = static_cast<off_t>(event_.size());
+    if (event_.size() > page_) return true;  // cannot happen with names cut to kMaxNameChars
+    const auto start_for = [&](off_t from) {  // an event that would cross moves to the next page
       return from % static_cast<off_t>(page_) + size > static_cast<off_t>(page_) ? PageEnd(from)
-                                                                                 : from;
+                                                                                  : from;
     };
-    off_t start = place(at);
-    if (start + size > end_) {  // region full: write what fits, then grow (the content stops
-      // at `at`: the padding is left out, it would cover the bracket)
+    off_t start = start_for(at);
+    if (start + size > end_) {  // region full: write what fits, then grow (the content stops at
+      // `at`: the padding is left out, it would cover the bracket)
       const off_t grown = PageEnd(std::max<off_t>(2 * (end_ + 1), size + 1 + PageEnd(at)));
-      if (!Flush(text, at) || !Rewrite(grown - 1)) {
-        batch.clear();
-        return;
-      }
-      text = head_;  // pos_ == at now
-      start = place(at);
+      if (!Flush(text_, at) || !Rewrite(grown - 1)) return false;
+      text_ = head_;  // pos_ == at now
+      start = start_for(at);
     }
-    text.append(static_cast<size_t>(start - at), ' ');
-    text += event;
+    text_.append(static_cast<size_t>(start - at), ' ');
+    text_ += event_;
     at = start + size;
     wrote_any_ = true;
+    return true;
+  };
+  const auto separator = [&] { event_.assign(wrote_any_ ? ",\n" : "\n"); };
+  for (const Event& e : batch) {
+    if (!e.batch) {
+      separator();
+      Format(e, &event_);
+      if (!place()) break;
+      continue;
+    }
+    bool ok = true;
+    for (const Member& m : *e.batch) {
+      separator();
+      if (e.kind == Kind::kBatchQueue) FormatSpan(m.tid, m.exec_start, e.value, "QUEUE", nullptr, &event_);
+      else if (e.kind == Kind::kBatchPhase) FormatSpan(m.tid, e.ts_us, e.value, e.name, nullptr, &event_);
+      else FormatSpan(m.tid, m.exec_start, e.value, ExecName(m.op), nullptr, &event_);
+      if (!(ok = place())) break;
+    }
+    if (!ok) break;
   }
-  Flush(text, at);
+  if (fd_ >= 0) Flush(text_, at);
   batch.clear();
 }
 

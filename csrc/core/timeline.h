@@ -62,46 +62,66 @@ class Timeline {
   void RankReady(const std::string& key, int rank);
   // Also starts <OP> with QUEUE; `cached`: the response cache agreed (args say so).
   void NegotiateEnd(const std::string& key, OpType op, bool cached);
-  // The tensors `keys` enter `activity` (ending their previous one), or are done (closing the
-  // <OP> span); a whole fused batch is recorded under one lock.
-  void Activity(const std::vector<std::string>& keys, const char* activity);
-  void Done(const std::vector<std::string>& keys);
+  // Background thread. Execution is recorded per fused batch, not per tensor (the writer
+  // expands each batch event into one span per tensor): BeginBatch names the batch's tensors,
+  // Activity ends its previous phase (QUEUE at first) and starts `activity`, Done ends the last
+  // phase and the tensors' <OP> spans.
+  void BeginBatch(const std::vector<std::string>& keys);
+  void Activity(const char* activity);
+  void Done();
+  // Background thread, every cycle: a CYCLE_START marker (with mark_cycles), and the events
+  // recorded since the last cycle go to the writer.
   void CycleStart();
 
  private:
-  enum class Kind : char { kSpan, kInstant, kRankReady, kMeta, kGlobalInstant };
-  // Recording must stay cheap (it runs on the background thread for every tensor and phase):
-  // spans are written once, when they end, as Chrome "complete" events (start + duration); names
-  // are static strings; only metadata and negotiation args carry a string. The writer thread
-  // does all formatting.
+  enum class Kind : char {
+    kSpan, kInstant, kRankReady, kMeta, kGlobalInstant,
+    kBatchQueue,  // per tensor: QUEUE from its exec start to `value`
+    kBatchPhase,  // per tensor: `name` from ts_us to `value`
+    kBatchOp,     // per tensor: its <OP> span from its exec start to `value`
+  };
+  struct Member {  // a tensor of a batch
+    int32_t tid;
+    OpType op;
+    int64_t exec_start;
+  };
+  // Recording must stay cheap (it runs on the background thread for every tensor): spans are
+  // written once, when they end, as Chrome "complete" events (start + duration); names are
+  // static strings; only metadata and negotiation args carry a string; a batch's phases are one
+  // event each. The writer thread does all formatting.
   struct Event {
     Kind kind;
     int64_t ts_us;
     int32_t tid;
-    int64_t value = 0;           // kSpan: duration (us); kRankReady: the rank
+    int64_t value = 0;           // kSpan: duration (us); kRankReady: the rank; kBatch*: end
     const char* name = nullptr;  // static string
     std::shared_ptr<const std::string> text;  // kMeta: the name shown; kSpan: JSON args or null
+    std::shared_ptr<const std::vector<Member>> batch;  // kBatch*
   };
   struct Track {
     int32_t tid;
     int depth = 0;  // 0 idle, 1 negotiating, 2 executing
     OpType op = OpType::kAllreduce;
-    int64_t negotiate_start = 0, exec_start = 0, activity_start = 0;
-    const char* activity = nullptr;  // the open activity span inside <OP>
+    int64_t negotiate_start = 0, exec_start = 0;
     DataType dtype = DataType::kFloat32;
     Shape shape;
     std::shared_ptr<const std::string> args, cached_args;  // rebuilt only when dtype/shape change
   };
+  // Background thread: forgets the tracks and staged events of an earlier Start().
+  void Sync();
   Track* Find(const std::string& key);
   Track& TrackFor(const std::string& key, const std::string& label);
+  void EndPhase(int64_t now);
   // Waits (mu_ held by `lock`) while the queue is full; false once the timeline stops.
   bool WaitForRoom(std::unique_lock<std::mutex>& lock);
   void Push(Event e);
-  void PushAll(std::vector<Event>* events);
-  void EndActivity(Track& t, int64_t now, std::vector<Event>* out);
+  // Background thread: hands staged_ to the writer.
+  void Publish();
   void WriterLoop();
   void WriteBatch(std::vector<Event>& batch);
   void Format(const Event& e, std::string* out) const;
+  void FormatSpan(int32_t tid, int64_t start, int64_t end, const char* name,
+                  const std::string* args, std::string* out) const;
   // Writer thread. The file is written in whole pages from the page-aligned buffer io_ (so it
   // can be opened O_DIRECT). PutPages writes [at, upto) (page-aligned) as `data`, then spaces,
   // with the closing bracket at `bracket` if that falls inside; CopyPages copies [0, n).
@@ -130,6 +150,7 @@ class Timeline {
   off_t pos_ = 0;  // end of the last event written: [0, pos_) is final content
   off_t end_ = 0;  // offset of the closing ']' (the file is end_ + 1 bytes)
   std::string head_;  // the content of the page holding pos_: [PageStart(pos_), pos_)
+  std::string text_, event_;  // WriteBatch's buffers
   struct FreeDeleter {
     void operator()(char* p) const { std::free(p); }
   };
@@ -137,8 +158,15 @@ class Timeline {
   size_t page_ = 4096;
   bool wrote_any_ = false;
   int64_t origin_us_ = 0;
+  std::atomic<uint64_t> generation_{0};  // counts Start()s
   // Background thread only.
+  uint64_t seen_generation_ = 0;
   std::unordered_map<std::string, Track> tracks_;
+  std::vector<Event> staged_;  // recorded since the last Publish
+  std::shared_ptr<std::vector<Member>> batch_;  // the batch being executed, or null
+  std::vector<Track*> batch_tracks_;
+  const char* phase_ = nullptr;  // its current phase; nullptr: QUEUE
+  int64_t phase_start_ = 0;
 };
 
 }  // namespace hvdl
