@@ -27,8 +27,12 @@ int64_t NowUs() {
 constexpr size_t kMaxNameChars = 1024;
 // Events waiting for the writer; a recorder that finds the queue this full waits for it.
 constexpr size_t kMaxQueued = size_t{1} << 18;
-// The first region of spaces the closing bracket sits behind; it doubles when full.
+// The first region of spaces the closing bracket sits behind.
 constexpr off_t kInitialRegion = off_t{1} << 20;
+// A full region is replaced by a copy with this many times the room. Each growth copies the file
+// once, so a larger factor copies less (x4: a third of the content is copied again, x2: all of it)
+// at the price of more trailing spaces in the file of a killed job (up to 3/4 of it).
+constexpr off_t kGrowth = 4;
 // The writer's page-aligned I/O buffer.
 constexpr size_t kIoBytes = size_t{1} << 20;
 
@@ -112,6 +116,38 @@ bool ReadAll(int fd, off_t offset, char* data, size_t n) {
   return Transfer(::pread, fd, data, n, offset);
 }
 
+// Writes a new version of `path` with `fill(fd)` and puts it in place with rename() (atomic), so
+// readers see the old file or the new one, never a partial one. It is built in an unnamed file
+// (O_TMPFILE) where the filesystem has them, so a kill meanwhile leaves nothing behind; it is
+// named only just before the rename. Returns the new file's fd, or -1 (errno set).
+template <typename Fill>
+int ReplaceFile(const std::string& path, Fill fill) {
+  const std::string tmp = path + ".hvdl-tmp";
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  bool unnamed = true;
+  int fd = OpenFile(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    unnamed = false;
+    fd = OpenFile(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC);
+  }
+  bool ok = fd >= 0 && fill(fd);
+  if (ok && unnamed) {
+    const std::string self = "/proc/self/fd/" + std::to_string(fd);
+    ::unlink(tmp.c_str());  // a leftover of an earlier killed run
+    ok = ::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, tmp.c_str(), AT_SYMLINK_FOLLOW) == 0;
+  }
+  ok = ok && ::rename(tmp.c_str(), path.c_str()) == 0;
+  if (ok) return fd;
+  const int err = errno;
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+  }
+  errno = err;
+  return -1;
+}
+
 }  // namespace
 
 Timeline::~Timeline() { Stop(); }
@@ -127,12 +163,13 @@ Status Timeline::Start(const std::string& path, bool mark_cycles) {
     }
     io_.reset(static_cast<char*>(buf));
   }
-  int fd = OpenFile(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC);
-  if (fd < 0 || !PutPages(fd, 0, kInitialRegion, kInitialRegion - 1, "[")) {
-    const int err = errno;
-    if (fd >= 0) ::close(fd);
+  // Like every later version of the file, the first replaces whatever is at `path` in one
+  // rename: "[", the first region of spaces, "]".
+  const int fd = ReplaceFile(
+      path, [&](int to) { return PutPages(to, 0, kInitialRegion, kInitialRegion - 1, "["); });
+  if (fd < 0) {
     return Status::InvalidArgument("cannot write timeline file '" + path +
-                                   "': " + std::strerror(err));
+                                   "': " + std::strerror(errno));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -231,6 +268,7 @@ void Timeline::NegotiateStart(const std::string& key, const std::string& label, 
   if (!t.args || t.dtype != dtype || t.shape != shape) {
     t.dtype = dtype;
     t.shape = shape;
+    t.describe = true;
     std::string body = "\"dtype\":\"" + std::string(DataTypeName(dtype)) + "\",\"shape\":\"" +
                        ShapeString(shape) + "\"";
     t.args = std::make_shared<std::string>("{" + body + "}");
@@ -252,8 +290,15 @@ void Timeline::NegotiateEnd(const std::string& key, OpType op, bool cached) {
   Track* t = Find(key);
   if (t == nullptr || t->depth != 1) return;
   const int64_t now = NowUs();
+  // dtype and shape only when they are new on this track (they rarely change; repeating them
+  // on every negotiation made the trace of the fusion benchmark 11% bigger).
+  static const auto kCachedOnly = std::make_shared<const std::string>("{\"via\":\"response cache\"}");
+  std::shared_ptr<const std::string> args;
+  if (t->describe) args = cached ? t->cached_args : t->args;
+  else if (cached) args = kCachedOnly;
+  t->describe = false;
   staged_.push_back(Event{Kind::kSpan, t->negotiate_start, t->tid, now - t->negotiate_start,
-                          NegotiateName(op), cached ? t->cached_args : t->args, {}});
+                          NegotiateName(op), std::move(args), {}});
   t->depth = 2;
   t->exec_start = now;  // QUEUE starts
 }
@@ -437,34 +482,15 @@ bool Timeline::Flush(const std::string& text, off_t at) {
   return true;
 }
 
-bool Timeline::Rewrite(off_t new_end) {
-  // The copy is built in an unnamed file (O_TMPFILE) where the filesystem has them, so a kill
-  // during the copy leaves nothing behind; it is named only just before the rename.
-  const std::string tmp = path_ + ".hvdl-tmp";
-  const size_t slash = path_.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
-  bool unnamed = true;
-  int fd = OpenFile(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    unnamed = false;
-    fd = OpenFile(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC);
-  }
-  // Whole pages up to the one holding pos_, then that page's content (head_), spaces and the
-  // bracket; a trimmed file (new_end not at a page's end) is cut right after its bracket.
+bool Timeline::Rewrite(off_t new_end, const char* tail) {
+  // Whole pages up to the one holding pos_, then that page's content (head_) and `tail`, spaces
+  // and the bracket; a trimmed file (new_end not at a page's end) is cut right after its bracket.
   const off_t base = PageStart(pos_), size = new_end + 1;
-  bool ok = fd >= 0 && CopyPages(fd_, fd, base) && PutPages(fd, base, PageEnd(size), new_end, head_) &&
-            (size == PageEnd(size) || ::ftruncate(fd, size) == 0);
-  if (ok && unnamed) {
-    const std::string self = "/proc/self/fd/" + std::to_string(fd);
-    ::unlink(tmp.c_str());  // a leftover of an earlier killed run
-    ok = ::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, tmp.c_str(), AT_SYMLINK_FOLLOW) == 0;
-  }
-  ok = ok && ::rename(tmp.c_str(), path_.c_str()) == 0;
-  if (!ok) {
-    if (fd >= 0) {
-      ::close(fd);
-      ::unlink(tmp.c_str());
-    }
+  const int fd = ReplaceFile(path_, [&](int to) {
+    return CopyPages(fd_, to, base) && PutPages(to, base, PageEnd(size), new_end, head_ + tail) &&
+           (size == PageEnd(size) || ::ftruncate(to, size) == 0);
+  });
+  if (fd < 0) {
     Fail("cannot rewrite the file");
     return false;
   }
@@ -496,7 +522,7 @@ void Timeline::WriteBatch(std::vector<Event>& batch) {
     off_t start = start_for(at);
     if (start + size > end_) {  // region full: write what fits, then grow (the content stops at
       // `at`: the padding is left out, it would cover the bracket)
-      const off_t grown = PageEnd(std::max<off_t>(2 * (end_ + 1), size + 1 + PageEnd(at)));
+      const off_t grown = PageEnd(std::max<off_t>(kGrowth * (end_ + 1), size + 1 + PageEnd(at)));
       if (!Flush(text_, at) || !Rewrite(grown - 1)) return false;
       text_ = head_;  // pos_ == at now
       start = start_for(at);
@@ -550,10 +576,7 @@ void Timeline::WriterLoop() {
   }
   // Drop the padding: a copy ending "\n]" replaces the file.
   if (fd_ >= 0 && end_ > pos_ + 2) {
-    head_ += '\n';
-    ++pos_;
-    if (pos_ == PageStart(pos_)) head_.clear();  // the newline completed its page
-    Rewrite(pos_);
+    Rewrite(pos_ + 1, "\n");
   }
 }
 

@@ -3,14 +3,17 @@
 // One track (tid) per tensor name. For each collective:
 //   NEGOTIATE_<OP>  from the first time the coordinator hears of the name until every rank
 //                   agreed; instant events inside say which rank reported when; args carry
-//                   dtype and shape, and "via": "response cache" when the cache agreed;
+//                   dtype and shape (on a track's first negotiation and when they change), and
+//                   "via": "response cache" when the cache agreed;
 //   <OP>            the execution span, containing QUEUE, MEMCPY_IN_FUSION_BUFFER, the
 //                   collective (MPI_ALLREDUCE, RING_ALLREDUCE, ...) and MEMCPY_OUT_FUSION_BUFFER.
 // With mark_cycles, CYCLE_START instant events mark each background-loop cycle.
 //
 // Only rank 0 (the coordinator) records. Recording is kept cheap: the background thread only
-// appends small fixed-size events to a bounded queue; a writer thread formats them and writes
-// them every 50 ms, at SCHED_IDLE priority so it only uses CPU the training threads leave idle.
+// appends small fixed-size events to a local list, one per tensor for negotiation and one per
+// fused batch and phase for execution, and hands the list to a bounded queue once per cycle; a
+// writer thread expands, formats and writes them every 50 ms, at SCHED_IDLE priority so it only
+// uses CPU the training threads leave idle.
 //
 // The file is valid JSON at every moment, also when the job is SIGKILLed in the middle of a
 // write (Linux stops a write between page-cache folios, so a killed write leaves a prefix that
@@ -20,8 +23,16 @@
 // written into the spaces without ever crossing a page boundary (an event that would is moved
 // to the next page; the gap stays spaces). So every page of a partial write holds whole events
 // and whitespace, and the bracket is already in place behind them. When the region is full, a
-// copy with a region twice the size replaces the file with rename() (atomic); Stop() trims the
-// padding the same way. Files of a killed job may end in up to half their size of spaces.
+// copy with a region four times the size replaces the file with rename() (atomic); Stop() trims
+// the padding the same way. Files of a killed job may end in up to 3/4 of their size of spaces.
+//
+// The writer only ever writes whole pages, from a page-aligned buffer, so the file is opened
+// O_DIRECT where the filesystem allows it (else buffered, same code). Measured on a VM, most of
+// the timeline's cost was not CPU but page-cache churn: every new page of the file is a fresh
+// page of memory, and the pages of each replaced copy are freed again (on a VM that returns
+// freed memory to its host, each such page costs a host fault). Direct I/O bypasses the page
+// cache; Linux completes a direct write's submitted blocks even when the writer is killed, so
+// the page-boundary argument above holds for it too (block size <= page size).
 #pragma once
 
 #include <atomic>
@@ -106,6 +117,7 @@ class Timeline {
     DataType dtype = DataType::kFloat32;
     Shape shape;
     std::shared_ptr<const std::string> args, cached_args;  // rebuilt only when dtype/shape change
+    bool describe = false;  // the next NEGOTIATE span carries dtype and shape
   };
   // Background thread: forgets the tracks and staged events of an earlier Start().
   void Sync();
@@ -132,9 +144,10 @@ class Timeline {
   // Writer thread. `text` is the content of [PageStart(pos_), at): write it, advancing pos_ to
   // `at`; false (and the timeline disabled) on an I/O error.
   bool Flush(const std::string& text, off_t at);
-  // Writer thread. Replace the file, via rename(), by a copy of its events [0, pos_) followed by
-  // spaces up to `new_end` and the closing bracket there (new_end == pos_ trims the padding).
-  bool Rewrite(off_t new_end);
+  // Writer thread. Replace the file, via rename(), by a copy of its events [0, pos_) and `tail`
+  // followed by spaces up to `new_end` and the closing bracket there (Stop trims the padding
+  // with new_end = pos_ + 1 and tail "\n").
+  bool Rewrite(off_t new_end, const char* tail = "");
   void Fail(const char* what);
 
   std::atomic<bool> enabled_{false};
