@@ -331,7 +331,7 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="fewer sizes and shorter measurements")
     p.add_argument("--rss-steps", type=int, default=10000)
     p.add_argument("--idle-seconds", type=float, default=5.0)
-    p.add_argument("--timeline-rounds", type=int, default=24,
+    p.add_argument("--timeline-rounds", type=int, default=100,
                    help="paired rounds of the timeline overhead measurement")
     p.add_argument("--json", help="write all measurements to this file (rank 0)")
     p.add_argument("--skip", default="", help="comma list of parts to skip: "
