@@ -186,8 +186,9 @@ Status Timeline::Start(const std::string& path, bool mark_cycles) {
     stop_ = false;
     queue_.clear();
     origin_us_ = NowUs();
+    // Under mu_: events an earlier timeline's recorder still publishes are dropped (Publish).
+    generation_.fetch_add(1, std::memory_order_release);  // the background thread drops its tracks
   }
-  generation_.fetch_add(1, std::memory_order_release);  // the background thread forgets its tracks
   mark_cycles_ = mark_cycles;
   writer_ = std::thread([this] { WriterLoop(); });
   enabled_ = true;
@@ -226,7 +227,7 @@ void Timeline::Push(Event e) {
 void Timeline::Publish() {
   if (staged_.empty()) return;
   std::unique_lock<std::mutex> lock(mu_);
-  if (!WaitForRoom(lock)) {
+  if (!WaitForRoom(lock) || generation_.load(std::memory_order_relaxed) != seen_generation_) {
     staged_.clear();
     return;
   }

@@ -64,7 +64,8 @@ class Timeline {
   Status Start(const std::string& path, bool mark_cycles);
   // Any thread. Flushes and closes the file.
   void Stop();
-  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+  // Acquire: a recorder that sees the timeline enabled also sees Start()'s new generation.
+  bool enabled() const { return enabled_.load(std::memory_order_acquire); }
   bool mark_cycles() const { return mark_cycles_.load(std::memory_order_relaxed); }
 
   // Background thread. `key` identifies the tensor (TensorKey); `label` is the name shown.
