@@ -25,6 +25,21 @@ def record(steps, tensors):
         assert all(torch.all(o == expected) for o in outs)
 
 
+def traced(file_name, body):
+    """Runs body() on every rank while a timeline records; returns rank 0's events (else None)."""
+    path = hvd.broadcast_object(os.path.join(tempfile.mkdtemp(), file_name)
+                                if hvd.rank() == 0 else None, name=f"{file_name} path")
+    hvd.start_timeline(path)
+    try:
+        body()
+    finally:
+        hvd.stop_timeline()
+    if hvd.rank() != 0:
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def test_timeline_is_valid_json_mid_run_and_at_every_page_boundary():
     path = hvd.broadcast_object(os.path.join(tempfile.mkdtemp(), "pages.json")
                                 if hvd.rank() == 0 else None, name="timeline path")
@@ -76,21 +91,17 @@ def test_fused_batch_phases_tile_each_tensors_collective_span():
     tensor's track, NEGOTIATE ends where QUEUE and the ALLREDUCE span start, the phases inside
     follow each other without gaps up to the span's end, and the tensors of one batch share
     their phase times."""
-    path = hvd.broadcast_object(os.path.join(tempfile.mkdtemp(), "batch.json")
-                                if hvd.rank() == 0 else None, name="batch timeline path")
     names = [f"tile.{i}" for i in range(8)]
-    hvd.start_timeline(path)
-    try:
+
+    def steps():
         for step in range(6):
             outs = hvd.grouped_allreduce([torch.full((50 + i,), float(step)) for i in range(8)],
                                          name="tile", op=hvd.Sum)
             assert all(torch.all(o == step * hvd.size()) for o in outs)
-    finally:
-        hvd.stop_timeline()
-    if hvd.rank() != 0:
+
+    events = traced("batch.json", steps)
+    if events is None:
         return
-    with open(path) as f:
-        events = json.load(f)
     tracks = {e["args"]["name"]: e["tid"] for e in events if e.get("name") == "thread_name"}
     spans = [e for e in events if e.get("ph") == "X"]
     assert set(names) <= set(tracks), tracks
@@ -117,20 +128,16 @@ def test_fused_batch_phases_tile_each_tensors_collective_span():
 
 
 def test_negotiation_args_name_dtype_and_shape_when_they_change():
-    path = hvd.broadcast_object(os.path.join(tempfile.mkdtemp(), "args.json")
-                                if hvd.rank() == 0 else None, name="args timeline path")
     shapes = [4, 4, 6, 6, 6]
-    hvd.start_timeline(path)
-    try:
+
+    def steps():
         for n in shapes:
             out = hvd.allreduce(torch.ones(n, dtype=torch.float64), name="reshaped", op=hvd.Sum)
             assert out.shape == (n,) and torch.all(out == hvd.size())
-    finally:
-        hvd.stop_timeline()
-    if hvd.rank() != 0:
+
+    events = traced("args.json", steps)
+    if events is None:
         return
-    with open(path) as f:
-        events = json.load(f)
     tid = next(e["tid"] for e in events if e.get("name") == "thread_name"
                and e["args"]["name"] == "reshaped")
     negotiate = sorted((e for e in events
