@@ -172,8 +172,9 @@ Status Timeline::Start(const std::string& path, bool mark_cycles) {
   const int fd = ReplaceFile(
       path, [&](int to) { return PutPages(to, 0, kInitialRegion, kInitialRegion - 1, "["); });
   if (fd < 0) {
+    const int err = errno;  // before the message is built
     return Status::InvalidArgument("cannot write timeline file '" + path +
-                                   "': " + std::strerror(errno));
+                                   "': " + std::strerror(err));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
