@@ -238,6 +238,12 @@ void Timeline::Publish() {
   staged_.clear();
 }
 
+bool Timeline::Active() {
+  if (!enabled()) return false;
+  Sync();
+  return true;
+}
+
 void Timeline::Sync() {
   const uint64_t gen = generation_.load(std::memory_order_acquire);
   if (gen == seen_generation_) return;
@@ -264,8 +270,7 @@ Timeline::Track& Timeline::TrackFor(const std::string& key, const std::string& l
 
 void Timeline::NegotiateStart(const std::string& key, const std::string& label, OpType op,
                               DataType dtype, const Shape& shape) {
-  if (!enabled()) return;
-  Sync();
+  if (!Active()) return;
   Track& t = TrackFor(key, label);
   if (t.depth > 0) return;  // already negotiating or executing
   t.depth = 1;
@@ -283,16 +288,14 @@ void Timeline::NegotiateStart(const std::string& key, const std::string& label, 
 }
 
 void Timeline::RankReady(const std::string& key, int rank) {
-  if (!enabled()) return;
-  Sync();
+  if (!Active()) return;
   if (Track* t = Find(key)) {
     staged_.push_back(Event{Kind::kRankReady, NowUs(), t->tid, rank, nullptr, {}, {}});
   }
 }
 
 void Timeline::NegotiateEnd(const std::string& key, OpType op, bool cached) {
-  if (!enabled()) return;
-  Sync();
+  if (!Active()) return;
   Track* t = Find(key);
   if (t == nullptr || t->depth != 1) return;
   const int64_t now = NowUs();
@@ -312,8 +315,7 @@ void Timeline::NegotiateEnd(const std::string& key, OpType op, bool cached) {
 void Timeline::BeginBatch(const std::vector<std::string>& keys) {
   batch_.reset();
   batch_tracks_.clear();
-  if (!enabled()) return;
-  Sync();
+  if (!Active()) return;
   auto members = std::make_shared<std::vector<Member>>();
   members->reserve(keys.size());
   for (const std::string& key : keys) {
@@ -332,9 +334,7 @@ void Timeline::EndPhase(int64_t now) {
 }
 
 void Timeline::Activity(const char* activity) {
-  if (!enabled() || !batch_) return;
-  Sync();
-  if (!batch_) return;
+  if (!Active() || !batch_) return;
   const int64_t now = NowUs();
   EndPhase(now);
   phase_ = activity;
@@ -342,24 +342,24 @@ void Timeline::Activity(const char* activity) {
 }
 
 void Timeline::Done() {
-  if (enabled() && batch_) {
-    Sync();
-    if (batch_) {
-      const int64_t now = NowUs();
-      EndPhase(now);
-      staged_.push_back(Event{Kind::kBatchOp, 0, 0, now, nullptr, {}, batch_});
-      for (Track* t : batch_tracks_) t->depth = 0;
-    }
+  if (Active() && batch_) {
+    const int64_t now = NowUs();
+    EndPhase(now);
+    staged_.push_back(Event{Kind::kBatchOp, 0, 0, now, nullptr, {}, batch_});
+    for (Track* t : batch_tracks_) t->depth = 0;
   }
   batch_.reset();
   batch_tracks_.clear();
+  // Published now, not at the next cycle: the executor marks the handles done right after, and
+  // a stop_timeline() that follows the caller's synchronize() must find these events queued.
   Publish();
 }
 
 void Timeline::CycleStart() {
-  if (!enabled()) return;
-  Sync();
-  if (mark_cycles()) staged_.push_back(Event{Kind::kGlobalInstant, NowUs(), 0, 0, "CYCLE_START", {}, {}});
+  if (!Active()) return;
+  if (mark_cycles()) {
+    staged_.push_back(Event{Kind::kGlobalInstant, NowUs(), 0, 0, "CYCLE_START", {}, {}});
+  }
   Publish();
 }
 
@@ -412,10 +412,8 @@ void Timeline::Format(const Event& e, std::string* out) const {
   line.Lit(",\"ts\":");
   line.Int(e.kind == Kind::kMeta ? 0 : e.ts_us - origin_us_);
   switch (e.kind) {
-    case Kind::kInstant:
     case Kind::kGlobalInstant:
-      if (e.kind == Kind::kGlobalInstant) line.Lit(",\"ph\":\"i\",\"s\":\"g\",\"name\":\"");
-      else line.Lit(",\"ph\":\"i\",\"s\":\"t\",\"name\":\"");
+      line.Lit(",\"ph\":\"i\",\"s\":\"g\",\"name\":\"");
       line.Put(e.name, std::strlen(e.name));
       line.Lit("\"}");
       break;
@@ -539,23 +537,29 @@ void Timeline::WriteBatch(std::vector<Event>& batch) {
     wrote_any_ = true;
     return true;
   };
-  const auto separator = [&] { event_.assign(wrote_any_ ? ",\n" : "\n"); };
-  for (const Event& e : batch) {
+  // Formats `e` (a batch event: one span per tensor) and places it; false after an I/O error.
+  const auto emit = [&](const Event& e) {
+    const auto separator = [&] { event_.assign(wrote_any_ ? ",\n" : "\n"); };
     if (!e.batch) {
       separator();
       Format(e, &event_);
-      if (!place()) break;
-      continue;
+      return place();
     }
-    bool ok = true;
     for (const Member& m : *e.batch) {
       separator();
-      if (e.kind == Kind::kBatchQueue) FormatSpan(m.tid, m.exec_start, e.value, "QUEUE", nullptr, &event_);
-      else if (e.kind == Kind::kBatchPhase) FormatSpan(m.tid, e.ts_us, e.value, e.name, nullptr, &event_);
-      else FormatSpan(m.tid, m.exec_start, e.value, ExecName(m.op), nullptr, &event_);
-      if (!(ok = place())) break;
+      if (e.kind == Kind::kBatchQueue) {
+        FormatSpan(m.tid, m.exec_start, e.value, "QUEUE", nullptr, &event_);
+      } else if (e.kind == Kind::kBatchPhase) {
+        FormatSpan(m.tid, e.ts_us, e.value, e.name, nullptr, &event_);
+      } else {
+        FormatSpan(m.tid, m.exec_start, e.value, ExecName(m.op), nullptr, &event_);
+      }
+      if (!place()) return false;
     }
-    if (!ok) break;
+    return true;
+  };
+  for (const Event& e : batch) {
+    if (!emit(e)) break;
   }
   if (fd_ >= 0) Flush(text_, at);
   batch.clear();

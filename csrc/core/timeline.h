@@ -87,7 +87,7 @@ class Timeline {
 
  private:
   enum class Kind : char {
-    kSpan, kInstant, kRankReady, kMeta, kGlobalInstant,
+    kSpan, kRankReady, kMeta, kGlobalInstant,
     kBatchQueue,  // per tensor: QUEUE from its exec start to `value`
     kBatchPhase,  // per tensor: `name` from ts_us to `value`
     kBatchOp,     // per tensor: its <OP> span from its exec start to `value`
@@ -122,6 +122,8 @@ class Timeline {
   };
   // Background thread: forgets the tracks and staged events of an earlier Start().
   void Sync();
+  // Background thread, at every recorder entry: false when not recording; else Sync()s.
+  bool Active();
   Track* Find(const std::string& key);
   Track& TrackFor(const std::string& key, const std::string& label);
   void EndPhase(int64_t now);
