@@ -12,7 +12,10 @@ class Context::Observer : public ExecutionObserver {
  public:
   explicit Observer(Context* ctx) : ctx_(ctx) {}
   bool Recording() const override { return ctx_->timeline_->enabled(); }
-  void Begin(const std::vector<std::string>& keys) override { ctx_->timeline_->BeginBatch(keys); }
+  void Begin() override { ctx_->timeline_->BeginBatch(); }
+  void Member(const std::string& name, int32_t process_set) override {
+    ctx_->timeline_->BatchMember(name, process_set);
+  }
   void Activity(const char* activity) override { ctx_->timeline_->Activity(activity); }
   void Done() override { ctx_->timeline_->Done(); }
   void CollectiveDone(OpType op, int tensors, int64_t bytes, int n, double seconds) override {

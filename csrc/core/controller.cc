@@ -83,15 +83,16 @@ void Controller::Forget(const Response& response, bool cached) {
     since_.erase(it);
   }
   if (timeline_ != nullptr && timeline_->enabled()) {
-    timeline_->NegotiateEnd(key, response.op, cached);
+    timeline_->NegotiateEnd(response.name, response.process_set, response.op, cached);
   }
 }
 
 // On rank 0, a name it takes part in starts its NEGOTIATE span when first heard of.
 void Controller::TraceStart(const Request& q) {
   if (timeline_ == nullptr || !timeline_->enabled() || cp_->rank() != 0) return;
-  if (q.op == OpType::kShutdown || sets_->RankIn(q.process_set, 0) < 0) return;
-  timeline_->NegotiateStart(q.Key(), q.name, q.op, q.dtype, q.shape);
+  if (q.op == OpType::kShutdown) return;
+  if (q.process_set != 0 && sets_->RankIn(q.process_set, 0) < 0) return;  // 0: every rank
+  timeline_->NegotiateStart(q.name, q.process_set, q.op, q.dtype, q.shape);
 }
 
 void Controller::Classify(Request request) {
@@ -285,7 +286,7 @@ ResponseList Controller::Coordinate(const std::vector<std::string>& gathered) {
     HVDL_CHECK(s.ok(), "rank " + std::to_string(r) + " sent a corrupt message: " + s.message());
     for (const Request& q : messages[r].requests) {
       TraceStart(q);
-      if (timeline_ != nullptr && timeline_->enabled()) timeline_->RankReady(q.Key(), q.rank);
+      if (timeline_ != nullptr && timeline_->enabled()) timeline_->RankReady(q.name, q.process_set, q.rank);
       if (q.op == OpType::kShutdown) {
         list.shutdown = true;
         if (!list.shutdown_reason.empty()) list.shutdown_reason += "; ";

@@ -147,9 +147,8 @@ void Executor::Finish(Items& items, const Status& status, const std::vector<int6
 
 void Executor::Trace(const Items& items) {
   if (traced_ == &items) return;
-  trace_keys_.clear();
-  for (const Item& it : items) trace_keys_.push_back(it.response->Key());
-  observer_->Begin(trace_keys_);
+  observer_->Begin();
+  for (const Item& it : items) observer_->Member(it.response->name, it.response->process_set);
   traced_ = &items;
 }
 

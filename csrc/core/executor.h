@@ -27,10 +27,12 @@ namespace hvdl {
 class ExecutionObserver {
  public:
   virtual ~ExecutionObserver() = default;
-  // False when nobody records phases (no timeline): the executor then skips building key lists.
+  // False when nobody records phases (no timeline): the executor then skips naming tensors.
   virtual bool Recording() const = 0;
-  // A batch of the tensors `keys` (TensorKey) starts; Activity and Done refer to it.
-  virtual void Begin(const std::vector<std::string>& keys) = 0;
+  // A batch starts; a Member call per tensor names them (name and process set); Activity and
+  // Done refer to it.
+  virtual void Begin() = 0;
+  virtual void Member(const std::string& name, int32_t process_set) = 0;
   // The batch enters `activity`, e.g. "MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE"; its previous
   // activity ends.
   virtual void Activity(const char* activity) = 0;
@@ -95,7 +97,6 @@ class Executor {
   int64_t threshold_ = 0;
   ExecutionObserver* observer_ = nullptr;
   const Items* traced_ = nullptr;
-  std::vector<std::string> trace_keys_;
   int64_t last_batch_bytes_ = 0;
 };
 
