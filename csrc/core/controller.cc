@@ -286,7 +286,9 @@ ResponseList Controller::Coordinate(const std::vector<std::string>& gathered) {
     HVDL_CHECK(s.ok(), "rank " + std::to_string(r) + " sent a corrupt message: " + s.message());
     for (const Request& q : messages[r].requests) {
       TraceStart(q);
-      if (timeline_ != nullptr && timeline_->enabled()) timeline_->RankReady(q.name, q.process_set, q.rank);
+      if (timeline_ != nullptr && timeline_->enabled()) {
+        timeline_->RankReady(q.name, q.process_set, q.rank);
+      }
       if (q.op == OpType::kShutdown) {
         list.shutdown = true;
         if (!list.shutdown_reason.empty()) list.shutdown_reason += "; ";

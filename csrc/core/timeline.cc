@@ -28,8 +28,8 @@ int64_t NowUs() {
 constexpr size_t kMaxNameChars = 1024;
 // Bytes of records waiting for the writer; a recorder that finds the queue this full waits.
 constexpr size_t kMaxQueuedBytes = size_t{64} << 20;
-// Emptied chunks of records kept for reuse (a chunk per cycle and per batch: about 10 steps' worth
-// of a training step's chunks arrive between two rounds of the writer).
+// Emptied chunks of records kept for reuse (Publish hands over one per cycle and per batch: some
+// tens arrive between two rounds of the writer).
 constexpr size_t kSpareChunks = 64;
 // The first region of spaces the closing bracket sits behind.
 constexpr off_t kInitialRegion = off_t{1} << 20;

@@ -80,8 +80,8 @@ class Timeline {
   void NegotiateEnd(const std::string& name, int32_t process_set, OpType op, bool cached);
   // Background thread. Execution is recorded per fused batch, not per tensor (the writer
   // expands it into one span per tensor): BeginBatch and a BatchMember call per tensor name the
-  // batch's tensors, Activity ends its previous phase (QUEUE at first) and starts `activity` (a static
-  // string), Done ends the last phase and the tensors' <OP> spans.
+  // batch's tensors, Activity ends its previous phase (QUEUE at first) and starts `activity` (a
+  // static string), Done ends the last phase and the tensors' <OP> spans.
   void BeginBatch();
   void BatchMember(const std::string& name, int32_t process_set);
   void Activity(const char* activity);
@@ -98,7 +98,7 @@ class Timeline {
     kNegotiateStart,  // ts, op, dtype, ndims, dims..., tensor
     kRankReady,       // ts, rank, tensor
     kNegotiateEnd,    // ts, op, cached, tensor
-    kBatch,           // count (the members follow as kMember records)
+    kBatch,           // (nothing): a batch starts; its tensors follow as kMember records
     kMember,          // tensor
     kActivity,        // ts, const char* (a static string)
     kDone,            // ts
