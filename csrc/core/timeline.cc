@@ -234,13 +234,14 @@ void Timeline::Publish() {
   if (WaitForRoom(lock) && generation_.load(std::memory_order_relaxed) == seen_generation_) {
     queued_bytes_ += staged_.size();
     queue_.push_back(std::move(staged_));
-    staged_.clear();  // moved from: empty in practice, now by definition
-    if (!spare_.empty()) {
+    staged_ = std::string();
+    if (!spare_.empty()) {  // emptied by the writer
       staged_.swap(spare_.back());
       spare_.pop_back();
     }
+  } else {
+    staged_.clear();  // the timeline stopped, or restarted since these were recorded
   }
-  staged_.clear();
 }
 
 bool Timeline::Active() {
@@ -275,12 +276,14 @@ void PutTensor(char* p, const std::string& name, int32_t process_set) {
 
 }  // namespace
 
-char* Timeline::Append(Rec kind, size_t bytes) {
+template <typename... Fields>
+char* Timeline::Append(Rec kind, size_t extra, const Fields&... fields) {
   const size_t at = staged_.size();
-  staged_.resize(at + 1 + bytes);
+  staged_.resize(at + 1 + (sizeof(Fields) + ... + 0) + extra);
   char* p = &staged_[at];
-  *p = static_cast<char>(kind);
-  return p + 1;
+  *p++ = static_cast<char>(kind);
+  ((p = Put(p, fields)), ...);
+  return p;
 }
 
 void Timeline::NegotiateStart(const std::string& name, int32_t process_set, OpType op,
@@ -288,32 +291,24 @@ void Timeline::NegotiateStart(const std::string& name, int32_t process_set, OpTy
   if (!Active()) return;
   const auto ndims = static_cast<uint32_t>(shape.size());
   const size_t dim_bytes = ndims * sizeof(int64_t);
-  char* p = Append(Rec::kNegotiateStart, sizeof(int64_t) + 2 * sizeof(int32_t) +
-                                             sizeof(uint32_t) + dim_bytes + TensorBytes(name));
-  p = Put(p, NowUs());
-  p = Put(p, static_cast<int32_t>(op));
-  p = Put(p, static_cast<int32_t>(dtype));
-  p = Put(p, ndims);
+  char* p = Append(Rec::kNegotiateStart, dim_bytes + TensorBytes(name), NowUs(),
+                   static_cast<int32_t>(op), static_cast<int32_t>(dtype), ndims);
   if (dim_bytes > 0) std::memcpy(p, shape.data(), dim_bytes);
   PutTensor(p + dim_bytes, name, process_set);
 }
 
 void Timeline::RankReady(const std::string& name, int32_t process_set, int rank) {
   if (!Active()) return;
-  char* p = Append(Rec::kRankReady, sizeof(int64_t) + sizeof(int32_t) + TensorBytes(name));
-  p = Put(p, NowUs());
-  p = Put(p, static_cast<int32_t>(rank));
-  PutTensor(p, name, process_set);
+  PutTensor(Append(Rec::kRankReady, TensorBytes(name), NowUs(), static_cast<int32_t>(rank)), name,
+            process_set);
 }
 
 void Timeline::NegotiateEnd(const std::string& name, int32_t process_set, OpType op,
                             bool cached) {
   if (!Active()) return;
-  char* p = Append(Rec::kNegotiateEnd, sizeof(int64_t) + 2 * sizeof(int32_t) + TensorBytes(name));
-  p = Put(p, NowUs());
-  p = Put(p, static_cast<int32_t>(op));
-  p = Put(p, static_cast<int32_t>(cached));
-  PutTensor(p, name, process_set);
+  PutTensor(Append(Rec::kNegotiateEnd, TensorBytes(name), NowUs(), static_cast<int32_t>(op),
+                   static_cast<int32_t>(cached)),
+            name, process_set);
 }
 
 void Timeline::BeginBatch() {
@@ -321,18 +316,15 @@ void Timeline::BeginBatch() {
 }
 
 void Timeline::BatchMember(const std::string& name, int32_t process_set) {
-  if (!Active()) return;
-  PutTensor(Append(Rec::kMember, TensorBytes(name)), name, process_set);
+  if (Active()) PutTensor(Append(Rec::kMember, TensorBytes(name)), name, process_set);
 }
 
 void Timeline::Activity(const char* activity) {
-  if (!Active()) return;
-  char* p = Append(Rec::kActivity, sizeof(int64_t) + sizeof(const char*));
-  Put(Put(p, NowUs()), activity);
+  if (Active()) Append(Rec::kActivity, 0, NowUs(), activity);
 }
 
 void Timeline::Done() {
-  if (Active()) Put(Append(Rec::kDone, sizeof(int64_t)), NowUs());
+  if (Active()) Append(Rec::kDone, 0, NowUs());
   // Published now, not at the next cycle: the executor marks the handles done right after, and
   // a stop_timeline() that follows the caller's synchronize() must find these records queued.
   Publish();
@@ -340,7 +332,7 @@ void Timeline::Done() {
 
 void Timeline::CycleStart() {
   if (!Active()) return;
-  if (mark_cycles()) Put(Append(Rec::kCycle, sizeof(int64_t)), NowUs());
+  if (mark_cycles()) Append(Rec::kCycle, 0, NowUs());
   Publish();
 }
 
@@ -374,8 +366,7 @@ class Line {
 
 }  // namespace
 
-// Replays the records of the log (written by the background thread, read here in the same
-// order): the state machine per track the recorder used to keep.
+// Reads the records of a chunk of the log in the order the background thread wrote them.
 class Timeline::LogReader {
  public:
   explicit LogReader(const std::string& log) : p_(log.data()), end_(log.data() + log.size()) {}
@@ -405,7 +396,7 @@ class Timeline::LogReader {
 };
 
 Timeline::Track* Timeline::Find(std::string_view name, int32_t process_set) {
-  key_.assign(name.data(), name.size());  // TensorKey's spelling, in a reused buffer
+  key_.assign(name.data(), name.size());  // one key per (name, process set), in a reused buffer
   if (process_set != 0) {
     key_ += '\x1f';
     key_ += std::to_string(process_set);

@@ -120,8 +120,10 @@ class Timeline {
   void Sync();
   // Background thread, at every recorder entry: false when not recording; else Sync()s.
   bool Active();
-  // Background thread: appends a record to staged_ and returns where its `bytes` of fields go.
-  char* Append(Rec kind, size_t bytes);
+  // Background thread: appends a record to staged_: its kind, `fields` (memcpy'd in order) and
+  // room for `extra` more bytes, where the returned pointer points.
+  template <typename... Fields>
+  char* Append(Rec kind, size_t extra, const Fields&... fields);
   // Waits (mu_ held by `lock`) while the queue is full; false once the timeline stops.
   bool WaitForRoom(std::unique_lock<std::mutex>& lock);
   // Background thread: hands staged_ to the writer.
