@@ -105,12 +105,20 @@ void FinalizeCommTransport() {
 #endif
 }
 
-std::string TransportVersion() {
+std::string MpiLibraryVersion() {
 #if HVDL_WITH_MPI
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
   int len = 0;
-  MPI_Get_library_version(lib, &len);
-  std::string s(lib, static_cast<size_t>(len));
+  MPI_Get_library_version(lib, &len);  // allowed before MPI_Init (MPI-3)
+  return std::string(lib, static_cast<size_t>(len));
+#else
+  return "";
+#endif
+}
+
+std::string TransportVersion() {
+#if HVDL_WITH_MPI
+  std::string s = MpiLibraryVersion();
   size_t cut = s.find_first_of(",\n");
   return "MPI " + std::to_string(MPI_VERSION) + "." + std::to_string(MPI_SUBVERSION) + " (" +
          s.substr(0, cut) + ")";

@@ -57,6 +57,9 @@ struct CommRuntime {
 Status BuildCommRuntime(const CommOptions& options, const Config& config, CommRuntime* out);
 // Finalises the transport at process exit if horovodlite initialised it.
 void FinalizeCommTransport();
+// MPI_Get_library_version of the MPI library loaded into this process, whole; callable before
+// init (horovodlite/_mpi_check.py compares it with the MPI the extension was built against).
+std::string MpiLibraryVersion();
 // "MPI 3.1 (Open MPI v5.0.11, ...)" or "" if not built.
 std::string TransportVersion();
 bool MpiBuilt();

