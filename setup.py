@@ -139,8 +139,14 @@ def _forget_other_mpi(build_dir: Path, identity: str) -> None:
 
 
 class CMakeBuild(build_ext):
+    def run(self) -> None:
+        # setuptools clears `inplace` while it builds and copies into the tree afterwards.
+        self._in_tree = bool(self.inplace)
+        super().run()
+
     def build_extension(self, ext: Extension) -> None:
-        editable = bool(getattr(self, "editable_mode", False) or self.inplace)
+        editable = bool(getattr(self, "editable_mode", False) or getattr(self, "_in_tree", False)
+                        or self.inplace)
         regular = Path(self.get_ext_fullpath(ext.name)).resolve()
         out_dir = ROOT / "horovodlite" if editable else regular.parent
         tag = f"{sys.implementation.cache_tag}-{'editable' if editable else 'wheel'}"

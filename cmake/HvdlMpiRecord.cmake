@@ -66,7 +66,16 @@ function(hvdl_relocatable_rpath target)
     endif()
     list(APPEND rpath "${dir}")
   endforeach()
+  list(TRANSFORM rpath REPLACE "/+$" "")
   list(REMOVE_DUPLICATES rpath)
+  # An MPI wrapper's own "-Wl,-rpath,<its lib>" (PyPI's Open MPI and MPICH have one) would put
+  # the build environment's absolute path back in: drop it from the MPI target's link options
+  # (FindMPI writes its commas as $<COMMA>).
+  get_target_property(options MPI::MPI_C INTERFACE_LINK_OPTIONS)
+  if(options)
+    string(REGEX REPLACE "-Wl(,|\\$<COMMA>)-rpath( +-Wl)?(,|\\$<COMMA>)[^ ;>]+" "" options "${options}")
+    set_target_properties(MPI::MPI_C PROPERTIES INTERFACE_LINK_OPTIONS "${options}")
+  endif()
   set_target_properties(${target} PROPERTIES BUILD_WITH_INSTALL_RPATH ON INSTALL_RPATH "${rpath}")
   message(STATUS "horovodlite: relocatable RUNPATH ${rpath}")
 endfunction()
