@@ -41,7 +41,7 @@ def _rebuild() -> None:
         )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load():
     """The extension module, rebuilt first in an editable install, its MPI checked (once)."""
     if _MARKER.exists() and os.environ.get("HOROVODLITE_NO_REBUILD") != "1":

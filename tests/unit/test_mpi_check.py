@@ -15,7 +15,8 @@ from horovodlite import _mpi_check as mc
 OMPI5_LIB = ("Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11, "
              "repo rev: v5.0.11rc1, Sep 16, 2026")
 OMPI4_LIB = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, 2022"
-MPICH4_LIB = "MPICH Version:\t4.0.2\nMPICH Release date:\tThu Apr  7 12:34:45 CDT 2022\nMPICH ABI:\t14:2:2"
+MPICH4_LIB = ("MPICH Version:\t4.0.2\nMPICH Release date:\tThu Apr  7 12:34:45 CDT 2022\n"
+              "MPICH ABI:\t14:2:2")
 MPICH5_LIB = "MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25 20:45:26 UTC 2026"
 INTEL_LIB = "Intel(R) MPI Library 2021.10 for Linux* OS"
 OMPI5_RUN = "mpirun (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n"
