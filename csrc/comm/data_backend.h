@@ -59,6 +59,9 @@ class DataBackend {
   virtual void SetAllreduceAlgorithm(AllreduceAlgorithm algo) {}
   // Ring transports (one per process set used so far) that copy straight from peer memory.
   virtual int single_copy_transports() const { return 0; }
+  // Summed over those transports: members this rank exchanges with by single copy (the others,
+  // on other hosts or where the kernel refused, by messages).
+  virtual int single_copy_peers() const { return 0; }
   // recv receives every member's block, member i's block of counts[i] elements at offset
   // sum(counts[0..i)). send holds counts[my rank] elements, or is nullptr when this rank's block
   // is already in place inside recv.

@@ -188,8 +188,10 @@ void Context::OnCycle(const CycleResult& result) {
   stats_.cache_entries = controller_->cache().size();
   stats_.fusion_buffer_bytes = fusion_->capacity();
   stats_.single_copy_transports = 0;
+  stats_.single_copy_peers = 0;
   for (DataBackend* b : comm_.backends.all()) {
     stats_.single_copy_transports += b->single_copy_transports();
+    stats_.single_copy_peers += b->single_copy_peers();
   }
 }
 

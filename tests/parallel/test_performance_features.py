@@ -3,6 +3,7 @@ against NumPy, and autotune agreement - each on every rank, at any size."""
 
 import contextlib
 import os
+import socket
 import time
 
 import pytest
@@ -155,9 +156,14 @@ def test_ring_single_copy_and_mpi_messages_give_the_same_bits():
     with runtime(HOROVOD_ALLREDUCE_ALGO="ring", HOROVOD_RING_SEGMENT_BYTES=65536):
         single = reduce_batches("sc")
         hvd.barrier()
-        used = hvd.allgather_object(_stats()["single_copy_transports"], name="sc.used")
-    # All or nothing: every rank reports the same (1 on a host that allows it, 0 with one rank).
-    assert len(set(used)) == 1, f"ranks disagree about single copy: {used}"
+        peers = _stats()["single_copy_peers"]
+        used = hvd.allgather_object((socket.gethostname(), peers), name="sc.used")
+    # Per pair: a rank exchanges by single copy with the other ranks of its host (all of them,
+    # or none where the kernel forbids reading another process), never with another host's.
+    for host in {h for h, _ in used}:
+        on_host = [p for h, p in used if h == host]
+        assert set(on_host) <= {0, len(on_host) - 1} and len(set(on_host)) == 1, (
+            f"ranks of {host} disagree about single copy: {used}")
     with runtime(HOROVOD_ALLREDUCE_ALGO="ring", HOROVOD_RING_SEGMENT_BYTES=65536,
                  HOROVOD_RING_CMA=0):
         plain = reduce_batches("mpi")

@@ -98,7 +98,13 @@ MpiTransport* MpiBackend::TransportFor(int ps) {
 
 int MpiBackend::single_copy_transports() const {
   int n = 0;
-  for (const auto& kv : transports_) n += kv.second->single_copy() ? 1 : 0;
+  for (const auto& kv : transports_) n += kv.second->single_copy_peers() > 0 ? 1 : 0;
+  return n;
+}
+
+int MpiBackend::single_copy_peers() const {
+  int n = 0;
+  for (const auto& kv : transports_) n += kv.second->single_copy_peers();
   return n;
 }
 

@@ -45,6 +45,7 @@ class MpiBackend : public DataBackend {
 
   void SetAllreduceAlgorithm(AllreduceAlgorithm algo) override { algorithm_ = algo; }
   int single_copy_transports() const override;
+  int single_copy_peers() const override;
 
   static constexpr int64_t kFusedRingBytes = 256 * 1024;
 

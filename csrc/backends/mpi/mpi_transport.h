@@ -1,8 +1,8 @@
 // MpiTransport: the ring's Transport over MPI point-to-point on one data communicator.
 //
-// Single copy on one host. When every member of the communicator runs on this host and the
-// kernel lets us read our peers' memory (Linux cross-memory attach, process_vm_readv; the probe
-// in the constructor checks it), a large ring message does not travel through MPI: the sender
+// Single copy on one host. Between two members that run on one host, when the kernel lets them
+// read each other's memory (Linux cross-memory attach, process_vm_readv; the probe in the
+// constructor checks each such pair), a large ring message does not travel through MPI: the sender
 // posts a small descriptor - its pid-relative addresses and lengths - and the receiver copies
 // straight from the sender's tensors into its own destination with one system call, then
 // acknowledges, which is when the sender's request completes. Open MPI's own single-copy path
@@ -10,8 +10,9 @@
 // MPI builds for it is copied twice (into shared memory and out again), which measured 3-4x
 // slower than one contiguous exchange of the same bytes. Small messages are carried inside the
 // descriptor; messages with too many pieces go as ordinary MPI messages after it.
-// HOROVOD_RING_CMA=0 turns single copy off (every rank must agree; the probe makes it all or
-// nothing).
+// Members on different hosts always exchange MPI messages (TCP between machines); a job that
+// spans hosts keeps single copy between the ranks that share one. HOROVOD_RING_CMA=0 turns
+// single copy off (every rank must agree).
 #pragma once
 
 #include <mpi.h>
@@ -29,7 +30,10 @@ class MpiTransport : public Transport {
   MpiTransport(MPI_Comm comm, bool single_copy);
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  bool single_copy() const { return single_copy_; }
+  // Whether messages with `peer` travel by single copy (both sides agree), and with how many
+  // members this rank exchanges that way.
+  bool single_copy(int peer) const { return !peers_.empty() && peers_[static_cast<size_t>(peer)]; }
+  int single_copy_peers() const { return single_copy_peers_; }
   Status Isend(const void* buf, size_t bytes, int peer, int* request) override;
   Status Irecv(void* buf, size_t bytes, int peer, int* request) override;
   Status IsendSpans(const std::vector<Span>& spans, size_t esize, int peer,
@@ -54,7 +58,7 @@ class MpiTransport : public Transport {
   // A free slot (its index in `*id`) for a request with `peer`; descriptor/local keep their
   // capacity for reuse.
   Request& NewRequest(int peer, bool receive_descriptor, int* id);
-  bool ProbeSingleCopy();
+  void ProbeSingleCopy();
   Status PostPlain(bool send, const std::vector<Span>& spans, int peer, int tag,
                    MPI_Request* req);
   Status PostSend(const std::vector<Span>& spans, int peer, int* request);
@@ -66,8 +70,9 @@ class MpiTransport : public Transport {
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
-  bool single_copy_ = false;
-  std::vector<int64_t> pids_;  // of every member, for process_vm_readv
+  std::vector<uint8_t> peers_;  // per member: 1 if messages with it go by single copy
+  int single_copy_peers_ = 0;
+  std::vector<int64_t> pids_;  // per member on this host, for process_vm_readv (0 elsewhere)
   uint64_t probe_word_ = 0;
   std::vector<Request> requests_;
   std::vector<int> free_;
