@@ -26,11 +26,14 @@ TIMEOUT = int(os.environ.get("HVDL_PARALLEL_TIMEOUT", "300"))
 
 
 def run_parallel(np_: int, target: str, extra_env: dict | None = None,
-                 timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
+                 timeout: int = TIMEOUT, launch_args: tuple = (),
+                 on_host: list | None = None) -> subprocess.CompletedProcess:
     """Runs ``pytest target`` on every rank; returns the CompletedProcess (output combined).
 
     The job runs in its own process group so that a timeout kills every rank, and its output
-    goes to a file so that a hang still shows what each rank printed last.
+    goes to a file so that a hang still shows what each rank printed last. ``launch_args`` go
+    to horovodliterun (e.g. -H for test hosts); ``on_host`` prefixes the launch (e.g. the test
+    hosts' ``hostctl.sh run hvdl-host0``, to launch from that host as on a cluster).
     """
     env = dict(os.environ)
     env.update({
@@ -42,8 +45,9 @@ def run_parallel(np_: int, target: str, extra_env: dict | None = None,
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": env.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "60"),
     })
     env.update(extra_env or {})
-    cmd = [sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_),
-           sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+    cmd = [*(on_host or []), sys.executable, "-m", "horovodlite.runner.launch",
+           "-np", str(np_), *launch_args, sys.executable, "-m", "pytest", "-x", "-q",
+           "-p", "no:cacheprovider",
            "--timeout", str(max(timeout - 30, 60)), "-o", "addopts=", target]
     with tempfile.TemporaryFile(mode="w+") as log:
         proc = subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdout=log,

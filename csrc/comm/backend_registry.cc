@@ -71,6 +71,7 @@ Status BuildCommRuntime(const CommOptions& options, const Config& config, CommRu
   t.cross_rank = world->cross_rank();
   t.cross_size = world->cross_size();
   t.thread_multiple = world->thread_multiple();
+  t.homogeneous = world->homogeneous();
   out->control = std::make_unique<MpiControlPlane>(world->control());
   auto mpi = std::make_unique<MpiBackend>(world.get(), config);
   DataBackend* host = mpi.get();

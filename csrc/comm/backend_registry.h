@@ -37,6 +37,7 @@ class BackendRegistry {
 struct Topology {
   int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
   bool thread_multiple = false;
+  bool homogeneous = true;  // every node runs local_size ranks
 };
 
 struct CommOptions {

@@ -129,6 +129,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("local_size", [] { return Topo().local_size; });
   m.def("cross_rank", [] { return Topo().cross_rank; });
   m.def("cross_size", [] { return Topo().cross_size; });
+  m.def("is_homogeneous", [] { return Topo().homogeneous; });
   m.def("mpi_threads_supported", [] { return Topo().thread_multiple; });
   m.def("mpi_built", [] { return MpiBuilt(); });
   m.def("cuda_built", [] { return CudaBuilt(); });

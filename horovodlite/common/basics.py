@@ -167,6 +167,11 @@ def cross_rank() -> int:
     return _C.cross_rank()
 
 
+def is_homogeneous() -> bool:
+    """Whether every node runs the same number of ranks (decided once, at ``init``)."""
+    return _C.is_homogeneous()
+
+
 def mpi_threads_supported() -> bool:
     """True if MPI provides MPI_THREAD_MULTIPLE (needed to use mpi4py alongside horovodlite)."""
     return bool(_C.mpi_threads_supported())

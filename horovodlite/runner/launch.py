@@ -16,10 +16,13 @@ import argparse
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 from horovodlite import _mpi_check
+from horovodlite.runner.report import ReportServer, interface_addresses
 
 # Environment forwarded to every rank besides HOROVOD_* (and HVDL_*).
 _FORWARD = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS",
@@ -34,6 +37,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-np", "--num-proc", type=int, required=True, help="number of ranks")
     p.add_argument("-H", "--hosts", help="host1:slots,host2:slots (default: this machine)")
+    p.add_argument("--hostfile", help="a file of hosts, one a line: `host slots=N` or `host:N` "
+                                      "(# starts a comment); instead of -H")
+    p.add_argument("--network-interface", help="interface(s) the job's TCP traffic uses, e.g. "
+                                               "eth1 or eth1,eth2 (Open MPI's and MPICH's)")
+    p.add_argument("--no-rank-reports", action="store_true",
+                   help="run the command on the ranks as is, without the wrapper that reports "
+                        "each rank's exit to horovodliterun (then only mpirun's status counts)")
     p.add_argument("--fusion-threshold-mb", type=float, help="HOROVOD_FUSION_THRESHOLD in MiB")
     p.add_argument("--cycle-time-ms", type=float, help="HOROVOD_CYCLE_TIME in milliseconds")
     p.add_argument("--cache-capacity", type=int, help="HOROVOD_CACHE_CAPACITY")
@@ -106,25 +116,73 @@ def mpi_flavor(version_text: str) -> str:
     return "openmpi" if mpi.family == "Open MPI" else "mpich"
 
 
-def build_command(args, mpirun: str, flavor: str, env: dict) -> list:
+def read_hostfile(path: str) -> str:
+    """A hostfile (`host slots=N`, `host:N` or `host`, one a line, # comments) as a -H value."""
+    hosts = []
+    try:
+        lines = open(path).read().splitlines()
+    except OSError as e:
+        raise SystemExit(f"horovodliterun: cannot read --hostfile {path}: {e.strerror}") from None
+    for number, line in enumerate(lines, 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        host, slots = words[0], "1"
+        if ":" in host:
+            host, slots = host.rsplit(":", 1)
+        for w in words[1:]:
+            key, _, value = w.partition("=")
+            if key == "slots":
+                slots = value
+        if not host or not slots.isdigit() or int(slots) < 1:
+            raise SystemExit(f"horovodliterun: {path}:{number}: expected `host slots=N` or "
+                             f"`host:N`, got {line.strip()!r}")
+        hosts.append(f"{host}:{slots}")
+    if not hosts:
+        raise SystemExit(f"horovodliterun: --hostfile {path} names no host")
+    return ",".join(hosts)
+
+
+def host_slots(spec: str) -> list:
+    """'a:2,b' -> [('a', 2), ('b', 1)]."""
+    out = []
+    for item in filter(None, spec.split(",")):
+        host, _, slots = item.partition(":")
+        out.append((host, int(slots) if slots.isdigit() else 1))
+    return out
+
+
+def build_command(args, mpirun: str, flavor: str, env: dict, openmpi_major: int = 5) -> list:
     cmd = [mpirun, "-np", str(args.num_proc)]
     names = sorted(k for k in env if k.startswith(("HOROVOD_", "HVDL_")) or k in _FORWARD)
+    hosts = args.hosts
+    if_include = args.network_interface
     if flavor == "openmpi":
-        if args.hosts:
-            cmd += ["-H", args.hosts]
+        if hosts:
+            cmd += ["-H", hosts]
+            # more ranks than the slots given is the user's call, as with mpirun
+            if args.num_proc > sum(n for _, n in host_slots(hosts)):
+                cmd += ["--oversubscribe"]
         else:
             cmd += ["--oversubscribe"]  # more ranks than cores is fine on one machine
         cmd += ["--bind-to", "none", "--map-by", "slot"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd += ["--allow-run-as-root"]
+        if if_include:
+            # the runtime's own connections (daemons) and MPI's TCP messages
+            runtime = "--prtemca" if openmpi_major >= 5 else "--mca"
+            cmd += [runtime, "oob_tcp_if_include", if_include,
+                    "--mca", "btl_tcp_if_include", if_include]
         for name in names:
             cmd += ["-x", name]
     elif flavor == "mpich":
-        if args.hosts:
-            cmd += ["-hosts", args.hosts]
+        if hosts:
+            cmd += ["-hosts", hosts]
+        if if_include:
+            cmd += ["-iface", if_include.split(",")[0]]
         cmd += ["-bind-to", "none", "-genvlist", ",".join(names)]
-    elif args.hosts:
-        cmd += ["-H", args.hosts]
+    elif hosts:
+        cmd += ["-H", hosts]
     cmd += shlex.split(args.mpi_args)
     return cmd + args.command
 
@@ -151,6 +209,10 @@ def main(argv: list | None = None) -> int:
     if mismatch:
         sys.stderr.write(mismatch + "\n")
         return 2
+    if args.hostfile:
+        if args.hosts:
+            _parser().error("give -H or --hostfile, not both")
+        args.hosts = read_hostfile(args.hostfile)
     env = dict(os.environ)
     env.update(_knob_env(args))
     # Large tensors on transparent huge pages: MPI's shared-memory copies of torch-allocated
@@ -159,13 +221,95 @@ def main(argv: list | None = None) -> int:
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    cmd = build_command(args, mpirun, mpi_flavor(version_text), env)
+    flavor = mpi_flavor(version_text)
+    launcher_mpi = _mpi_check.parse_launcher_version(version_text)
+    major = (launcher_mpi.major if launcher_mpi else None) or 5
+    reports = None
+    if not args.no_rank_reports:
+        reports = ReportServer(on_lost=_say_lost)
+        interfaces = args.network_interface.split(",") if args.network_interface else None
+        addresses = interface_addresses(interfaces) or interface_addresses()
+        env["HVDL_REPORT_TO"] = f"{','.join(addresses)}:{reports.port}"
+        env["HVDL_REPORT_TOKEN"] = reports.token
+        args.command = [sys.executable, "-m", "horovodlite.runner.task", "--", *args.command]
+    cmd = build_command(args, mpirun, flavor, env, major)
     if args.verbose:
         print("horovodliterun: " + " ".join(cmd), flush=True)
     try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 130
+        status = _run(cmd, env, reports)
+    finally:
+        if reports is not None:
+            reports.close()
+    if reports is None:
+        return status
+    problems = reports.summary(args.num_proc)
+    if problems:
+        sys.stderr.write("horovodliterun: the job did not complete:\n" +
+                         "".join(f"  {p}\n" for p in problems))
+        return status or 1
+    unconfirmed = reports.unconfirmed(args.num_proc)
+    if status == 0 and unconfirmed:
+        sys.stderr.write(f"horovodliterun: could not confirm that rank(s) "
+                         f"{', '.join(map(str, unconfirmed))} completed (they never reached "
+                         "horovodliterun); mpirun reported success\n")
+    return status
+
+
+# How long mpirun may take to end the job after a host was lost, and after SIGTERM/SIGINT,
+# before horovodliterun ends it.
+LOST_GRACE = 20.0
+TERM_GRACE = 10.0
+
+
+def _say_lost(host: str, ranks: list, why: str) -> None:
+    sys.stderr.write(f"horovodliterun: lost {host} (rank{'s' if len(ranks) > 1 else ''} "
+                     f"{', '.join(map(str, ranks))}): {why}\n")
+    sys.stderr.flush()
+
+
+def _run(cmd: list, env: dict, reports) -> int:
+    """Runs mpirun to its end; bounded when a host was lost or we were asked to stop."""
+    proc = subprocess.Popen(cmd, env=env)
+    deadline = None   # when to stop waiting for mpirun
+    stage = 0         # 0: nothing sent, 1: SIGTERM sent, 2: SIGKILL sent
+    asked = []
+
+    def stop(signum, _frame):
+        asked.append(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            try:
+                return _status(proc.wait(timeout=0.5))
+            except subprocess.TimeoutExpired:
+                pass
+            except KeyboardInterrupt:  # Ctrl-C reached mpirun too; it ends the ranks
+                asked.append(signal.SIGINT)
+            now = time.monotonic()
+            if asked and stage == 0 and deadline is None:
+                if asked[0] != signal.SIGINT:
+                    proc.send_signal(asked[0])
+                deadline = now + TERM_GRACE
+            if reports is not None and reports.lost_hosts and deadline is None:
+                deadline = now + LOST_GRACE
+            if deadline is not None and now >= deadline and stage < 2:
+                stage += 1
+                what = "SIGTERM" if stage == 1 else "SIGKILL"
+                sys.stderr.write(f"horovodliterun: mpirun has not ended the job; sending it "
+                                 f"{what}\n")
+                proc.send_signal(signal.SIGTERM if stage == 1 else signal.SIGKILL)
+                deadline = now + TERM_GRACE
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -68,3 +69,96 @@ def test_runs_a_real_job():
 def test_requires_a_command():
     with pytest.raises(SystemExit):
         launch.main(["-np", "2"])
+
+
+def test_hostfile_forms_and_errors(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("# the cluster\nnode1 slots=4\nnode2:2  # comment\n\nnode3\n")
+    assert launch.read_hostfile(str(f)) == "node1:4,node2:2,node3:1"
+    f.write_text("node1 slots=x\n")
+    with pytest.raises(SystemExit, match=r"hosts:1: expected"):
+        launch.read_hostfile(str(f))
+    f.write_text("# nothing\n")
+    with pytest.raises(SystemExit, match="names no host"):
+        launch.read_hostfile(str(f))
+    with pytest.raises(SystemExit, match="cannot read --hostfile"):
+        launch.read_hostfile(str(tmp_path / "missing"))
+
+
+def test_network_interface_pins_runtime_and_mpi_tcp():
+    args = parse("-np", "4", "-H", "a:2,b:2", "--network-interface", "eth1", "python", "x")
+    cmd = launch.build_command(args, "mpirun", "openmpi", {}, openmpi_major=5)
+    assert ["--prtemca", "oob_tcp_if_include", "eth1"] == cmd[cmd.index("--prtemca"):][:3]
+    assert ["--mca", "btl_tcp_if_include", "eth1"] == cmd[cmd.index("--mca"):][:3]
+    cmd = launch.build_command(args, "mpirun", "openmpi", {}, openmpi_major=4)
+    assert "--prtemca" not in cmd and ["--mca", "oob_tcp_if_include", "eth1"] == \
+        cmd[cmd.index("--mca"):][:3]
+    cmd = launch.build_command(args, "mpiexec", "mpich", {})
+    assert ["-iface", "eth1"] == cmd[cmd.index("-iface"):][:2]
+
+
+def test_mpi_args_are_shell_words():
+    args = parse("-np", "2", "--mpi-args", "--mca plm_rsh_agent 'ssh -p 2222' -x FOO", "python",
+                 "x")
+    cmd = launch.build_command(args, "mpirun", "openmpi", {})
+    assert cmd[-6:-2] == ["plm_rsh_agent", "ssh -p 2222", "-x", "FOO"]
+
+
+def _job(*code, np_="2", extra=()):
+    return subprocess.run([sys.executable, "-m", "horovodlite.runner.launch", "-np", np_, *extra,
+                           sys.executable, "-c", "\n".join(code)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_every_rank_reports_its_exit_through_the_wrapper():
+    out = _job("import os", "print('argv0', os.environ['HVDL_REPORT_TO'] != '')")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("argv0 True") == 2
+    assert "did not complete" not in out.stderr
+
+
+def test_a_rank_failing_makes_the_launcher_fail_and_say_which():
+    out = _job("import os, sys", "sys.exit(3 if os.environ['OMPI_COMM_WORLD_RANK'] == '1' else 0)")
+    assert out.returncode != 0
+    assert "the job did not complete" in out.stderr and "rank 1 on" in out.stderr, out.stderr
+    assert "exited with status 3" in out.stderr
+
+
+def test_a_rank_killed_is_reported_with_its_signal():
+    out = _job("import os, signal",
+               "os.environ['OMPI_COMM_WORLD_RANK'] == '0' and os.kill(os.getpid(), signal.SIGKILL)")
+    assert out.returncode != 0
+    assert "rank 0 on" in out.stderr and "signal 9" in out.stderr, out.stderr
+
+
+def test_without_rank_reports_the_command_runs_as_is():
+    out = _job("import os", "print('wrapped', 'HVDL_REPORT_TO' in os.environ)",
+               extra=("--no-rank-reports",))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("wrapped False") == 2
+
+
+def test_report_server_names_a_lost_host(monkeypatch):
+    from horovodlite.runner import report, task
+    lost = []
+    server = report.ReportServer(bind="127.0.0.1", on_lost=lambda *a: lost.append(a))
+    try:
+        socks = []
+        for rank, host in ((0, "h0"), (1, "h1"), (2, "h1")):
+            s = task.connect([("127.0.0.1", server.port)], server.token,
+                             {"event": "started", "rank": rank, "host": host, "pid": 1})
+            assert s is not None
+            socks.append(s)
+        assert task.connect([("127.0.0.1", server.port)], "wrong-token",
+                            {"event": "started", "rank": 9, "host": "x", "pid": 1}) is None
+        socks[0].sendall(b'{"event": "exited", "status": 0}\n')
+        socks[1].close()  # rank 1 vanishes: h1 is lost with both its ranks
+        deadline = time.monotonic() + 10
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lost and lost[0][0] == "h1" and lost[0][1] == [1, 2], lost
+        problems = server.summary(3)
+        assert len(problems) == 1 and problems[0].startswith("lost h1 (ranks 1, 2)"), problems
+        assert server.unconfirmed(4) == [3]
+    finally:
+        server.close()

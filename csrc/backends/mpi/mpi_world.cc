@@ -78,6 +78,10 @@ Status MpiWorld::Build(const MpiWorldOptions& options) {
   HVDL_MPI(MPI_Comm_split(control_, local_rank_, rank_, &cross_));
   MPI_Comm_rank(cross_, &cross_rank_);
   MPI_Comm_size(cross_, &cross_size_);
+  // Homogeneous: every node runs the same number of ranks.
+  int sizes[2] = {local_size_, -local_size_};
+  HVDL_MPI(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, control_));
+  homogeneous_ = sizes[0] == -sizes[1];
   return Status::Ok();
 }
 

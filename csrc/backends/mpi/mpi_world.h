@@ -40,6 +40,8 @@ class MpiWorld {
   int local_size() const { return local_size_; }
   int cross_rank() const { return cross_rank_; }
   int cross_size() const { return cross_size_; }
+  // Every node runs the same number of ranks (local_size is the same everywhere).
+  bool homogeneous() const { return homogeneous_; }
   bool thread_multiple() const { return thread_level_ >= MPI_THREAD_MULTIPLE; }
 
   MPI_Comm control() const { return control_; }
@@ -58,6 +60,7 @@ class MpiWorld {
   Status Build(const MpiWorldOptions& options);
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
+  bool homogeneous_ = true;
   int thread_level_ = MPI_THREAD_SINGLE;
   MPI_Comm control_ = MPI_COMM_NULL;
   MPI_Comm local_ = MPI_COMM_NULL;

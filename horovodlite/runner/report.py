@@ -1,0 +1,228 @@
+"""horovodliterun's side of the rank reports (see ``task.py``): who started, who is alive, who
+exited with what, and which hosts were lost.
+
+A rank is *lost* when its connection closes without an exit status (its processes were killed,
+e.g. the machine crashed) or when nothing came from it for LOST_AFTER seconds (its network went
+down). Lost ranks are announced once per host, naming the host and its ranks.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import secrets
+import selectors
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+
+LOST_AFTER = 15.0
+HEARTBEAT = 2.0
+
+
+def interface_addresses(interfaces: list | None = None) -> list:
+    """IPv4 addresses of this machine's interfaces (only `interfaces` if given), loopback last."""
+    found = []
+    for _, name in socket.if_nameindex():
+        if interfaces and name not in interfaces:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:  # SIOCGIFADDR
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue  # no IPv4 address
+        addr = socket.inet_ntoa(raw[20:24])
+        found.append(addr)
+    return sorted(set(found), key=lambda a: (a.startswith("127."), a))
+
+
+@dataclass
+class Rank:
+    rank: int | None
+    host: str
+    pid: int
+    status: int | None = None       # exit status, once reported
+    lost: str | None = None         # why it is considered lost
+    last_heard: float = field(default_factory=time.monotonic)
+
+
+class ReportServer:
+    """Accepts the ranks' reports on a background thread; `on_lost(host, ranks, why)` is called
+    (from that thread) once per host whose ranks were lost."""
+
+    def __init__(self, bind: str = "0.0.0.0", on_lost=None):
+        self.token = secrets.token_hex(16)
+        self.on_lost = on_lost or (lambda host, ranks, why: None)
+        self.ranks: list[Rank] = []
+        self.lost_hosts: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._sel = selectors.DefaultSelector()
+        self._srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._srv.bind((bind, 0))
+        self._srv.listen(1024)
+        self._srv.setblocking(False)
+        self._sel.register(self._srv, selectors.EVENT_READ, None)
+        self._conns: dict[socket.socket, list] = {}  # -> [buffer, Rank or None]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return self._srv.getsockname()[1]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for conn in list(self._conns):
+            conn.close()
+        self._srv.close()
+
+    # -- the serving thread ------------------------------------------------------------------
+    def _serve(self) -> None:
+        next_beat = time.monotonic() + HEARTBEAT
+        while not self._stop.is_set():
+            for key, _ in self._sel.select(timeout=0.5):
+                if key.fileobj is self._srv:
+                    self._accept()
+                else:
+                    self._read(key.fileobj)
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + HEARTBEAT
+                for conn, (_, rank) in list(self._conns.items()):
+                    if rank is not None:
+                        try:
+                            conn.send(b"\n")
+                        except OSError:
+                            pass
+            self._check_silence(now)
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self._srv.accept()
+        except OSError:
+            return
+        conn.setblocking(False)
+        self._conns[conn] = [b"", None]
+        self._sel.register(conn, selectors.EVENT_READ, None)
+
+    def _drop(self, conn) -> None:
+        self._sel.unregister(conn)
+        _, rank = self._conns.pop(conn)
+        conn.close()
+        if rank is not None and rank.status is None:
+            self._mark_lost([rank], "its connection closed without an exit status (its "
+                                    "processes were killed or the machine went down)")
+
+    def _read(self, conn) -> None:
+        try:
+            data = conn.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return
+        state = self._conns[conn]
+        state[0] += data
+        while b"\n" in state[0]:
+            line, state[0] = state[0].split(b"\n", 1)
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                self._drop(conn)
+                return
+            if not self._handle(conn, state, msg):
+                self._drop(conn)
+                return
+
+    def _handle(self, conn, state, msg) -> bool:
+        rank = state[1]
+        if rank is None:
+            if msg.get("token") != self.token or msg.get("event") != "started":
+                return False
+            rank = Rank(msg.get("rank"), str(msg.get("host")), int(msg.get("pid", 0)))
+            state[1] = rank
+            with self._lock:
+                self.ranks.append(rank)
+            try:
+                conn.setblocking(True)
+                conn.sendall(f"ok {self.token}\n".encode())
+                conn.setblocking(False)
+            except OSError:
+                return False
+            return True
+        rank.last_heard = time.monotonic()
+        if msg.get("event") == "exited":
+            rank.status = int(msg.get("status", 1))
+        return True
+
+    def _tell_survivors(self, message: dict) -> None:
+        line = (json.dumps(message) + "\n").encode()
+        for conn, (_, rank) in list(self._conns.items()):
+            if rank is not None and rank.status is None and rank.lost is None:
+                try:
+                    conn.send(line)
+                except OSError:
+                    pass
+
+    def _check_silence(self, now: float) -> None:
+        silent = [r for _, r in self._conns.values()
+                  if r is not None and r.status is None and r.lost is None
+                  and now - r.last_heard > LOST_AFTER]
+        if silent:
+            self._mark_lost(silent, f"nothing heard from it for {LOST_AFTER:.0f} s (its "
+                                    "network or machine is down)")
+
+    def _mark_lost(self, ranks: list, why: str) -> None:
+        hosts: list[str] = []
+        with self._lock:
+            for r in ranks:
+                if r.lost is None:
+                    r.lost = why
+                    hosts += [r.host] if r.host not in hosts else []
+            for host in hosts:
+                if host in self.lost_hosts:
+                    continue
+                self.lost_hosts[host] = why
+                # every rank on that host that has not exited is gone with it
+                for other in self.ranks:
+                    if other.host == host and other.status is None and other.lost is None:
+                        other.lost = why
+                names = sorted(o.rank for o in self.ranks if o.host == host and o.lost)
+                self.on_lost(host, names, why)
+                self._tell_survivors({"event": "lost", "host": host, "ranks": names,
+                                      "why": why})
+
+    # -- after the job -----------------------------------------------------------------------
+    def summary(self, size: int) -> list:
+        """Problems that mean the job did not complete (empty when every reported rank exited
+        with status 0). Ranks that never reported are left to mpirun's status."""
+        with self._lock:
+            ranks = list(self.ranks)
+        problems = []
+        for host, why in self.lost_hosts.items():
+            lost = sorted(r.rank for r in ranks if r.host == host and r.lost)
+            problems.append(f"lost {host} (rank{'s' if len(lost) > 1 else ''} "
+                            f"{', '.join(map(str, lost))}): {why}")
+        failed = sorted((r.rank, r.host, r.status) for r in ranks
+                        if r.status not in (None, 0) and not r.lost)
+        for rank, host, status in failed:
+            how = f"signal {-status}" if status < 0 else f"status {status}"
+            problems.append(f"rank {rank} on {host} exited with {how}")
+        vanished = sorted((r.rank, r.host) for r in ranks
+                          if r.status is None and not r.lost and r.host not in self.lost_hosts)
+        for rank, host in vanished:
+            problems.append(f"rank {rank} on {host} ended without reporting its exit status")
+        return problems
+
+    def unconfirmed(self, size: int) -> list:
+        """Ranks that never reported at all."""
+        with self._lock:
+            seen = {r.rank for r in self.ranks}
+        return [r for r in range(size) if r not in seen]

@@ -1,0 +1,210 @@
+"""What horovodliterun starts on every rank: the user's command, plus a line back to the launcher.
+
+    python -m horovodlite.runner.task -- python train.py ...
+
+mpirun's own exit status does not prove that a job completed: measured with Open MPI 5, a job
+whose second host died ("lost communication with a remote daemon") ended with status 0. So each
+rank reports to horovodliterun over TCP (addresses and token in HVDL_REPORT_TO /
+HVDL_REPORT_TOKEN): "started" with its rank, host and pid, a heartbeat every HEARTBEAT seconds,
+and "exited" with the command's status. The launcher then knows which ranks finished, which
+failed and which vanished with their host (see ``report.py``).
+
+The command runs as a child with this process's stdin/stdout/stderr; signals the launcher's
+daemon sends (TERM, INT, HUP, USR1, USR2) are passed on to it. The child is ended (TERM, then
+KILL after KILL_GRACE s) when this process's parent - the MPI daemon - dies, or when the launcher
+has been unreachable for LAUNCHER_LOST seconds after having been reached: a rank must never run
+on after its job ended (a cut network link leaves no one else to stop it). If the launcher
+cannot be reached at the start, the command runs anyway and the launcher says it could not
+confirm that rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+HEARTBEAT = 2.0
+LAUNCHER_LOST = 30.0
+KILL_GRACE = 5.0
+CONNECT_TIMEOUT = 3.0
+
+
+def rank_from_env(env=os.environ) -> int | None:
+    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    return None
+
+
+def parse_report_to(value: str) -> list:
+    """'10.0.0.1,127.0.0.1:4567' -> [('10.0.0.1', 4567), ('127.0.0.1', 4567)]."""
+    hosts, _, port = value.rpartition(":")
+    if not hosts or not port.isdigit():
+        raise ValueError(f"HVDL_REPORT_TO={value!r} is not ADDR[,ADDR...]:PORT")
+    return [(h, int(port)) for h in hosts.split(",") if h]
+
+
+def connect(addresses: list, token: str, hello: dict) -> socket.socket | None:
+    """The first launcher address that answers our hello with its token; None if none does."""
+    for addr in addresses:
+        try:
+            s = socket.create_connection(addr, timeout=CONNECT_TIMEOUT)
+            s.sendall((json.dumps(dict(hello, token=token)) + "\n").encode())
+            if s.makefile("r").readline().strip() == "ok " + token:
+                s.settimeout(CONNECT_TIMEOUT)
+                return s
+            s.close()
+        except OSError:
+            continue
+    return None
+
+
+class Reporter:
+    """The connection to the launcher. send() never raises; `last_heard` is when the launcher
+    last sent anything (it sends a heartbeat every HEARTBEAT s): a cut link loses no send (the
+    bytes wait in the socket buffer), so silence from the launcher is what tells."""
+
+    def __init__(self, sock: socket.socket | None, rank=None):
+        self.sock = sock
+        self.rank = rank
+        self.lock = threading.Lock()
+        self.last_heard = time.monotonic()
+        if sock is not None:
+            threading.Thread(target=self._listen, daemon=True).start()
+
+    def _listen(self) -> None:
+        buffer = b""
+        while True:
+            try:
+                data = self.sock.recv(4096)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            self.last_heard = time.monotonic()
+            buffer += data
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                if line.strip():
+                    self._event(line)
+
+    def _event(self, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return
+        if msg.get("event") == "lost":  # say it here too: every survivor names the lost host
+            ranks = msg.get("ranks") or []
+            sys.stderr.write(f"horovodlite: rank {self.rank} on {socket.gethostname()}: lost "
+                             f"{msg.get('host')} (rank{'s' if len(ranks) > 1 else ''} "
+                             f"{', '.join(map(str, ranks))}): {msg.get('why')}; the job ends\n")
+            sys.stderr.flush()
+
+    def send(self, message: dict) -> bool:
+        if self.sock is None:
+            return False
+        with self.lock:
+            try:
+                self.sock.sendall((json.dumps(message) + "\n").encode())
+                return True
+            except OSError:
+                return False
+
+
+def end(child: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE), (signal.SIGKILL, 0.0)):
+        if child.poll() is not None:
+            return
+        try:
+            child.send_signal(sig)
+        except OSError:
+            return
+        try:
+            child.wait(timeout=wait or None)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def watch(child: subprocess.Popen, reporter: Reporter, rank, parent: int, done: threading.Event):
+    """Heartbeats; ends the child when the daemon (our parent) or the launcher is gone."""
+    while not done.wait(HEARTBEAT):
+        if os.getppid() != parent:
+            sys.stderr.write(f"horovodlite: rank {rank}: its MPI daemon is gone; ending it\n")
+            end(child)
+            return
+        if reporter.sock is not None:
+            reporter.send({"event": "alive"})
+            if time.monotonic() - reporter.last_heard > LAUNCHER_LOST:
+                sys.stderr.write(f"horovodlite: rank {rank} on {socket.gethostname()}: "
+                                 f"horovodliterun unreachable for {LAUNCHER_LOST:.0f} s (its host "
+                                 "or the network to it is down); ending the rank\n")
+                end(child)
+                return
+
+
+def main(argv: list | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        sys.stderr.write("usage: python -m horovodlite.runner.task -- COMMAND...\n")
+        return 2
+    rank = rank_from_env()
+    sock = None
+    report_to = os.environ.get("HVDL_REPORT_TO")
+    if report_to:
+        hello = {"event": "started", "rank": rank, "host": socket.gethostname(),
+                 "pid": os.getpid()}
+        sock = connect(parse_report_to(report_to), os.environ.get("HVDL_REPORT_TOKEN", ""), hello)
+        if sock is None:
+            sys.stderr.write(f"horovodlite: rank {rank} on {socket.gethostname()} cannot reach "
+                             f"horovodliterun at {report_to}; running without exit reports\n")
+    reporter = Reporter(sock, rank)
+    parent = os.getppid()
+    try:
+        child = subprocess.Popen(argv)
+    except OSError as e:
+        sys.stderr.write(f"horovodlite: rank {rank}: cannot run {argv[0]!r}: {e.strerror}\n")
+        reporter.send({"event": "exited", "status": 127})
+        return 127
+
+    def forward(signum, _frame):
+        try:
+            child.send_signal(signum)
+        except OSError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    done = threading.Event()
+    threading.Thread(target=watch, args=(child, reporter, rank, parent, done),
+                     daemon=True).start()
+    while True:
+        try:
+            status = child.wait()
+            break
+        except InterruptedError:
+            continue
+    done.set()
+    reporter.send({"event": "exited", "status": status})
+    if sock is not None:
+        sock.close()
+    # A child killed by a signal: end the same way, so mpirun reports it as such.
+    if status < 0:
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+        return 128 - status
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

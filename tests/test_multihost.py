@@ -1,0 +1,234 @@
+"""Jobs across test hosts (tests/hosts, docs/test_hosts.md): hvdl-host0..2 are separate machines
+for names, network (1 Gbit/s links), hostnames and processes; horovodliterun starts the job from
+hvdl-host0 with -H and --network-interface, as on a cluster.
+
+Layouts: 2x2 (two hosts with two ranks each), 3x1, and 2+1 (uneven). For each: the topology
+every rank sees, the parallel test modules (every rank asserting, the same files that run on one
+host in test_parallel.py), single copy only between ranks that share a host, hierarchical
+allreduce. Then what a user sees when a host is lost: its processes killed, or its link cut.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hosts.fixture import HOSTCTL, hosts_fixture
+from launching import retry_if_launcher_did_not_start
+from test_parallel import run_parallel
+
+ROOT = Path(__file__).resolve().parent.parent
+
+hosts = hosts_fixture(3)
+
+LAYOUTS = {  # name: (-H, slots per host)
+    "2x2": ("hvdl-host0:2,hvdl-host1:2", [2, 2]),
+    "3x1": ("hvdl-host0:1,hvdl-host1:1,hvdl-host2:1", [1, 1, 1]),
+    "2+1": ("hvdl-host0:2,hvdl-host1:1", [2, 1]),
+}
+# The parallel modules that exercise data movement between ranks (the others test per-rank API
+# behaviour that does not depend on where ranks run and stay single-host).
+MODULES = ["test_allreduce.py", "test_collectives.py", "test_optimizer_equivalence.py",
+           "test_process_sets.py", "test_performance_features.py"]
+
+
+def _on_host0() -> list:
+    return [HOSTCTL, "run", "hvdl-host0"]
+
+
+def _launch_args(spec: str, *extra: str) -> tuple:
+    # the rsh agent stands in for ssh; eth0 is every test host's only interface
+    return ("-H", spec, "--network-interface", "eth0",
+            "--mpi-args", f"--prtemca plm_ssh_agent {HOSTCTL}", *extra)
+
+
+def launch(spec: str, np_: int, argv: list, env: dict | None = None, timeout: int = 300,
+           extra: tuple = ()) -> subprocess.CompletedProcess:
+    """horovodliterun -np N -H spec ... argv, started on hvdl-host0; output combined."""
+    run_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_),
+           *_launch_args(spec, *extra), *argv]
+
+    def run():
+        p = subprocess.run(cmd, cwd=ROOT, env=run_env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        return p.returncode, p.stdout, p
+
+    return retry_if_launcher_did_not_start(run)[2]
+
+
+def expected_topology(slots: list) -> list:
+    """[(rank, size, local_rank, local_size, cross_rank, cross_size, homogeneous, host)] for
+    ranks placed by slot."""
+    size, out, rank = sum(slots), [], 0
+    for h, n in enumerate(slots):
+        for local in range(n):
+            peers = [i for i, m in enumerate(slots) if m > local]  # hosts with this local rank
+            out.append((rank, size, local, n, peers.index(h), len(peers),
+                        len(set(slots)) == 1, f"hvdl-host{h}"))
+            rank += 1
+    return out
+
+
+TOPOLOGY = ("import socket, horovodlite.torch as hvd; hvd.init(); "
+            "print('TOPO', hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), "
+            "hvd.cross_rank(), hvd.cross_size(), hvd.is_homogeneous(), socket.gethostname(), "
+            "flush=True)")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_topology(hosts, layout):
+    spec, slots = LAYOUTS[layout]
+    r = launch(spec, sum(slots), [sys.executable, "-c", TOPOLOGY])
+    assert r.returncode == 0, r.stdout
+    got = sorted(tuple(line.split()[1:]) for line in r.stdout.splitlines()
+                 if line.startswith("TOPO"))
+    want = sorted(tuple(str(v) for v in row) for row in expected_topology(slots))
+    assert got == want, r.stdout
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("module", MODULES)
+def test_parallel_across_hosts(hosts, module, layout):
+    spec, slots = LAYOUTS[layout]
+    proc = retry_if_launcher_did_not_start(lambda: (lambda p: (p.returncode, p.stdout, p))(
+        run_parallel(sum(slots), f"tests/parallel/{module}", timeout=420,
+                     launch_args=_launch_args(spec), on_host=_on_host0())))[2]
+    if proc.returncode != 0:
+        pytest.fail(f"{layout} {module} failed (exit {proc.returncode}):\n"
+                    f"{proc.stdout[-10000:]}")
+
+
+SINGLE_COPY = """
+import socket, torch, horovodlite.torch as hvd
+from horovodlite.common.basics import _stats
+hvd.init()
+out = hvd.allreduce(torch.full((1 << 20,), float(hvd.rank())), op=hvd.Sum, name="big")
+assert torch.equal(out, torch.full_like(out, float(sum(range(hvd.size())))))
+hvd.allreduce(torch.ones(1), name="after")  # stats are taken at the end of a cycle
+print("PEERS", hvd.rank(), socket.gethostname(), hvd.local_size(), _stats()["single_copy_peers"],
+      flush=True)
+"""
+
+
+@pytest.mark.parametrize("layout", ["2x2", "2+1", "3x1"])
+def test_single_copy_only_between_ranks_of_one_host(hosts, layout):
+    spec, slots = LAYOUTS[layout]
+    r = launch(spec, sum(slots), [sys.executable, "-c", SINGLE_COPY],
+               env={"HOROVOD_ALLREDUCE_ALGO": "ring"})
+    assert r.returncode == 0, r.stdout
+    rows = [line.split()[1:] for line in r.stdout.splitlines() if line.startswith("PEERS")]
+    assert len(rows) == sum(slots), r.stdout
+    for rank, host, local_size, peers in rows:
+        # every other rank of its host (root may read them here), and none of another host
+        assert int(peers) == int(local_size) - 1, f"rank {rank} on {host}: {rows}"
+
+
+def _job_processes() -> list:
+    """Processes of a job (ranks, their wrappers, daemons) still running on any test host."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()
+            if "lost_host_job.py" in line or re.search(r"\bprted\b", line)]
+
+
+LOST_JOB = """
+import time, torch, horovodlite.torch as hvd
+hvd.init()
+print("UP", hvd.rank(), flush=True)
+for i in range(3000):
+    hvd.allreduce(torch.ones(1000), name=f"step{i}")
+    time.sleep(0.05)
+print("FINISHED", hvd.rank(), flush=True)
+"""
+
+
+def _run_and_lose(tmp_path, spec: str, np_: int, lose) -> tuple:
+    script = tmp_path / "lost_host_job.py"
+    script.write_text(LOST_JOB)
+    cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_),
+           *_launch_args(spec), sys.executable, str(script)]
+    log = tmp_path / "job.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                start_new_session=True)
+        deadline = time.monotonic() + 120
+        while log.read_text().count("UP") < np_ and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        assert log.read_text().count("UP") == np_, log.read_text()
+        time.sleep(1)
+        lost_at = time.monotonic()
+        lose()
+        try:
+            proc.wait(timeout=150)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            pytest.fail("horovodliterun did not end within 150 s of the loss:\n" +
+                        log.read_text()[-6000:])
+    return proc.returncode, time.monotonic() - lost_at, log.read_text(errors="replace")
+
+
+def _kill_host(name: str) -> None:
+    for pid in subprocess.run(["ip", "netns", "pids", name], capture_output=True,
+                              text=True).stdout.split():
+        try:
+            if "hvdl-hosts-holder" not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                os.kill(int(pid), 9)
+        except OSError:
+            pass
+
+
+def test_a_host_whose_processes_die_is_named_and_the_job_fails(hosts, tmp_path):
+    rc, took, out = _run_and_lose(tmp_path, LAYOUTS["2x2"][0], 4,
+                                  lambda: _kill_host("hvdl-host1"))
+    assert rc != 0, out
+    assert "horovodliterun: lost hvdl-host1 (ranks 2, 3)" in out, out
+    assert "the job did not complete" in out, out
+    assert "FINISHED" not in out
+    assert took < 60, f"took {took:.0f} s:\n{out}"
+    time.sleep(1)
+    assert _job_processes() == []
+
+
+def test_a_host_cut_off_is_named_and_nothing_runs_on(hosts, tmp_path):
+    def cut():
+        subprocess.run(["ip", "link", "set", "hvdl-veth2", "down"], check=True)
+    try:
+        rc, took, out = _run_and_lose(tmp_path, LAYOUTS["3x1"][0], 3, cut)
+    finally:
+        subprocess.run(["ip", "link", "set", "hvdl-veth2", "up"], check=True)
+    assert rc != 0, out
+    assert "horovodliterun: lost hvdl-host2 (rank 2)" in out, out
+    # the survivors say it too
+    for rank in (0, 1):
+        assert re.search(rf"horovodlite: rank {rank} on hvdl-host{rank}: lost hvdl-host2", out), out
+    assert took < 90, f"took {took:.0f} s:\n{out}"
+    # the rank on the cut-off host ends itself once horovodliterun stays silent (30 s)
+    deadline = time.monotonic() + 45
+    while _job_processes() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _job_processes() == []
+
+
+def test_hostfile_and_a_login_environment_without_root_permission(hosts, tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# two machines\nhvdl-host0 slots=1\nhvdl-host1 slots=2\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+    cmd = [*_on_host0(), "env", "-u", "OMPI_ALLOW_RUN_AS_ROOT", "-u",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", sys.executable, "-m", "horovodlite.runner.launch",
+           "-np", "3", "--hostfile", str(hostfile), "--network-interface", "eth0",
+           "--mpi-args", shlex.join(["--prtemca", "plm_ssh_agent", HOSTCTL]),
+           sys.executable, "-c", TOPOLOGY]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    hosts_seen = sorted(line.split()[-1] for line in r.stdout.splitlines()
+                        if line.startswith("TOPO"))
+    assert hosts_seen == ["hvdl-host0", "hvdl-host1", "hvdl-host1"], r.stdout
