@@ -10,7 +10,11 @@
 #     /dev/shm; /etc/hosts names every host), kept alive by a holder process: PID 1 of the host's
 #     PID namespace, an init that reaps orphans. Processes of different hosts cannot see, signal
 #     or read each other;
-#   - links shaped by tbf at RATE (default 1gbit) on both ends of its veth (both directions).
+#   - links shaped by tbf at RATE (default 1gbit) on both ends of its veth (both directions);
+#   - its own TMPDIR ($STATE/tmp/hvdl-hostN, removed by `down`) for everything `run` and the
+#     agent start there: Open MPI names its session folders after pids (/tmp/prted.PID), and pids
+#     repeat across hosts' PID namespaces and across `up`s, so a shared /tmp made daemons of two
+#     hosts (or a killed host's leftovers) collide ("A daemon failed to report back", status 213).
 # Files (/, /tmp, the checkout), CPUs, memory and kernel are this machine's (docs/test_hosts.md).
 #
 # Usage (as root; needs ip, tc, unshare, nsenter, setsid, flock and python3 >= 3.9):
@@ -125,8 +129,9 @@ def handle(conn):
         cwd = req["cwd"] or os.environ.get("HOME", "/")
         argv = ["nsenter", "-t", holder, "--net", "--uts", "--ipc", "--pid", "--mount",
                 "--wd=" + cwd, "--", "/bin/sh", "-c", req["cmd"]]
+        env = dict(os.environ, TMPDIR=os.path.join(state, "tmp", req["host"]))
         proc = subprocess.Popen(argv, stdin=fds[0], stdout=fds[1], stderr=fds[2],
-                                start_new_session=True)
+                                start_new_session=True, env=env)
         for fd in fds:
             os.close(fd)
         fds = []
@@ -298,6 +303,7 @@ up() {
   ip link set "$BRIDGE" up
   for ((n = 0; n < k; n++)); do
     name=$(host_name "$n") addr=$(host_addr "$n")
+    mkdir -m 1777 -p "$STATE/tmp/$name"
     ip netns add "$name"
     ip link add "hvdl-veth$n" type veth peer name eth0 netns "$name"
     echo 1 >"/proc/sys/net/ipv6/conf/hvdl-veth$n/disable_ipv6" 2>/dev/null || true
@@ -357,7 +363,8 @@ run() {
   (($#)) || die "usage: run HOST CMD [ARG...]"
   valid_host "$host" || die "no host '$host' here (see \`hostctl.sh status\`)"
   if in_root_pidns; then
-    exec nsenter -t "$(<"$STATE/$host.pid")" --net --uts --ipc --pid --mount --wd="$PWD" -- "$@"
+    exec nsenter -t "$(<"$STATE/$host.pid")" --net --uts --ipc --pid --mount --wd="$PWD" -- \
+      env TMPDIR="$STATE/tmp/$host" "$@"
   fi
   # on a host already: only the broker can reach another host (login environment, like ssh)
   local q=() a
