@@ -62,6 +62,8 @@ class DataBackend {
   // Summed over those transports: members this rank exchanges with by single copy (the others,
   // on other hosts or where the kernel refused, by messages).
   virtual int single_copy_peers() const { return 0; }
+  // Allreduces that went through comm/hierarchical (HOROVOD_HIERARCHICAL_ALLREDUCE).
+  virtual int64_t hierarchical_allreduces() const { return 0; }
   // recv receives every member's block, member i's block of counts[i] elements at offset
   // sum(counts[0..i)). send holds counts[my rank] elements, or is nullptr when this rank's block
   // is already in place inside recv.

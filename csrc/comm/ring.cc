@@ -122,41 +122,76 @@ std::vector<std::vector<Span>> ContiguousChunks(void* buf, const std::vector<int
   return chunks;
 }
 
-Status RingAllreduce(Transport* t, const std::vector<std::vector<Span>>& chunks, DataType dtype,
-                     ReduceOp op, double postscale, size_t segment_bytes, RingStats* stats) {
-  RingStats local;
-  if (stats == nullptr) stats = &local;
-  const int n = t->size();
-  const int r = t->rank();
-  if (static_cast<int>(chunks.size()) != n) {
+int RingOwnedChunk(int rank, int n) { return Mod(rank + 1, n); }
+
+namespace {
+
+// Both phases: every chunk cut into its messages, and the two receive slots.
+struct Phase {
+  std::vector<std::vector<Message>> pieces;
+  std::vector<char> scratch;
+  StepArgs args;
+};
+
+Status MakePhase(Transport* t, const std::vector<std::vector<Span>>& chunks, DataType dtype,
+                 ReduceOp op, size_t segment_bytes, RingStats* stats, bool reduce, Phase* p) {
+  if (static_cast<int>(chunks.size()) != t->size()) {
     return Status::Internal("ring allreduce: " + std::to_string(chunks.size()) + " chunks for " +
-                            std::to_string(n) + " ranks");
+                            std::to_string(t->size()) + " ranks");
   }
   const size_t esize = DataTypeSize(dtype);
   const size_t seg_elems = std::max<size_t>(1, segment_bytes / esize);
-  std::vector<std::vector<Message>> pieces;
   for (const auto& c : chunks) {
-    pieces.push_back(Messages(c, static_cast<int64_t>(seg_elems), esize));
+    p->pieces.push_back(Messages(c, static_cast<int64_t>(seg_elems), esize));
   }
-  std::vector<char> scratch(2 * seg_elems * esize);
-  StepArgs a{t, nullptr, nullptr, true, dtype, op, seg_elems, &scratch, stats};
+  if (reduce) p->scratch.resize(2 * seg_elems * esize);
+  p->args = StepArgs{t, nullptr, nullptr, reduce, dtype, op, seg_elems, &p->scratch, stats};
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status RingReduceScatter(Transport* t, const std::vector<std::vector<Span>>& chunks,
+                         DataType dtype, ReduceOp op, size_t segment_bytes, RingStats* stats) {
+  RingStats local;
+  Phase p;
+  HVDL_RETURN_IF_ERROR(MakePhase(t, chunks, dtype, op, segment_bytes,
+                                 stats ? stats : &local, true, &p));
+  const int n = t->size(), r = t->rank();
   for (int s = 0; s < n - 1; ++s) {
-    a.send = &pieces[static_cast<size_t>(Mod(r - s, n))];
-    a.recv = &pieces[static_cast<size_t>(Mod(r - s - 1, n))];
-    HVDL_RETURN_IF_ERROR(RingStep(a));
-  }
-  if (postscale != 1.0) {
-    for (const Span& sp : chunks[static_cast<size_t>(Mod(r + 1, n))]) {
-      Scale(sp.data, sp.count, dtype, postscale);
-    }
-  }
-  a.reduce = false;
-  for (int s = 0; s < n - 1; ++s) {
-    a.send = &pieces[static_cast<size_t>(Mod(r + 1 - s, n))];
-    a.recv = &pieces[static_cast<size_t>(Mod(r - s, n))];
-    HVDL_RETURN_IF_ERROR(RingStep(a));
+    p.args.send = &p.pieces[static_cast<size_t>(Mod(r - s, n))];
+    p.args.recv = &p.pieces[static_cast<size_t>(Mod(r - s - 1, n))];
+    HVDL_RETURN_IF_ERROR(RingStep(p.args));
   }
   return Status::Ok();
+}
+
+Status RingAllgather(Transport* t, const std::vector<std::vector<Span>>& chunks, DataType dtype,
+                     size_t segment_bytes, RingStats* stats) {
+  RingStats local;
+  Phase p;
+  HVDL_RETURN_IF_ERROR(MakePhase(t, chunks, dtype, ReduceOp::kSum, segment_bytes,
+                                 stats ? stats : &local, false, &p));
+  const int n = t->size(), r = t->rank();
+  for (int s = 0; s < n - 1; ++s) {
+    p.args.send = &p.pieces[static_cast<size_t>(Mod(r + 1 - s, n))];
+    p.args.recv = &p.pieces[static_cast<size_t>(Mod(r - s, n))];
+    HVDL_RETURN_IF_ERROR(RingStep(p.args));
+  }
+  return Status::Ok();
+}
+
+void ScaleSpans(const std::vector<Span>& spans, DataType dtype, double factor) {
+  if (factor == 1.0) return;
+  for (const Span& sp : spans) Scale(sp.data, sp.count, dtype, factor);
+}
+
+Status RingAllreduce(Transport* t, const std::vector<std::vector<Span>>& chunks, DataType dtype,
+                     ReduceOp op, double postscale, size_t segment_bytes, RingStats* stats) {
+  HVDL_RETURN_IF_ERROR(RingReduceScatter(t, chunks, dtype, op, segment_bytes, stats));
+  ScaleSpans(chunks[static_cast<size_t>(RingOwnedChunk(t->rank(), t->size()))], dtype,
+             postscale);
+  return RingAllgather(t, chunks, dtype, segment_bytes, stats);
 }
 
 }  // namespace hvdl

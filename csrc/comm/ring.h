@@ -40,6 +40,17 @@ struct RingStats {
 Status RingAllreduce(Transport* t, const std::vector<std::vector<Span>>& chunks, DataType dtype,
                      ReduceOp op, double postscale, size_t segment_bytes, RingStats* stats);
 
+// The two phases of RingAllreduce, for algorithms built from them (comm/hierarchical). After
+// RingReduceScatter rank r holds the full reduction of chunk RingOwnedChunk(r, n) (unscaled);
+// RingAllgather sends each rank's owned chunk to every other rank, in place.
+Status RingReduceScatter(Transport* t, const std::vector<std::vector<Span>>& chunks,
+                         DataType dtype, ReduceOp op, size_t segment_bytes, RingStats* stats);
+Status RingAllgather(Transport* t, const std::vector<std::vector<Span>>& chunks, DataType dtype,
+                     size_t segment_bytes, RingStats* stats);
+int RingOwnedChunk(int rank, int n);
+// Multiplies every element of `spans` by `factor` (nothing when it is 1).
+void ScaleSpans(const std::vector<Span>& spans, DataType dtype, double factor);
+
 // One contiguous buffer split into chunks of the given element counts.
 std::vector<std::vector<Span>> ContiguousChunks(void* buf, const std::vector<int64_t>& counts,
                                                 DataType dtype);

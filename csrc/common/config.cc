@@ -153,7 +153,8 @@ const std::vector<Knob>& Table() {
         "sender's tensors (Linux process_vm_readv), when the kernel allows it; 0: MPI messages."},
        [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->ring_single_copy); }},
       {{"HOROVOD_HIERARCHICAL_ALLREDUCE", "0",
-        "Reduce inside each node first, then across nodes (NCCL builds)."},
+        "Allreduce inside each host first, then across hosts, then inside the host again (CPU "
+        "and NCCL); needs the same number of ranks on every host."},
        [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->hierarchical_allreduce); }},
       {{"HOROVOD_GPU_OPERATIONS", "nccl",
         "CUDA tensors: nccl (NCCL when built, else host staging) or mpi (always through host "

@@ -189,9 +189,11 @@ void Context::OnCycle(const CycleResult& result) {
   stats_.fusion_buffer_bytes = fusion_->capacity();
   stats_.single_copy_transports = 0;
   stats_.single_copy_peers = 0;
+  stats_.hierarchical_allreduces = 0;
   for (DataBackend* b : comm_.backends.all()) {
     stats_.single_copy_transports += b->single_copy_transports();
     stats_.single_copy_peers += b->single_copy_peers();
+    stats_.hierarchical_allreduces += b->hierarchical_allreduces();
   }
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "comm/local_control_plane.h"
+#include "comm/hierarchical.h"
 #include "comm/local_transport.h"
 #include "comm/reduce_kernels.h"
 #include "comm/ring.h"
@@ -155,6 +156,44 @@ std::vector<py::bytes> Ring(const std::vector<std::string>& inputs, int dtype, i
   return std::vector<py::bytes>(bufs.begin(), bufs.end());
 }
 
+// Hierarchical allreduce of `hosts` x `per_host` rank threads: rank r = host * per_host + local
+// (as placed by slot), inputs[r] its buffer; `chunks` as for Ring (default: even over all ranks).
+std::vector<py::bytes> Hierarchical(const std::vector<std::string>& inputs, int hosts, int dtype,
+                                    int op, std::vector<int64_t> chunks, double postscale,
+                                    size_t segment) {
+  const int n = static_cast<int>(inputs.size());
+  if (hosts < 1 || n % hosts != 0) throw py::value_error("ranks must be hosts x per_host");
+  const int per_host = n / hosts;
+  std::vector<std::string> bufs = inputs;
+  const auto dt = static_cast<DataType>(dtype);
+  const int64_t count = static_cast<int64_t>(bufs[0].size() / DataTypeSize(dt));
+  if (chunks.empty()) chunks = EvenChunks(count, n);
+  std::vector<std::shared_ptr<LocalMailboxes>> local_boxes, cross_boxes;
+  for (int h = 0; h < hosts; ++h) local_boxes.push_back(std::make_shared<LocalMailboxes>(per_host));
+  for (int l = 0; l < per_host; ++l) cross_boxes.push_back(std::make_shared<LocalMailboxes>(hosts));
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  {
+    py::gil_scoped_release nogil;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        const int h = r / per_host, l = r % per_host;
+        LocalTransport local(local_boxes[static_cast<size_t>(h)], l);
+        LocalTransport cross(cross_boxes[static_cast<size_t>(l)], h);
+        auto spans = ContiguousChunks(bufs[static_cast<size_t>(r)].data(), chunks, dt);
+        Status s = HierarchicalAllreduce(&local, &cross, spans, dt, static_cast<ReduceOp>(op),
+                                         postscale, segment, nullptr);
+        if (!s.ok()) errors[static_cast<size_t>(r)] = s.message();
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (const std::string& e : errors) {
+    if (!e.empty()) throw InternalError(e);
+  }
+  return std::vector<py::bytes>(bufs.begin(), bufs.end());
+}
+
 py::bytes Reduce(std::string dst, const std::string& src, int dtype, int op) {
   auto dt = static_cast<DataType>(dtype);
   ReduceInto(dst.data(), src.data(), static_cast<int64_t>(dst.size() / DataTypeSize(dt)), dt,
@@ -250,6 +289,9 @@ void RegisterTesting(py::module_& parent) {
   m.def("ring_allreduce", &Ring, py::arg("inputs"), py::arg("dtype"), py::arg("op"),
         py::arg("chunks") = std::vector<int64_t>(), py::arg("postscale") = 1.0,
         py::arg("segment_bytes") = 64);
+  m.def("hierarchical_allreduce", &Hierarchical, py::arg("inputs"), py::arg("hosts"),
+        py::arg("dtype"), py::arg("op"), py::arg("chunks") = std::vector<int64_t>(),
+        py::arg("postscale") = 1.0, py::arg("segment") = 65536);
   m.def("reduce", &Reduce);
   m.def("scale", &ScaleBytes);
   m.def("parse_config", &ParseEnv);

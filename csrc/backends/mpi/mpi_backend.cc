@@ -5,8 +5,10 @@
 #include <thread>
 
 #include "backends/mpi/mpi_util.h"
+#include "comm/hierarchical.h"
 #include "comm/reduce_kernels.h"
 #include "comm/ring.h"
+#include "common/logging.h"
 
 namespace hvdl {
 namespace {
@@ -60,7 +62,47 @@ MpiBackend::MpiBackend(MpiWorld* world, const Config& config)
       algorithm_(config.allreduce_algorithm),
       ring_threshold_(config.ring_threshold_bytes),
       segment_bytes_(static_cast<size_t>(config.ring_segment_bytes)),
-      single_copy_(config.ring_single_copy) {}
+      single_copy_(config.ring_single_copy),
+      hierarchical_(config.hierarchical_allreduce && world->cross_size() > 1 &&
+                    world->local_size() > 1 && world->homogeneous()) {
+  if (config.hierarchical_allreduce && !hierarchical_ && world->rank() == 0) {
+    HVDL_LOG(Warning) << "HOROVOD_HIERARCHICAL_ALLREDUCE=1 ignored: it needs several hosts with "
+                      << "the same number of ranks on each, and more than one on some (this "
+                      << "job: " << world->cross_size() << " host(s), "
+                      << (world->homogeneous() ? "the same number" : "different numbers")
+                      << " of ranks per host); the flat ring is used";
+  }
+}
+
+MpiBackend::~MpiBackend() {
+  local_.reset();
+  cross_.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) {
+    if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
+    if (cross_comm_ != MPI_COMM_NULL) MPI_Comm_free(&cross_comm_);
+  }
+}
+
+bool MpiBackend::Hierarchical(int ps) const { return hierarchical_ && ps == 0; }
+
+// Collective over process set 0 (every rank reaches its first hierarchical allreduce in the
+// same order): private copies of the node and cross communicators, so no message of another
+// user of MpiWorld's can ever match ours, and a transport over each.
+Status MpiBackend::HierarchicalTransports(MpiTransport** local, MpiTransport** cross) {
+  if (!local_) {
+    HVDL_MPI(MPI_Comm_dup(world_->local(), &local_comm_));
+    HVDL_MPI(MPI_Comm_dup(world_->cross(), &cross_comm_));
+    MPI_Comm_set_errhandler(local_comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(cross_comm_, MPI_ERRORS_RETURN);
+    local_ = std::make_unique<MpiTransport>(local_comm_, single_copy_);
+    cross_ = std::make_unique<MpiTransport>(cross_comm_, single_copy_);
+  }
+  *local = local_.get();
+  *cross = cross_.get();
+  return Status::Ok();
+}
 
 bool MpiBackend::Supports(OpType op, DataType dtype, int device) const {
   return device == kCpuDevice;
@@ -119,7 +161,7 @@ Status MpiBackend::RemoveProcessSet(int ps) {
 
 bool MpiBackend::UsesRing(int64_t bytes, int tensors, DataType dtype, ReduceOp op,
                           int ps) const {
-  if (algorithm_ == AllreduceAlgorithm::kRing) return true;
+  if (algorithm_ == AllreduceAlgorithm::kRing || Hierarchical(ps)) return true;
   if (algorithm_ == AllreduceAlgorithm::kMpi) return false;
   const int n = SetSize(ps);
   if (n <= 1) return false;
@@ -135,6 +177,16 @@ Status MpiBackend::Allreduce(const AllreduceArgs& a) {
   MPI_Comm comm;
   HVDL_RETURN_IF_ERROR(Begin(a.ps, &comm));
   const int64_t bytes = a.count * static_cast<int64_t>(DataTypeSize(a.dtype));
+  if (Hierarchical(a.ps)) {
+    MpiTransport *local, *cross;
+    HVDL_RETURN_IF_ERROR(HierarchicalTransports(&local, &cross));
+    ++hierarchical_calls_;
+    return HierarchicalAllreduce(
+        local, cross,
+        a.chunks.empty() ? ContiguousChunks(a.buf, EvenChunks(a.count, SetSize(a.ps)), a.dtype)
+                         : a.chunks,
+        a.dtype, a.op, a.postscale, segment_bytes_, nullptr);
+  }
   if (!a.chunks.empty() || UsesRing(bytes, 1, a.dtype, a.op, a.ps)) {
     MpiTransport* t = TransportFor(a.ps);
     if (!a.chunks.empty()) {

@@ -11,6 +11,11 @@
 //   - the ring for every floating-point Sum/Average/Product with 3 or more ranks, so that results
 //     never depend on fusion (MPI_Allreduce's association changes with message size; the ring's
 //     does not, see ring.h).
+// HOROVOD_HIERARCHICAL_ALLREDUCE=1: allreduces of process set 0 in a job that spans several
+// hosts with the same number of ranks on each (and more than one on some) go through
+// comm/hierarchical (inside each host, then across hosts by all local ranks in parallel, then
+// inside the host again), on the same chunk layout as the ring; otherwise that knob is ignored
+// (said once in the log).
 // CPU tensors only; CUDA tensors reach MPI through host staging in the executor.
 #pragma once
 
@@ -27,6 +32,7 @@ namespace hvdl {
 class MpiBackend : public DataBackend {
  public:
   MpiBackend(MpiWorld* world, const Config& config);
+  ~MpiBackend() override;
   const char* name() const override { return "mpi"; }
   bool Supports(OpType op, DataType dtype, int device) const override;
   Status AddProcessSet(int ps, const std::vector<int>& ranks) override;
@@ -46,6 +52,7 @@ class MpiBackend : public DataBackend {
   void SetAllreduceAlgorithm(AllreduceAlgorithm algo) override { algorithm_ = algo; }
   int single_copy_transports() const override;
   int single_copy_peers() const override;
+  int64_t hierarchical_allreduces() const override { return hierarchical_calls_; }
 
   static constexpr int64_t kFusedRingBytes = 256 * 1024;
 
@@ -55,6 +62,9 @@ class MpiBackend : public DataBackend {
   // every collective.
   Status Begin(int ps, MPI_Comm* comm) const;
   MpiTransport* TransportFor(int ps);
+  // Whether process set `ps` is reduced hierarchically (see the top of this file).
+  bool Hierarchical(int ps) const;
+  Status HierarchicalTransports(MpiTransport** local, MpiTransport** cross);
 
   MpiWorld* world_;
   AllreduceAlgorithm algorithm_;
@@ -62,6 +72,10 @@ class MpiBackend : public DataBackend {
   size_t segment_bytes_;
   bool single_copy_;
   std::map<int, std::unique_ptr<MpiTransport>> transports_;
+  bool hierarchical_;  // asked for and possible in this job
+  MPI_Comm local_comm_ = MPI_COMM_NULL, cross_comm_ = MPI_COMM_NULL;  // ours (dups)
+  std::unique_ptr<MpiTransport> local_, cross_;
+  int64_t hierarchical_calls_ = 0;
 };
 
 }  // namespace hvdl

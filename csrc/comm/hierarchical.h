@@ -1,0 +1,34 @@
+// Hierarchical allreduce over two Transports: inside each host, then across hosts.
+//
+// For a homogeneous job of C hosts with L ranks each, `local` connects the L ranks of this
+// host and `cross` the C ranks that have this rank's local rank, one per host. The data is the
+// flat ring's chunk list (chunks.size() == L * C, the executor's chunk-major layout), grouped
+// into L super-chunks of C consecutive chunks each:
+//   1. reduce-scatter of the super-chunks inside the host (ring over `local`): local rank l ends
+//      up holding the host's sum of super-chunk j = RingOwnedChunk(l, L);
+//   2. allreduce of that super-chunk across hosts (ring over `cross`, its C chunks as the ring's
+//      chunks), `postscale` applied once here. Every local rank does this for its own
+//      super-chunk at the same time, so all L ranks of a host use the network in parallel and
+//      each host sends 2 (C-1)/C of the data once, not once per rank;
+//   3. allgather of the super-chunks inside the host (ring over `local`).
+// Determinism: the order in which contributions are added to an element depends only on the
+// index of its chunk (which super-chunk, stage 1; which chunk within it, stage 2), never on
+// timing or on what else was fused, so a tensor reduced alone or inside any fused batch gives
+// identical bits, on every rank. The order differs from the flat ring's, so floating-point
+// results may differ from it in the last bits; integer results are identical.
+// L == 1 or C == 1 degenerate to the flat ring over the other transport.
+#pragma once
+
+#include <vector>
+
+#include "comm/ring.h"
+#include "comm/transport.h"
+
+namespace hvdl {
+
+Status HierarchicalAllreduce(Transport* local, Transport* cross,
+                             const std::vector<std::vector<Span>>& chunks, DataType dtype,
+                             ReduceOp op, double postscale, size_t segment_bytes,
+                             RingStats* stats);
+
+}  // namespace hvdl
