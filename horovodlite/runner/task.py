@@ -170,7 +170,10 @@ def main(argv: list | None = None) -> int:
     reporter = Reporter(sock, rank)
     parent = os.getppid()
     try:
-        child = subprocess.Popen(argv)
+        # close_fds=False: the command gets every inheritable descriptor this process got, as
+        # with exec - MPICH's launcher hands each rank its PMI connection as one (PMI_FD). Our
+        # own socket is not inheritable (PEP 446).
+        child = subprocess.Popen(argv, close_fds=False)
     except OSError as e:
         sys.stderr.write(f"horovodlite: rank {rank}: cannot run {argv[0]!r}: {e.strerror}\n")
         reporter.send({"event": "exited", "status": 127})
