@@ -11,6 +11,15 @@ horovodlite's background thread while idle, RSS growth over many fusion steps, a
 recording a timeline. Times are per operation, the slowest rank's, median of repeated
 measurements; algbw = bytes / time, busbw = algbw * 2(n-1)/n (nccl-tests' definition).
 These machines are noisy: compare ratios from one run, not absolute times across runs.
+
+Across hosts (a job with the same number of ranks on several hosts, e.g. the test hosts of
+docs/test_hosts.md) it first compares horovodlite's flat ring with its hierarchical allreduce
+(restarting horovodlite between them, alternately, every round), raw MPI_Allreduce and gloo:
+
+    tests/hosts/hostctl.sh up 2
+    tests/hosts/hostctl.sh run hvdl-host0 horovodliterun -np 4 -H hvdl-host0:2,hvdl-host1:2 \
+        --network-interface eth0 --mpi-args "--prtemca plm_ssh_agent $PWD/tests/hosts/hostctl.sh" \
+        python benchmarks/allreduce.py --only hosts
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import argparse
 import json
 import math
 import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -95,8 +105,10 @@ class Gloo:
     def __init__(self):
         import torch.distributed as dist
 
-        port = COMM.bcast(_free_port() if RANK == 0 else None)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=RANK,
+        # rank 0's address as its hostname resolves (on several hosts 127.0.0.1 would not do)
+        where = COMM.bcast((socket.gethostbyname(socket.gethostname()), _free_port())
+                           if RANK == 0 else None)
+        dist.init_process_group("gloo", init_method=f"tcp://{where[0]}:{where[1]}", rank=RANK,
                                 world_size=SIZE)
         self.dist = dist
 
@@ -236,6 +248,52 @@ def run_fusion(comps, count, nbytes, quick):
     return rows
 
 
+def restart_horovodlite(**env) -> None:
+    """hvd.shutdown() and hvd.init() again with these HOROVOD_* variables (read at init)."""
+    os.environ.update({k: str(v) for k, v in env.items()})
+    hvd.shutdown()
+    hvd.init()
+
+
+def run_hierarchical(comps, sizes, quick):
+    """Across hosts: horovodlite's flat ring and its hierarchical allreduce (restarted between
+    the two, in alternation, every round) against raw MPI_Allreduce and gloo."""
+    from horovodlite.common.basics import _stats  # noqa: PLC0415
+
+    log(f"\n== across hosts: {hvd.cross_size()} hosts x {hvd.local_size()} ranks, float32 Sum "
+        f"==")
+    others = {c.name: c for c in comps if c.name in ("mpi4py", "gloo", "horovod")}
+    modes = {"horovodlite flat": "0", "horovodlite hierarchical": "1"}
+    rounds = 3 if quick else 5
+    rows = []
+    log(f"{'size':>8} {'library':>26} {'time':>12} {'busbw':>12} {'x raw MPI':>10} "
+        f"{'x flat':>8}")
+    for n in sizes:
+        samples = {name: [] for name in [*others, *modes]}
+        seconds = 0.05 if quick else 0.2
+        for _ in range(rounds):
+            times = compare({k: c.single(n) for k, c in others.items()}, 2, seconds, 1)
+            for name, value in modes.items():
+                restart_horovodlite(HOROVOD_HIERARCHICAL_ALLREDUCE=value)
+                times.update(compare({name: Horovodlite().single(n)}, 2, seconds, 1))
+                used = COMM.allreduce(_stats()["hierarchical_allreduces"], op=MPI.MIN)
+                assert (used > 0) == (value == "1"), f"{name}: hierarchical used {used} times"
+            for k, v in times.items():
+                samples[k].append(v)
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        for k, t in med.items():
+            log(f"{size_label(n):>8} {k:>26} {fmt_time(t):>12} {fmt_bw(busbw(n, t)):>12} "
+                f"{t / med['mpi4py']:10.2f} {t / med['horovodlite flat']:8.2f}")
+            rows.append(dict(case="hosts", bytes=n, library=k, seconds=t, busbw=busbw(n, t),
+                             ratio_to_mpi=t / med["mpi4py"],
+                             ratio_to_flat=t / med["horovodlite flat"]))
+        log(f"{size_label(n):>8} hierarchical busbw / flat ring: "
+            f"{med['horovodlite flat'] / med['horovodlite hierarchical']:.2f}x, / raw MPI: "
+            f"{med['mpi4py'] / med['horovodlite hierarchical']:.2f}x")
+    restart_horovodlite(HOROVOD_HIERARCHICAL_ALLREDUCE="0")
+    return rows
+
+
 def bg_thread_cpu_seconds() -> float:
     """CPU seconds used so far by horovodlite's background thread (named hvdl-bg)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -339,12 +397,18 @@ def main() -> int:
                    help="paired rounds of the timeline overhead measurement")
     p.add_argument("--json", help="write all measurements to this file (rank 0)")
     p.add_argument("--skip", default="", help="comma list of parts to skip: "
-                                              "single,fusion,idle,rss,timeline")
+                                              "single,fusion,idle,rss,timeline,hosts")
+    p.add_argument("--only", default="", help="comma list of the parts to run (default: all; "
+                                              "hosts runs when the job spans several hosts "
+                                              "with the same number of ranks on each)")
     args = p.parse_args()
     torch.set_num_threads(1)
     hvd.init()
     comps = competitors()
+    parts = {"single", "fusion", "idle", "timeline", "rss", "hosts"}
     skip = set(filter(None, args.skip.split(",")))
+    if args.only:
+        skip |= parts - set(args.only.split(","))
     from horovodlite import _C  # noqa: PLC0415  (after hvd.init: the runtime is up)
 
     log(f"allreduce benchmark: np={SIZE}, {MPI.Get_library_version().splitlines()[0]}, "
@@ -353,6 +417,10 @@ def main() -> int:
     sizes = [4, 1 * KiB, 64 * KiB, 1 * MiB, 16 * MiB] if args.quick else \
         [4, 64, 1 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
     rows = []
+    if "hosts" not in skip and hvd.cross_size() > 1 and hvd.local_size() > 1 and \
+            hvd.is_homogeneous():
+        rows += run_hierarchical(comps, [16 * MiB] if args.quick else [1 * MiB, 16 * MiB,
+                                                                        64 * MiB], args.quick)
     if "single" not in skip:
         rows += run_single_sizes(comps, sizes, args.quick)
     if "fusion" not in skip:

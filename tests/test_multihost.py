@@ -234,3 +234,57 @@ def test_hostfile_and_a_login_environment_without_root_permission(hosts, tmp_pat
     hosts_seen = sorted(line.split()[-1] for line in r.stdout.splitlines()
                         if line.startswith("TOPO"))
     assert hosts_seen == ["hvdl-host0", "hvdl-host1", "hvdl-host1"], r.stdout
+
+
+HIERARCHICAL = """
+import torch, horovodlite.torch as hvd
+from horovodlite.common.basics import _stats
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+def data(k, count, dtype):
+    g = torch.Generator().manual_seed(1000 * k + count)
+    return (torch.randn(count, generator=g, dtype=torch.float64) * 100).to(dtype)
+counts = [0, 1, 5, 1001, 300_000]
+alone = {}
+for i, count in enumerate(counts):  # each tensor alone (waited for before the next)
+    for dtype in (torch.float32, torch.int64, torch.bfloat16):
+        alone[i, dtype] = hvd.allreduce(data(r, count, dtype), op=hvd.Sum, name=f"a{i}{dtype}")
+handles = {(i, dtype): hvd.allreduce_async(data(r, count, dtype), op=hvd.Sum,
+                                           name=f"f{i}{dtype}")
+           for i, count in enumerate(counts) for dtype in (torch.float32, torch.int64,
+                                                           torch.bfloat16)}
+for key, h in handles.items():  # submitted together: fused
+    out = hvd.synchronize(h)
+    assert torch.equal(out, alone[key]), f"{key}: fused and alone differ"
+for (i, dtype), out in alone.items():
+    expected = sum(data(k, counts[i], dtype).double() for k in range(n))
+    tol = {torch.float32: 1e-3, torch.bfloat16: 4.0, torch.int64: 0}[dtype]
+    assert torch.allclose(out.double(), torch.as_tensor(expected), atol=tol, rtol=1e-2), (i, dtype)
+avg = hvd.allreduce(torch.full((999,), float(r)), op=hvd.Average, name="avg")
+assert torch.allclose(avg, torch.full((999,), (n - 1) / 2)), avg
+every = hvd.allgather_object(hvd.allreduce(data(r, 777, torch.float32), name="bits"))
+assert all(torch.equal(e, every[0]) for e in every), "ranks differ"
+hvd.allreduce(torch.ones(1), name="last")
+print("HIER", r, _stats()["hierarchical_allreduces"], flush=True)
+"""
+
+
+@pytest.mark.parametrize("layout, used", [("2x2", True), ("2+1", False), ("3x1", False)])
+def test_hierarchical_allreduce(hosts, layout, used):
+    spec, slots = LAYOUTS[layout]
+    r = launch(spec, sum(slots), [sys.executable, "-c", HIERARCHICAL],
+               env={"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"})
+    assert r.returncode == 0, r.stdout
+    counts = [int(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("HIER")]
+    assert len(counts) == sum(slots), r.stdout
+    assert all(c > 0 for c in counts) if used else all(c == 0 for c in counts), r.stdout
+    # uneven hosts (2+1) or one rank per host (3x1): the flat ring, said once
+    assert ("HOROVOD_HIERARCHICAL_ALLREDUCE=1 ignored" in r.stdout) != used, r.stdout
+
+
+def test_parallel_allreduce_module_hierarchical_2x2(hosts):
+    spec, slots = LAYOUTS["2x2"]
+    proc = run_parallel(4, "tests/parallel/test_allreduce.py", timeout=420,
+                        extra_env={"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"},
+                        launch_args=_launch_args(spec), on_host=_on_host0())
+    assert proc.returncode == 0, proc.stdout[-10000:]
