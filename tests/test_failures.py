@@ -121,6 +121,15 @@ def test_rank_killed_by_a_signal_ends_the_job_naming_it(np_):
     assert re.search(r"rank 1 .*(signal 9|Killed)", out, re.S), out
 
 
+@pytest.mark.parametrize("np_", [1, 2, 3])
+def test_a_lost_host_notice_fails_pending_and_later_collectives(np_, tmp_path):
+    # tests/test_multihost.py loses real hosts; this is the runtime's side alone, on one host
+    rc, out, took = job(np_, "lost_notice.py", tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("ok.*")) == [f"ok.{r}" for r in range(np_)], out
+    assert "Traceback" not in out, out
+    assert took < 60
+
+
 def test_timeline_is_valid_and_agrees_with_the_summary(tmp_path):
     path = tmp_path / "timeline.json"
     rc, out, _ = job(2, "timeline_summary.py", path)

@@ -139,13 +139,28 @@ def _job_processes() -> list:
 
 LOST_JOB = """
 import time, torch, horovodlite.torch as hvd
+from pathlib import Path
 hvd.init()
 print("UP", hvd.rank(), flush=True)
-for i in range(3000):
-    hvd.allreduce(torch.ones(1000), name=f"step{i}")
-    time.sleep(0.05)
+try:
+    for i in range(3000):
+        hvd.allreduce(torch.ones(1000), name=f"step{i}")
+        time.sleep(0.05)
+except hvd.HorovodInternalError as e:
+    # into a file too: once mpirun ends the job, what the ranks print may not reach its output
+    Path(__file__).with_name(f"raised.{hvd.rank()}").write_text(f"{time.time():.3f} {e}")
+    raise
 print("FINISHED", hvd.rank(), flush=True)
 """
+
+
+def _raised(folder: Path) -> dict:
+    """rank -> (unix time, message) of each survivor's HorovodInternalError."""
+    found = {}
+    for f in folder.glob("raised.*"):
+        when, _, msg = f.read_text().partition(" ")
+        found[int(f.suffix[1:])] = (float(when), msg)
+    return found
 
 
 def _run_and_lose(tmp_path, spec: str, np_: int, lose) -> tuple:
@@ -164,7 +179,7 @@ def _run_and_lose(tmp_path, spec: str, np_: int, lose) -> tuple:
             time.sleep(0.2)
         assert log.read_text().count("UP") == np_, log.read_text()
         time.sleep(1)
-        lost_at = time.monotonic()
+        lost_at, lost_wall = time.monotonic(), time.time()
         lose()
         try:
             proc.wait(timeout=150)
@@ -174,8 +189,11 @@ def _run_and_lose(tmp_path, spec: str, np_: int, lose) -> tuple:
             pytest.fail("horovodliterun did not end within 150 s of the loss:\n" +
                         log.read_text()[-6000:])
     took = time.monotonic() - lost_at
-    print(f"horovodliterun ended {took:.1f} s after the loss")  # shown with pytest -s
-    return proc.returncode, took, log.read_text(errors="replace")
+    out = log.read_text(errors="replace")
+    raised = {rank: (round(t - lost_wall, 1), msg)
+              for rank, (t, msg) in _raised(tmp_path).items()}
+    print(f"horovodliterun ended {took:.1f} s after the loss; survivors raised: {raised}")
+    return proc.returncode, took, out, raised
 
 
 def _kill_host(name: str) -> None:
@@ -189,9 +207,13 @@ def _kill_host(name: str) -> None:
 
 
 def test_a_host_whose_processes_die_is_named_and_the_job_fails(hosts, tmp_path):
-    rc, took, out = _run_and_lose(tmp_path, LAYOUTS["2x2"][0], 4,
-                                  lambda: _kill_host("hvdl-host1"))
+    rc, took, out, raised = _run_and_lose(tmp_path, LAYOUTS["2x2"][0], 4,
+                                          lambda: _kill_host("hvdl-host1"))
     assert rc != 0, out
+    # every survivor raised HorovodInternalError naming the host and its ranks, within 5 s
+    assert sorted(raised) == [0, 1], out
+    for rank, (after, msg) in raised.items():
+        assert "lost hvdl-host1 (ranks 2, 3)" in msg and after < 5, (rank, after, msg)
     assert "horovodliterun: lost hvdl-host1 (ranks 2, 3)" in out, out
     assert "the job did not complete" in out, out
     assert "FINISHED" not in out
@@ -204,7 +226,7 @@ def test_a_host_cut_off_is_named_and_nothing_runs_on(hosts, tmp_path):
     def cut():
         subprocess.run(["ip", "link", "set", "hvdl-veth2", "down"], check=True)
     try:
-        rc, took, out = _run_and_lose(tmp_path, LAYOUTS["3x1"][0], 3, cut)
+        rc, took, out, raised = _run_and_lose(tmp_path, LAYOUTS["3x1"][0], 3, cut)
     finally:
         subprocess.run(["ip", "link", "set", "hvdl-veth2", "up"], check=True)
     assert rc != 0, out
@@ -212,6 +234,10 @@ def test_a_host_cut_off_is_named_and_nothing_runs_on(hosts, tmp_path):
     # the survivors say it too
     for rank in (0, 1):
         assert re.search(rf"horovodlite: rank {rank} on hvdl-host{rank}: lost hvdl-host2", out), out
+    # ... and raise HorovodInternalError naming it: silence for LOST_AFTER (15 s) + a heartbeat
+    assert sorted(raised) == [0, 1], out
+    for rank, (after, msg) in raised.items():
+        assert "lost hvdl-host2 (rank 2)" in msg and after < 25, (rank, after, msg)
     assert took < 90, f"took {took:.0f} s:\n{out}"
     # the rank on the cut-off host ends itself once horovodliterun stays silent (30 s)
     deadline = time.monotonic() + 45

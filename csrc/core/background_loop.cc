@@ -82,8 +82,26 @@ void BackgroundLoop::RequestShutdown(const std::string& reason) {
   d_.queue->Wake();
 }
 
+void BackgroundLoop::Abort(const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_) abort_status_ = status;
+  }
+  aborted_ = true;
+  d_.queue->Wake();
+}
+
 void BackgroundLoop::Join() {
   if (thread_.joinable()) thread_.join();
+}
+
+bool BackgroundLoop::JoinFor(std::chrono::milliseconds timeout) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!stopped_cv_.wait_for(lock, timeout, [this] { return !running_.load(); })) return false;
+  }
+  Join();
+  return true;
 }
 
 std::string BackgroundLoop::stop_reason() const {
@@ -108,8 +126,10 @@ microseconds BackgroundLoop::PollCap(bool waiting, bool others_pending,
 }
 
 void BackgroundLoop::WaitBeforeCycle(bool progressed, bool others_pending) {
-  if (shutdown_requested_) return;
-  auto has_new = [this] { return d_.queue->HasNew() || shutdown_requested_.load(); };
+  if (shutdown_requested_ || aborted_) return;
+  auto has_new = [this] {
+    return d_.queue->HasNew() || shutdown_requested_.load() || aborted_.load();
+  };
   if (!has_new()) {
     // Right after progress the next submission usually follows within tens of microseconds:
     // catch it without a wake-up; otherwise run one cycle to hear from the other ranks.
@@ -157,6 +177,11 @@ Status BackgroundLoop::RunCycle(CycleResult* result, bool others_pending) {
   bool done = false;
   Status test;
   auto tested_done = [&] {
+    if (aborted_) {  // the ranks we wait for may be gone: stop waiting for them
+      std::lock_guard<std::mutex> lock(mu_);
+      test = abort_status_;
+      return true;
+    }
     test = d_.controller->TestCycle(&done);
     return done || !test.ok();
   };
@@ -194,6 +219,11 @@ void BackgroundLoop::Run() {
   Status failure;
   while (true) {
     WaitBeforeCycle(progressed, others_pending);
+    if (aborted_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      failure = abort_status_;
+      break;
+    }
     CycleResult result;
     Status s = RunCycle(&result, others_pending);
     if (!s.ok()) {
@@ -224,7 +254,11 @@ void BackgroundLoop::Stop(const Status& status) {
     stop_reason_ = status.message();
   }
   d_.queue->Close(status);
-  running_ = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+  }
+  stopped_cv_.notify_all();
 }
 
 }  // namespace hvdl

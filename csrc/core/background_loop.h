@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -50,8 +51,14 @@ class BackgroundLoop {
   void Start();
   // Any thread: asks every rank to stop after the next cycle; `reason` reaches them all.
   void RequestShutdown(const std::string& reason);
+  // Any thread: stops this rank's loop at once, without asking the others (they may be gone);
+  // whatever is pending fails with `status`. A loop blocked inside a communication call stops
+  // only when that call returns.
+  void Abort(const Status& status);
   // Blocks until the loop thread has exited.
   void Join();
+  // Waits up to `timeout` for the loop thread to exit; joins it and returns true if it did.
+  bool JoinFor(std::chrono::milliseconds timeout);
   bool running() const { return running_.load(); }
   void set_cycle_hook(CycleHook hook) { hook_ = std::move(hook); }
   // The reason the loop stopped (empty while running).
@@ -75,7 +82,10 @@ class BackgroundLoop {
   std::thread thread_;
   std::atomic<bool> running_{false};
   std::atomic<bool> shutdown_requested_{false};
-  mutable std::mutex mu_;  // guards shutdown_reason_ and stop_reason_
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mu_;  // guards shutdown_reason_, stop_reason_ and abort_status_
+  std::condition_variable stopped_cv_;
+  Status abort_status_;
   std::string shutdown_reason_;
   std::string stop_reason_;
   std::atomic<int64_t> cycle_time_us_;

@@ -110,10 +110,15 @@ Status Context::Init(const InitOptions& options) {
   // A user thread starting to block on a handle interrupts the loop's batching and slow polls.
   if (handles_ != nullptr) handles_->SetBlockHook([queue = queue_.get()] { queue->Wake(); });
   loop_->Start();
+  notices_ = std::make_unique<LauncherNotices>([this](const std::string& line) {
+    Abort("the job " + line + " (seen by rank " + LogIdentity() +
+          "); the collectives that need those ranks cannot complete");
+  });
   return Status::Ok();
 }
 
 Context::~Context() {
+  notices_.reset();
   if (handles_ != nullptr) handles_->SetBlockHook(nullptr);
   if (loop_) {
     loop_->RequestShutdown("horovodlite runtime destroyed");
@@ -139,9 +144,26 @@ SummaryStats Context::TakeSummary() {
   return out;
 }
 
-void Context::Shutdown(const std::string& reason) {
+bool Context::Shutdown(const std::string& reason) {
+  notices_.reset();
   loop_->RequestShutdown(reason);
+  if (aborted_ && !loop_->JoinFor(std::chrono::seconds(2))) {
+    HVDL_LOG(Error) << "the background thread is still blocked in a collective with the lost "
+                       "ranks; leaving it behind";
+    if (timeline_) timeline_->Stop();
+    return false;
+  }
   loop_->Join();
+  return true;
+}
+
+void Context::Abort(const std::string& why) {
+  if (aborted_.exchange(true)) return;
+  HVDL_LOG(Error) << why;
+  Status status = Status::Aborted(why);
+  loop_->Abort(status);
+  queue_->Close(status);
+  if (handles_ != nullptr) handles_->FailPending(status);
 }
 
 // Every rank applies new parameters at the same cycle, before running its responses, so the

@@ -21,6 +21,7 @@
 #include "core/executor.h"
 #include "core/fusion.h"
 #include "core/handle_table.h"
+#include "core/launcher_notices.h"
 #include "core/process_set.h"
 #include "core/tensor_queue.h"
 #include "core/timeline.h"
@@ -68,8 +69,14 @@ class Context {
   Context& operator=(const Context&) = delete;
 
   // Asks every rank to stop and waits for this rank's loop to exit. Pending ops fail with
-  // `reason`. Main thread (the binding releases the GIL around it).
-  void Shutdown(const std::string& reason);
+  // `reason`. Main thread (the binding releases the GIL around it). Returns false, without
+  // waiting for ever, if the context was aborted and its loop is still blocked in a
+  // communication call with lost ranks: such a context must be kept alive, not destroyed.
+  bool Shutdown(const std::string& reason);
+  // Any thread: the job lost ranks (`why` says which). Fails every pending and later operation
+  // of this rank with HorovodInternalError(why) and stops the loop without the other ranks.
+  void Abort(const std::string& why);
+  bool aborted() const { return aborted_.load(); }
 
   // Submits entries as one handle (a grouped op submits several). Any thread.
   Status Submit(std::vector<TensorEntry> entries, std::vector<Request> requests,
@@ -108,6 +115,8 @@ class Context {
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<BackgroundLoop> loop_;
   std::unique_ptr<Autotuner> tuner_;  // rank 0 with HOROVOD_AUTOTUNE=1
+  std::unique_ptr<LauncherNotices> notices_;  // declared last: stopped first
+  std::atomic<bool> aborted_{false};
   mutable std::mutex stats_mu_;  // guards stats_, summary_, summary_wait_base_
   RuntimeStats stats_;
   SummaryStats summary_;

@@ -57,6 +57,19 @@ Status HandleTable::Wait(int handle, Status* op_status, std::shared_ptr<void>* p
   return Status::Ok();
 }
 
+void HandleTable::FailPending(const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& kv : states_) {
+      State& s = *kv.second;
+      if (s.remaining <= 0) continue;
+      if (s.status.ok()) s.status = status;
+      s.remaining = 0;
+    }
+  }
+  cv_.notify_all();
+}
+
 void HandleTable::SetBlockHook(std::function<void()> hook) {
   std::lock_guard<std::mutex> lock(mu_);
   block_hook_ = std::move(hook);

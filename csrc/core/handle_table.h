@@ -27,6 +27,9 @@ class HandleTable {
   // Blocks until every entry of `handle` completed; returns the op's status in `op_status` and the
   // adapter payload, and forgets the handle.
   Status Wait(int handle, Status* op_status, std::shared_ptr<void>* payload);
+  // Completes every unfinished handle with `status` (the job lost ranks: what they were waiting
+  // for will not come). Entries that complete later change nothing.
+  void FailPending(const Status& status);
   // Forgets a handle without waiting (the payload stays alive until its entries complete).
   void Release(int handle);
   size_t size() const;

@@ -20,6 +20,11 @@ void Init(std::optional<int> comm_f2c, std::vector<int> ranks,
   py::gil_scoped_release nogil;  // before the lock: never hold the GIL while waiting for it
   std::lock_guard<std::mutex> lock(rt.lifecycle_mutex());
   if (rt.context() != nullptr) return;  // a second init is a no-op
+  if (rt.ranks_lost()) {
+    py::gil_scoped_acquire gil;
+    throw InternalError("horovodlite cannot start again in this process: the job lost ranks, "
+                        "and MPI still counts them");
+  }
   InitOptions options;
   options.comm.has_comm = comm_f2c.has_value();
   options.comm.comm_f2c = comm_f2c.value_or(0);
@@ -42,7 +47,11 @@ void Shutdown(const std::string& reason) {
   std::lock_guard<std::mutex> lock(rt.lifecycle_mutex());
   std::unique_ptr<Context> ctx = rt.take_context();
   if (!ctx) return;
-  ctx->Shutdown(reason);
+  const bool stopped = ctx->Shutdown(reason);
+  if (ctx->aborted()) {
+    rt.retire_aborted(std::move(ctx), stopped);
+    return;
+  }
   ctx.reset();
 }
 
@@ -123,7 +132,10 @@ PYBIND11_MODULE(_C, m) {
         py::arg("process_sets") = std::vector<std::vector<int>>(), py::arg("dynamic") = -1);
   m.def("shutdown", &Shutdown, py::arg("reason") = "hvd.shutdown() was called");
   m.def("is_initialized", [] { return Runtime::Get().context() != nullptr; });
-  m.def("finalize_transport", [] { FinalizeCommTransport(); });
+  m.def("finalize_transport", [] {
+    // MPI_Finalize would wait for lost ranks
+    if (!Runtime::Get().ranks_lost()) FinalizeCommTransport();
+  });
   m.def("rank", [] { return Topo().rank; });
   m.def("size", [] { return Topo().size; });
   m.def("local_rank", [] { return Topo().local_rank; });

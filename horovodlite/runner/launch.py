@@ -236,7 +236,9 @@ def main(argv: list | None = None) -> int:
     if args.verbose:
         print("horovodliterun: " + " ".join(cmd), flush=True)
     try:
-        status = _run(cmd, env, reports)
+        status = _run(cmd, env, reports, args.num_proc)
+        if reports is not None:
+            reports.wait_for_exits(EXIT_REPORT_GRACE)
     finally:
         if reports is not None:
             reports.close()
@@ -256,9 +258,13 @@ def main(argv: list | None = None) -> int:
 
 
 # How long mpirun may take to end the job after a host was lost, and after SIGTERM/SIGINT,
-# before horovodliterun ends it.
+# before horovodliterun ends it; after a lost host, once every rank has exited or was lost,
+# mpirun (which may be stuck trying to reach the lost host's daemon) gets only DONE_GRACE.
 LOST_GRACE = 20.0
 TERM_GRACE = 10.0
+DONE_GRACE = 3.0
+# How long ranks still running when mpirun has ended get to report their exit status.
+EXIT_REPORT_GRACE = 5.0
 
 
 def _say_lost(host: str, ranks: list, why: str) -> None:
@@ -267,12 +273,13 @@ def _say_lost(host: str, ranks: list, why: str) -> None:
     sys.stderr.flush()
 
 
-def _run(cmd: list, env: dict, reports) -> int:
+def _run(cmd: list, env: dict, reports, size: int) -> int:
     """Runs mpirun to its end; bounded when a host was lost or we were asked to stop."""
     proc = subprocess.Popen(cmd, env=env)
     deadline = None   # when to stop waiting for mpirun
     stage = 0         # 0: nothing sent, 1: SIGTERM sent, 2: SIGKILL sent
     asked = []
+    finished = False  # every rank has exited or was lost
 
     def stop(signum, _frame):
         asked.append(signum)
@@ -291,15 +298,19 @@ def _run(cmd: list, env: dict, reports) -> int:
                 if asked[0] != signal.SIGINT:
                     proc.send_signal(asked[0])
                 deadline = now + TERM_GRACE
-            if reports is not None and reports.lost_hosts and deadline is None:
-                deadline = now + LOST_GRACE
+            if reports is not None and reports.lost_hosts and stage == 0:
+                if deadline is None:
+                    deadline = now + LOST_GRACE
+                if not finished and reports.all_accounted_for(size):
+                    finished = True  # nothing of the job runs: end mpirun soon
+                    deadline = min(deadline, now + DONE_GRACE)
             if deadline is not None and now >= deadline and stage < 2:
                 stage += 1
                 what = "SIGTERM" if stage == 1 else "SIGKILL"
                 sys.stderr.write(f"horovodliterun: mpirun has not ended the job; sending it "
                                  f"{what}\n")
                 proc.send_signal(signal.SIGTERM if stage == 1 else signal.SIGKILL)
-                deadline = now + TERM_GRACE
+                deadline = now + (DONE_GRACE if finished else TERM_GRACE)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

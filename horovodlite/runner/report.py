@@ -45,6 +45,7 @@ class Rank:
     pid: int
     status: int | None = None       # exit status, once reported
     lost: str | None = None         # why it is considered lost
+    connected: bool = True          # its report connection is open
     last_heard: float = field(default_factory=time.monotonic)
 
 
@@ -67,6 +68,7 @@ class ReportServer:
         self._sel.register(self._srv, selectors.EVENT_READ, None)
         self._conns: dict[socket.socket, list] = {}  # -> [buffer, Rank or None]
         self._stop = threading.Event()
+        self._ending = False  # mpirun has ended: connections closing now are no lost hosts
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -114,7 +116,9 @@ class ReportServer:
         self._sel.unregister(conn)
         _, rank = self._conns.pop(conn)
         conn.close()
-        if rank is not None and rank.status is None:
+        if rank is not None:
+            rank.connected = False
+        if rank is not None and rank.status is None and not self._ending:
             self._mark_lost([rank], "its connection closed without an exit status (its "
                                     "processes were killed or the machine went down)")
 
@@ -200,6 +204,25 @@ class ReportServer:
                                       "why": why})
 
     # -- after the job -----------------------------------------------------------------------
+    def all_accounted_for(self, size: int) -> bool:
+        """Every rank reported its exit or was lost: nothing of the job runs any more."""
+        with self._lock:
+            done = {r.rank for r in self.ranks if r.status is not None or r.lost is not None}
+        return len(done) >= size
+
+    def wait_for_exits(self, timeout: float) -> None:
+        """Once mpirun has ended: waits up to `timeout` s for the ranks still connected to report
+        their exit status. After a lost host, mpirun may end before the survivors have raised
+        and exited; their statuses are still worth reporting."""
+        self._ending = True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not any(r.connected and r.status is None and r.lost is None
+                           for r in self.ranks):
+                    return
+            time.sleep(0.05)
+
     def summary(self, size: int) -> list:
         """Problems that mean the job did not complete (empty when every reported rank exited
         with status 0). Ranks that never reported are left to mpirun's status."""

@@ -70,9 +70,11 @@ class Reporter:
     last sent anything (it sends a heartbeat every HEARTBEAT s): a cut link loses no send (the
     bytes wait in the socket buffer), so silence from the launcher is what tells."""
 
-    def __init__(self, sock: socket.socket | None, rank=None):
+    def __init__(self, sock: socket.socket | None, rank=None, notices: int | None = None):
         self.sock = sock
         self.rank = rank
+        self.notices = notices  # write end of the rank's HVDL_NOTICE_FD pipe
+        self.lost = threading.Event()  # the launcher announced a lost host
         self.lock = threading.Lock()
         self.last_heard = time.monotonic()
         if sock is not None:
@@ -103,10 +105,17 @@ class Reporter:
             return
         if msg.get("event") == "lost":  # say it here too: every survivor names the lost host
             ranks = msg.get("ranks") or []
-            sys.stderr.write(f"horovodlite: rank {self.rank} on {socket.gethostname()}: lost "
-                             f"{msg.get('host')} (rank{'s' if len(ranks) > 1 else ''} "
-                             f"{', '.join(map(str, ranks))}): {msg.get('why')}; the job ends\n")
+            what = (f"lost {msg.get('host')} (rank{'s' if len(ranks) > 1 else ''} "
+                    f"{', '.join(map(str, ranks))}): {msg.get('why')}")
+            sys.stderr.write(f"horovodlite: rank {self.rank} on {socket.gethostname()}: {what}; "
+                             "the job ends\n")
             sys.stderr.flush()
+            if self.notices is not None:  # the rank's runtime raises HorovodInternalError(what)
+                try:
+                    os.write(self.notices, (what.replace("\n", " ") + "\n").encode())
+                except OSError:
+                    pass
+            self.lost.set()
 
     def send(self, message: dict) -> bool:
         if self.sock is None:
@@ -167,17 +176,27 @@ def main(argv: list | None = None) -> int:
         if sock is None:
             sys.stderr.write(f"horovodlite: rank {rank} on {socket.gethostname()} cannot reach "
                              f"horovodliterun at {report_to}; running without exit reports\n")
-    reporter = Reporter(sock, rank)
+    # The runtime in the rank reads the launcher's notices (a lost host) from this pipe.
+    notice_read, notices = os.pipe() if sock is not None else (None, None)
+    env = None
+    if notice_read is not None:
+        os.set_inheritable(notice_read, True)
+        os.set_blocking(notices, False)
+        env = dict(os.environ, HVDL_NOTICE_FD=str(notice_read))
+    reporter = Reporter(sock, rank, notices)
     parent = os.getppid()
     try:
         # close_fds=False: the command gets every inheritable descriptor this process got, as
         # with exec - MPICH's launcher hands each rank its PMI connection as one (PMI_FD). Our
         # own socket is not inheritable (PEP 446).
-        child = subprocess.Popen(argv, close_fds=False)
+        child = subprocess.Popen(argv, close_fds=False, env=env)
     except OSError as e:
         sys.stderr.write(f"horovodlite: rank {rank}: cannot run {argv[0]!r}: {e.strerror}\n")
         reporter.send({"event": "exited", "status": 127})
         return 127
+    finally:
+        if notice_read is not None:
+            os.close(notice_read)
 
     def forward(signum, _frame):
         try:

@@ -103,7 +103,8 @@ def shutdown() -> None:
 __all__ = [
     # basics
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
-    "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+    "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built",
     "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
     "rocm_built", "HorovodInternalError", "HostsUpdatedInterrupt", "start_timeline",
     "stop_timeline", "summary",

@@ -1,12 +1,12 @@
 """The proof: data-parallel training with DistributedOptimizer equals one process training on the
 whole batch.
 
-Every step has a global batch of 24 samples (divisible by 1, 2, 3 and 4, and each shard by 2). Rank r trains on its
-contiguous shard of 24 / size rows with a mean loss; averaging those shard gradients gives the
-full-batch mean gradient, so after each step every rank's parameters must equal those of a plain
-optimizer trained on all 24 rows - which every rank computes locally as the reference. Models are
-float64 so that a wrong algorithm cannot hide behind rounding; the compressed variants use a
-tolerance that fits 16-bit gradients on the wire.
+Every step has a global batch of 24 samples (divisible by 1, 2, 3 and 4, and each shard by 2).
+Rank r trains on its contiguous shard of 24 / size rows with a mean loss; averaging those shard
+gradients gives the full-batch mean gradient, so after each step every rank's parameters must
+equal those of a plain optimizer trained on all 24 rows - which every rank computes locally as
+the reference. Models are float64 so that a wrong algorithm cannot hide behind rounding; the
+compressed variants use a tolerance that fits 16-bit gradients on the wire.
 """
 
 import pytest
