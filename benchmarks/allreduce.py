@@ -13,13 +13,12 @@ measurements; algbw = bytes / time, busbw = algbw * 2(n-1)/n (nccl-tests' defini
 These machines are noisy: compare ratios from one run, not absolute times across runs.
 
 Across hosts (a job with the same number of ranks on several hosts, e.g. the test hosts of
-docs/test_hosts.md) it first compares horovodlite's flat ring with its hierarchical allreduce
-(restarting horovodlite between them, alternately, every round), raw MPI_Allreduce and gloo:
+docs/test_hosts.md) it first compares horovodlite's flat and hierarchical allreduce and allgather
+(restarting horovodlite between them, alternately, every round) with raw MPI and gloo:
 
     tests/hosts/hostctl.sh up 2
     tests/hosts/hostctl.sh run hvdl-host0 horovodliterun -np 4 -H hvdl-host0:2,hvdl-host1:2 \
-        --network-interface eth0 --mpi-args "--prtemca plm_ssh_agent $PWD/tests/hosts/hostctl.sh" \
-        python benchmarks/allreduce.py --only hosts
+        --mpi-args "$(tests/hosts/hostctl.sh mpi-args)" python benchmarks/allreduce.py --only hosts
 """
 
 from __future__ import annotations
@@ -90,6 +89,12 @@ class RawMPI:
         a = np.ones(max(nbytes // 4, 1), np.float32)
         return lambda: COMM.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
 
+    def gather(self, nbytes):
+        """Allgather of `nbytes` in all (each rank's share of it)."""
+        a = np.ones(max(nbytes // 4 // SIZE, 1), np.float32)
+        out = np.empty(a.size * SIZE, np.float32)
+        return lambda: COMM.Allgather(a, out)
+
     def many(self, count, nbytes):
         bufs = [np.ones(nbytes // 4, np.float32) for _ in range(count)]
 
@@ -116,6 +121,13 @@ class Gloo:
         t = torch.ones(max(nbytes // 4, 1))
         return lambda: self.dist.all_reduce(t)
 
+    def gather(self, nbytes):
+        t = torch.ones(max(nbytes // 4 // SIZE, 1))
+        out = torch.empty(t.numel() * SIZE)
+        # torch 2.13 renamed all_gather_into_tensor (deprecated) to all_gather_single
+        gather = getattr(self.dist, "all_gather_single", None) or self.dist.all_gather_into_tensor
+        return lambda: gather(out, t)
+
     def many(self, count, nbytes):
         ts = [torch.ones(nbytes // 4) for _ in range(count)]
 
@@ -133,6 +145,10 @@ class Horovodlite:
         t = torch.ones(max(nbytes // 4, 1))
         name = f"single.{nbytes}"
         return lambda: hvd.synchronize(hvd.allreduce_async_(t, name=name, op=hvd.Sum))
+
+    def gather(self, nbytes):
+        t = torch.ones(max(nbytes // 4 // SIZE, 1))
+        return lambda: hvd.allgather(t, name=f"gather.{nbytes}")
 
     def many(self, count, nbytes):
         ts = [torch.ones(nbytes // 4) for _ in range(count)]
@@ -159,6 +175,10 @@ class Horovod(Horovodlite):
         name = f"single.{nbytes}"
         return lambda: self.hvd.synchronize(self.hvd.allreduce_async_(t, name=name,
                                                                       op=self.hvd.Sum))
+
+    def gather(self, nbytes):
+        t = torch.ones(max(nbytes // 4 // SIZE, 1))
+        return lambda: self.hvd.allgather(t, name=f"gather.{nbytes}")
 
     def many(self, count, nbytes):
         ts = [torch.ones(nbytes // 4) for _ in range(count)]
@@ -255,13 +275,24 @@ def restart_horovodlite(**env) -> None:
     hvd.init()
 
 
-def run_hierarchical(comps, sizes, quick):
-    """Across hosts: horovodlite's flat ring and its hierarchical allreduce (restarted between
-    the two, in alternation, every round) against raw MPI_Allreduce and gloo."""
+# Across hosts, per collective: the knob that switches the hierarchical form, the stat that proves
+# it ran, the competitors' function and the bus factor (nccl-tests' definitions).
+ACROSS_HOSTS = {
+    "allreduce": ("HOROVOD_HIERARCHICAL_ALLREDUCE", "hierarchical_allreduces", "single",
+                  lambda n: 2 * (n - 1) / n),
+    "allgather": ("HOROVOD_HIERARCHICAL_ALLGATHER", "hierarchical_allgathers", "gather",
+                  lambda n: (n - 1) / n),
+}
+
+
+def run_across_hosts(comps, sizes, quick, collective):
+    """Across hosts: horovodlite's flat form of `collective` and its hierarchical one (restarted
+    between the two, in alternation, every round) against raw MPI and gloo."""
     from horovodlite.common.basics import _stats  # noqa: PLC0415
 
-    log(f"\n== across hosts: {hvd.cross_size()} hosts x {hvd.local_size()} ranks, float32 Sum "
-        f"==")
+    knob, stat, fn, factor = ACROSS_HOSTS[collective]
+    log(f"\n== {collective} across hosts: {hvd.cross_size()} hosts x {hvd.local_size()} ranks, "
+        f"float32 ==")
     others = {c.name: c for c in comps if c.name in ("mpi4py", "gloo", "horovod")}
     modes = {"horovodlite flat": "0", "horovodlite hierarchical": "1"}
     rounds = 3 if quick else 5
@@ -272,25 +303,26 @@ def run_hierarchical(comps, sizes, quick):
         samples = {name: [] for name in [*others, *modes]}
         seconds = 0.05 if quick else 0.2
         for _ in range(rounds):
-            times = compare({k: c.single(n) for k, c in others.items()}, 2, seconds, 1)
+            times = compare({k: getattr(c, fn)(n) for k, c in others.items()}, 2, seconds, 1)
             for name, value in modes.items():
-                restart_horovodlite(HOROVOD_HIERARCHICAL_ALLREDUCE=value)
-                times.update(compare({name: Horovodlite().single(n)}, 2, seconds, 1))
-                used = COMM.allreduce(_stats()["hierarchical_allreduces"], op=MPI.MIN)
+                restart_horovodlite(**{knob: value})
+                times.update(compare({name: getattr(Horovodlite(), fn)(n)}, 2, seconds, 1))
+                used = COMM.allreduce(_stats()[stat], op=MPI.MIN)
                 assert (used > 0) == (value == "1"), f"{name}: hierarchical used {used} times"
             for k, v in times.items():
                 samples[k].append(v)
         med = {k: statistics.median(v) for k, v in samples.items()}
         for k, t in med.items():
-            log(f"{size_label(n):>8} {k:>26} {fmt_time(t):>12} {fmt_bw(busbw(n, t)):>12} "
+            bw = n / t * factor(SIZE)
+            log(f"{size_label(n):>8} {k:>26} {fmt_time(t):>12} {fmt_bw(bw):>12} "
                 f"{t / med['mpi4py']:10.2f} {t / med['horovodlite flat']:8.2f}")
-            rows.append(dict(case="hosts", bytes=n, library=k, seconds=t, busbw=busbw(n, t),
+            rows.append(dict(case=f"hosts {collective}", bytes=n, library=k, seconds=t, busbw=bw,
                              ratio_to_mpi=t / med["mpi4py"],
                              ratio_to_flat=t / med["horovodlite flat"]))
-        log(f"{size_label(n):>8} hierarchical busbw / flat ring: "
+        log(f"{size_label(n):>8} hierarchical busbw / flat: "
             f"{med['horovodlite flat'] / med['horovodlite hierarchical']:.2f}x, / raw MPI: "
             f"{med['mpi4py'] / med['horovodlite hierarchical']:.2f}x")
-    restart_horovodlite(HOROVOD_HIERARCHICAL_ALLREDUCE="0")
+    restart_horovodlite(**{knob: "auto"})
     return rows
 
 
@@ -419,8 +451,9 @@ def main() -> int:
     rows = []
     if "hosts" not in skip and hvd.cross_size() > 1 and hvd.local_size() > 1 and \
             hvd.is_homogeneous():
-        rows += run_hierarchical(comps, [16 * MiB] if args.quick else [1 * MiB, 16 * MiB,
-                                                                        64 * MiB], args.quick)
+        for collective in ACROSS_HOSTS:
+            rows += run_across_hosts(comps, [16 * MiB] if args.quick else
+                                     [1 * MiB, 16 * MiB, 64 * MiB], args.quick, collective)
     if "single" not in skip:
         rows += run_single_sizes(comps, sizes, args.quick)
     if "fusion" not in skip:

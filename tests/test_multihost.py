@@ -43,9 +43,11 @@ def _on_host0() -> list:
 
 
 def _launch_args(spec: str, *extra: str) -> tuple:
-    # the rsh agent stands in for ssh; eth0 is every test host's only interface
+    # the rsh agent stands in for ssh; eth0 is every test host's only interface; the hosts share
+    # two cores, so MPI must yield when idle (tests/hosts/hostctl.sh, above mpi_args)
     return ("-H", spec, "--network-interface", "eth0",
-            "--mpi-args", f"--prtemca plm_ssh_agent {HOSTCTL}", *extra)
+            "--mpi-args", f"--prtemca plm_ssh_agent {HOSTCTL} --mca mpi_yield_when_idle 1",
+            *extra)
 
 
 def launch(spec: str, np_: int, argv: list, env: dict | None = None, timeout: int = 300,
@@ -290,22 +292,39 @@ avg = hvd.allreduce(torch.full((999,), float(r)), op=hvd.Average, name="avg")
 assert torch.allclose(avg, torch.full((999,), (n - 1) / 2)), avg
 every = hvd.allgather_object(hvd.allreduce(data(r, 777, torch.float32), name="bits"))
 assert all(torch.equal(e, every[0]) for e in every), "ranks differ"
+for dtype in (torch.float32, torch.int64, torch.bfloat16):  # first dims differ by rank
+    for rows in (0, 3):
+        mine = data(r, (r + rows) * 3, dtype).reshape(r + rows, 3)
+        got = hvd.allgather(mine, name=f"g{rows}{dtype}")
+        want = torch.cat([data(k, (k + rows) * 3, dtype).reshape(k + rows, 3) for k in range(n)])
+        assert torch.equal(got, want), (rows, dtype)
 hvd.allreduce(torch.ones(1), name="last")
-print("HIER", r, _stats()["hierarchical_allreduces"], flush=True)
+s = _stats()
+print("HIER", r, s["hierarchical_allreduces"], s["hierarchical_allgathers"], flush=True)
 """
 
+ON, OFF = "1", "0"
 
-@pytest.mark.parametrize("layout, used", [("2x2", True), ("2+1", False), ("3x1", False)])
-def test_hierarchical_allreduce(hosts, layout, used):
+
+@pytest.mark.parametrize("layout, env, used", [
+    ("2x2", {"HOROVOD_HIERARCHICAL_ALLREDUCE": ON}, (True, True)),
+    ("2x2", {}, (True, True)),  # auto: float sums on 4 ranks and fused batches
+    ("2x2", {"HOROVOD_HIERARCHICAL_ALLREDUCE": OFF, "HOROVOD_HIERARCHICAL_ALLGATHER": OFF},
+     (False, False)),
+    ("2+1", {"HOROVOD_HIERARCHICAL_ALLREDUCE": ON}, (False, False)),
+    ("3x1", {"HOROVOD_HIERARCHICAL_ALLREDUCE": ON}, (False, False))])
+def test_hierarchical_allreduce_and_allgather(hosts, layout, env, used):
     spec, slots = LAYOUTS[layout]
-    r = launch(spec, sum(slots), [sys.executable, "-c", HIERARCHICAL],
-               env={"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"})
+    r = launch(spec, sum(slots), [sys.executable, "-c", HIERARCHICAL], env=env)
     assert r.returncode == 0, r.stdout
-    counts = [int(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("HIER")]
+    counts = [tuple(map(int, line.split()[2:])) for line in r.stdout.splitlines()
+              if line.startswith("HIER")]
     assert len(counts) == sum(slots), r.stdout
-    assert all(c > 0 for c in counts) if used else all(c == 0 for c in counts), r.stdout
+    for allreduces, allgathers in counts:
+        assert (allreduces > 0, allgathers > 0) == used, r.stdout
     # uneven hosts (2+1) or one rank per host (3x1): the flat ring, said once
-    assert ("HOROVOD_HIERARCHICAL_ALLREDUCE=1 ignored" in r.stdout) != used, r.stdout
+    said = "HOROVOD_HIERARCHICAL_ALLREDUCE=1 ignored" in r.stdout
+    assert said == (env.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == ON and not used[0]), r.stdout
 
 
 def test_parallel_allreduce_module_hierarchical_2x2(hosts):

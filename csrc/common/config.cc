@@ -52,6 +52,17 @@ Status ParseBool(const std::string& name, const std::string& v, bool* out) {
   return Status::Ok();
 }
 
+Status ParseToggle(const std::string& name, const std::string& v, Toggle* out) {
+  if (Lower(v) == "auto") {
+    *out = Toggle::kAuto;
+    return Status::Ok();
+  }
+  bool on = false;
+  if (!ParseBool(name, v, &on).ok()) return Invalid(name, v, "auto, 1 or 0 (true/false, ...)");
+  *out = on ? Toggle::kOn : Toggle::kOff;
+  return Status::Ok();
+}
+
 Status ParseLogLevel(const std::string& name, const std::string& v, LogLevel* out) {
   static const std::pair<const char*, LogLevel> kLevels[] = {
       {"trace", LogLevel::kTrace}, {"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo},
@@ -152,10 +163,17 @@ const std::vector<Knob>& Table() {
         "Ring messages between processes on one host are copied once, straight from the "
         "sender's tensors (Linux process_vm_readv), when the kernel allows it; 0: MPI messages."},
        [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->ring_single_copy); }},
-      {{"HOROVOD_HIERARCHICAL_ALLREDUCE", "0",
-        "Allreduce inside each host first, then across hosts, then inside the host again (CPU "
-        "and NCCL); needs the same number of ranks on every host."},
-       [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->hierarchical_allreduce); }},
+      {{"HOROVOD_HIERARCHICAL_ALLREDUCE", "auto",
+        "Allreduce inside each host first, then across hosts, then inside the host again; needs "
+        "the same number of ranks on every host, and several hosts. 1: every allreduce of the "
+        "global set (CPU and NCCL); auto: on CPU, wherever the algorithm choice below runs the "
+        "ring; 0: never."},
+       [](auto& n, auto& v, Config* c) { return ParseToggle(n, v, &c->hierarchical_allreduce); }},
+      {{"HOROVOD_HIERARCHICAL_ALLGATHER", "auto",
+        "CPU allgathers of the global set exchange each rank's block across hosts once per "
+        "host (between ranks of equal local rank), then share them inside each host; same "
+        "conditions as above. auto and 1: whenever possible; 0: MPI_Allgatherv over all ranks."},
+       [](auto& n, auto& v, Config* c) { return ParseToggle(n, v, &c->hierarchical_allgather); }},
       {{"HOROVOD_GPU_OPERATIONS", "nccl",
         "CUDA tensors: nccl (NCCL when built, else host staging) or mpi (always through host "
         "memory and MPI; lets several ranks share one GPU). Same value on every rank."},

@@ -21,6 +21,9 @@ enum class AllreduceAlgorithm { kAuto = 0, kMpi, kRing };
 // How collectives on CUDA tensors move data: NCCL (when built) or host staging through MPI.
 enum class GpuOperations { kNccl = 0, kMpi };
 
+// A feature that is on, off, or chosen where it helps (HOROVOD_HIERARCHICAL_*).
+enum class Toggle { kAuto = 0, kOff, kOn };
+
 struct Config {
   int64_t fusion_threshold_bytes = 128LL * 1024 * 1024;
   double cycle_time_ms = 10.0;
@@ -42,7 +45,8 @@ struct Config {
   int64_t ring_threshold_bytes = -1;  // -1: chosen by measurement (see backends/mpi)
   int64_t ring_segment_bytes = 256 * 1024;
   bool ring_single_copy = true;
-  bool hierarchical_allreduce = false;
+  Toggle hierarchical_allreduce = Toggle::kAuto;
+  Toggle hierarchical_allgather = Toggle::kAuto;
   GpuOperations gpu_operations = GpuOperations::kNccl;
 };
 

@@ -53,8 +53,9 @@ struct RuntimeStats {
   size_t cache_entries = 0;
   size_t fusion_buffer_bytes = 0;
   int single_copy_transports = 0;  // ring transports reading peer memory directly
-  int single_copy_peers = 0;
-  int64_t hierarchical_allreduces = 0;  // allreduces reduced inside hosts, then across them       // summed over them: members read from directly
+  int single_copy_peers = 0;       // summed over them: members read from directly
+  int64_t hierarchical_allreduces = 0;  // allreduces reduced inside hosts, then across them
+  int64_t hierarchical_allgathers = 0;  // allgathers across hosts, then inside them
   // The parameters in force on this rank (changed by autotune, identical on every rank).
   TunedParams params;
   bool autotune_converged = false;

@@ -226,6 +226,9 @@ py::dict ParseEnv(const std::map<std::string, std::string>& env) {
   d["autotune"] = c.autotune;
   d["allreduce_algorithm"] = AllreduceAlgorithmName(c.allreduce_algorithm);
   d["timeline"] = c.timeline_path;
+  const char* toggles[] = {"auto", "off", "on"};
+  d["hierarchical_allreduce"] = toggles[static_cast<int>(c.hierarchical_allreduce)];
+  d["hierarchical_allgather"] = toggles[static_cast<int>(c.hierarchical_allgather)];
   return d;
 }
 

@@ -94,14 +94,15 @@ class HostSet:
 
     def mpirun_args(self, hosts_spec: str | None = None) -> list:
         """mpirun arguments that run on these hosts: -H (default: one slot on each host), the rsh
-        agent, TCP pinned to the hosts' subnet. ``hosts_spec=""`` leaves out -H, for
-        horovodliterun, which takes -H itself:
+        agent, TCP pinned to the hosts' subnet, MPI yielding when idle. ``hosts_spec=""`` leaves
+        out -H, for horovodliterun, which takes -H itself:
         ``horovodliterun -H ... --mpi-args shlex.join(hosts.mpirun_args(""))``."""
         spec = ",".join(self.names) if hosts_spec is None else hosts_spec
         return (["-H", spec] if spec else []) + [
             "--prtemca", "plm_ssh_agent", HOSTCTL,
             "--prtemca", "oob_tcp_if_include", SUBNET,
-            "--mca", "btl_tcp_if_include", SUBNET]
+            "--mca", "btl_tcp_if_include", SUBNET,
+            "--mca", "mpi_yield_when_idle", "1"]  # why: hostctl.sh, above mpi_args
 
     def mpirun(self, cmd, hosts_spec: str | None = None, np: int | None = None, env=None,
                timeout=120, args=()) -> subprocess.CompletedProcess:

@@ -19,6 +19,7 @@ def test_defaults():
     assert cfg["cache_capacity"] == 1024
     assert cfg["log_level"] == "WARNING"
     assert cfg["stall_check_seconds"] == 60.0
+    assert cfg["hierarchical_allreduce"] == cfg["hierarchical_allgather"] == "auto"
 
 
 def test_values_are_parsed():
@@ -28,6 +29,11 @@ def test_values_are_parsed():
     assert cfg["fusion_threshold_bytes"] == 0 and cfg["cycle_time_ms"] == 0.5
     assert cfg["log_level"] == "DEBUG" and cfg["autotune"] is True
     assert cfg["allreduce_algorithm"] == "ring"
+    cfg = T.parse_config({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+                          "HOROVOD_HIERARCHICAL_ALLGATHER": "false"})
+    assert cfg["hierarchical_allreduce"] == "on" and cfg["hierarchical_allgather"] == "off"
+    cfg = T.parse_config({"HOROVOD_HIERARCHICAL_ALLREDUCE": "Auto"})
+    assert cfg["hierarchical_allreduce"] == "auto"
 
 
 @pytest.mark.parametrize("name,value", [
@@ -38,6 +44,8 @@ def test_values_are_parsed():
     ("HOROVOD_LOG_LEVEL", "loud"),
     ("HOROVOD_AUTOTUNE", "maybe"),
     ("HOROVOD_ALLREDUCE_ALGO", "tree"),
+    ("HOROVOD_HIERARCHICAL_ALLREDUCE", "sometimes"),
+    ("HOROVOD_HIERARCHICAL_ALLGATHER", "2"),
     ("HOROVOD_STALL_CHECK_TIME_SECONDS", "-5"),
 ])
 def test_invalid_value_names_the_variable(name, value):

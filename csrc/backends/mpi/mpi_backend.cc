@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <thread>
 
 #include "backends/mpi/mpi_util.h"
@@ -63,9 +64,10 @@ MpiBackend::MpiBackend(MpiWorld* world, const Config& config)
       ring_threshold_(config.ring_threshold_bytes),
       segment_bytes_(static_cast<size_t>(config.ring_segment_bytes)),
       single_copy_(config.ring_single_copy),
-      hierarchical_(config.hierarchical_allreduce && world->cross_size() > 1 &&
-                    world->local_size() > 1 && world->homogeneous()) {
-  if (config.hierarchical_allreduce && !hierarchical_ && world->rank() == 0) {
+      hierarchy_(world->cross_size() > 1 && world->local_size() > 1 && world->homogeneous()),
+      hierarchical_allreduce_(config.hierarchical_allreduce),
+      hierarchical_allgather_(hierarchy_ && config.hierarchical_allgather != Toggle::kOff) {
+  if (config.hierarchical_allreduce == Toggle::kOn && !hierarchy_ && world->rank() == 0) {
     HVDL_LOG(Warning) << "HOROVOD_HIERARCHICAL_ALLREDUCE=1 ignored: it needs several hosts with "
                       << "the same number of ranks on each, and more than one on some (this "
                       << "job: " << world->cross_size() << " host(s), "
@@ -85,17 +87,35 @@ MpiBackend::~MpiBackend() {
   }
 }
 
-bool MpiBackend::Hierarchical(int ps) const { return hierarchical_ && ps == 0; }
+bool MpiBackend::Hierarchical(int ps, bool ring) const {
+  if (!hierarchy_ || ps != 0) return false;
+  return hierarchical_allreduce_ == Toggle::kOn ||
+         (hierarchical_allreduce_ == Toggle::kAuto && algorithm_ == AllreduceAlgorithm::kAuto &&
+          ring);
+}
 
-// Collective over process set 0 (every rank reaches its first hierarchical allreduce in the
+// Collective over process set 0 (every rank reaches its first hierarchical collective in the
 // same order): private copies of the node and cross communicators, so no message of another
-// user of MpiWorld's can ever match ours, and a transport over each.
+// user of MpiWorld's can ever match ours, and which rank sits where.
+Status MpiBackend::HierarchicalComms() {
+  if (local_comm_ != MPI_COMM_NULL) return Status::Ok();
+  HVDL_MPI(MPI_Comm_dup(world_->local(), &local_comm_));
+  HVDL_MPI(MPI_Comm_dup(world_->cross(), &cross_comm_));
+  MPI_Comm_set_errhandler(local_comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(cross_comm_, MPI_ERRORS_RETURN);
+  const int me[2] = {world_->cross_rank(), world_->local_rank()};
+  std::vector<int> where(2 * static_cast<size_t>(world_->size()));
+  HVDL_MPI(MPI_Allgather(me, 2, MPI_INT, where.data(), 2, MPI_INT, world_->data(0)));
+  rank_at_.assign(static_cast<size_t>(world_->size()), -1);
+  for (int r = 0; r < world_->size(); ++r) {
+    rank_at_[static_cast<size_t>(where[2 * r] * world_->local_size() + where[2 * r + 1])] = r;
+  }
+  return Status::Ok();
+}
+
 Status MpiBackend::HierarchicalTransports(MpiTransport** local, MpiTransport** cross) {
   if (!local_) {
-    HVDL_MPI(MPI_Comm_dup(world_->local(), &local_comm_));
-    HVDL_MPI(MPI_Comm_dup(world_->cross(), &cross_comm_));
-    MPI_Comm_set_errhandler(local_comm_, MPI_ERRORS_RETURN);
-    MPI_Comm_set_errhandler(cross_comm_, MPI_ERRORS_RETURN);
+    HVDL_RETURN_IF_ERROR(HierarchicalComms());
     local_ = std::make_unique<MpiTransport>(local_comm_, single_copy_);
     cross_ = std::make_unique<MpiTransport>(cross_comm_, single_copy_);
   }
@@ -161,7 +181,7 @@ Status MpiBackend::RemoveProcessSet(int ps) {
 
 bool MpiBackend::UsesRing(int64_t bytes, int tensors, DataType dtype, ReduceOp op,
                           int ps) const {
-  if (algorithm_ == AllreduceAlgorithm::kRing || Hierarchical(ps)) return true;
+  if (algorithm_ == AllreduceAlgorithm::kRing || Hierarchical(ps, false)) return true;
   if (algorithm_ == AllreduceAlgorithm::kMpi) return false;
   const int n = SetSize(ps);
   if (n <= 1) return false;
@@ -177,7 +197,8 @@ Status MpiBackend::Allreduce(const AllreduceArgs& a) {
   MPI_Comm comm;
   HVDL_RETURN_IF_ERROR(Begin(a.ps, &comm));
   const int64_t bytes = a.count * static_cast<int64_t>(DataTypeSize(a.dtype));
-  if (Hierarchical(a.ps)) {
+  const bool ring = !a.chunks.empty() || UsesRing(bytes, 1, a.dtype, a.op, a.ps);
+  if (Hierarchical(a.ps, ring)) {
     MpiTransport *local, *cross;
     HVDL_RETURN_IF_ERROR(HierarchicalTransports(&local, &cross));
     ++hierarchical_calls_;
@@ -187,7 +208,7 @@ Status MpiBackend::Allreduce(const AllreduceArgs& a) {
                          : a.chunks,
         a.dtype, a.op, a.postscale, segment_bytes_, nullptr);
   }
-  if (!a.chunks.empty() || UsesRing(bytes, 1, a.dtype, a.op, a.ps)) {
+  if (ring) {
     MpiTransport* t = TransportFor(a.ps);
     if (!a.chunks.empty()) {
       return RingAllreduce(t, a.chunks, a.dtype, a.op, a.postscale, segment_bytes_, nullptr);
@@ -217,9 +238,43 @@ Status MpiBackend::Allgatherv(const void* send, void* recv, const std::vector<in
   int me = 0;
   MPI_Comm_rank(comm, &me);
   MPI_Datatype type = MpiType(dtype);
+  if (hierarchical_allgather_ && ps == 0) {
+    const size_t esize = DataTypeSize(dtype);
+    if (send != nullptr) {
+      std::memcpy(static_cast<char*>(recv) + static_cast<size_t>(d[me]) * esize, send,
+                  static_cast<size_t>(c[me]) * esize);
+    }
+    ++hierarchical_allgathers_;
+    return HierarchicalAllgatherv(recv, c, d, type);
+  }
   const void* src = send == nullptr ? MPI_IN_PLACE : send;
   HVDL_MPI(MPI_Allgatherv(src, c[static_cast<size_t>(me)], type, recv, c.data(), d.data(), type,
                           comm));
+  return Status::Ok();
+}
+
+Status MpiBackend::HierarchicalAllgatherv(void* recv, const std::vector<int>& counts,
+                                          const std::vector<int>& displs, MPI_Datatype type) {
+  HVDL_RETURN_IF_ERROR(HierarchicalComms());
+  const int L = world_->local_size(), C = world_->cross_size();
+  auto rank = [&](int h, int l) { return static_cast<size_t>(rank_at_[h * L + l]); };
+  // 1. Across hosts: the ranks with our local rank, one per host, swap their own blocks.
+  std::vector<int> c(static_cast<size_t>(C)), d(static_cast<size_t>(C));
+  for (int h = 0; h < C; ++h) {
+    c[h] = counts[rank(h, world_->local_rank())];
+    d[h] = displs[rank(h, world_->local_rank())];
+  }
+  HVDL_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, type, recv, c.data(), d.data(), type, cross_comm_));
+  // 2. Inside the host, once per host index h: local rank l holds rank (h, l)'s block now.
+  c.resize(static_cast<size_t>(L));
+  d.resize(static_cast<size_t>(L));
+  for (int h = 0; h < C; ++h) {
+    for (int l = 0; l < L; ++l) {
+      c[l] = counts[rank(h, l)];
+      d[l] = displs[rank(h, l)];
+    }
+    HVDL_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, type, recv, c.data(), d.data(), type, local_comm_));
+  }
   return Status::Ok();
 }
 

@@ -39,7 +39,7 @@ Status Group(int rank_, const std::function<Status()>& body) {
 
 NcclBackend::NcclBackend(MpiWorld* world, DeviceOps* ops, const Config& config)
     : world_(world), ops_(ops), rank_(world->rank()), comms_(world->rank()) {
-  if (config.hierarchical_allreduce) {
+  if (config.hierarchical_allreduce == Toggle::kOn) {
     hierarchical_ = std::make_unique<HierarchicalAllreduce>(world, ops, &comms_);
   }
 }
