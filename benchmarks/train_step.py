@@ -25,6 +25,14 @@ heavy: 8.4 M parameters, tiny batch).
 
 Run:  horovodliterun -np 2 python benchmarks/train_step.py
       horovodliterun -np 2 python benchmarks/train_step.py --model mlp
+
+Across hosts (docs/test_hosts.md), one rank per host, so that every rank has a core of this
+2-core machine and "1 process" is one host: the scaling column is then the efficiency from 1
+host to 2 hosts over the test hosts' shaped links (1 Gbit/s by default):
+
+    tests/hosts/hostctl.sh up 2
+    tests/hosts/hostctl.sh run hvdl-host0 horovodliterun -np 2 -H hvdl-host0:1,hvdl-host1:1 \
+        --mpi-args "$(tests/hosts/hostctl.sh mpi-args)" python benchmarks/train_step.py
 """
 
 import argparse
@@ -108,13 +116,14 @@ def run_horovodlite(args):
 
 def init_gloo():
     """torch.distributed on gloo over env://; rank 0 picks a free port and shares it."""
-    port = None
-    if hvd.rank() == 0:
+    where = None
+    if hvd.rank() == 0:  # rank 0's address as its hostname resolves (several hosts: not loopback)
+        addr = socket.gethostbyname(socket.gethostname())
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = hvd.broadcast_object(port, root_rank=0, name="master_port")
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+            s.bind((addr, 0))
+            where = (addr, s.getsockname()[1])
+    addr, port = hvd.broadcast_object(where, root_rank=0, name="master_port")
+    os.environ["MASTER_ADDR"] = addr
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", init_method="env://", rank=hvd.rank(),
                             world_size=hvd.size())
@@ -154,7 +163,8 @@ def summary(times, ranks, batch):
 def print_table(args, results, horovod_missing):
     n = hvd.size()
     base = summary(results["1 process"], 1, args.batch_size)
-    print(f"\nmodel={args.model} batch/rank={args.batch_size} ranks={n} threads/rank=1 "
+    print(f"\nmodel={args.model} batch/rank={args.batch_size} ranks={n} "
+          f"({hvd.cross_size()} host(s) x {hvd.local_size()}) threads/rank=1 "
           f"timed steps={args.steps * args.rounds} (after {args.warmup} warm-up per run)")
     header = f"{'configuration':<22}{'median ms':>11}{'IQR ms':>9}{'samples/s':>11}{'scaling':>9}"
     print(header)

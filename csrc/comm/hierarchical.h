@@ -16,6 +16,7 @@
 // timing or on what else was fused, so a tensor reduced alone or inside any fused batch gives
 // identical bits, on every rank. The order differs from the flat ring's, so floating-point
 // results may differ from it in the last bits; integer results are identical.
+// Each ring has its own segment size: inside the host and across hosts the best differ.
 // L == 1 or C == 1 degenerate to the flat ring over the other transport.
 #pragma once
 
@@ -28,7 +29,7 @@ namespace hvdl {
 
 Status HierarchicalAllreduce(Transport* local, Transport* cross,
                              const std::vector<std::vector<Span>>& chunks, DataType dtype,
-                             ReduceOp op, double postscale, size_t segment_bytes,
-                             RingStats* stats);
+                             ReduceOp op, double postscale, size_t local_segment_bytes,
+                             size_t cross_segment_bytes, RingStats* stats);
 
 }  // namespace hvdl

@@ -156,9 +156,17 @@ const std::vector<Knob>& Table() {
         "Bytes from which auto also runs a single tensor as a ring (-1: never; fused batches "
         "from 256 KiB and floating sums on 3+ ranks always use the ring)."},
        [](auto& n, auto& v, Config* c) { return ParseInt(n, v, -1, &c->ring_threshold_bytes); }},
-      {{"HOROVOD_RING_SEGMENT_BYTES", "262144",
-        "Pipeline segment of the ring: one segment is reduced while the next is in flight."},
-       [](auto& n, auto& v, Config* c) { return ParseInt(n, v, 1024, &c->ring_segment_bytes); }},
+      {{"HOROVOD_RING_SEGMENT_BYTES", "auto",
+        "Pipeline segment of the ring: one segment is reduced while the next is in flight. "
+        "auto: 256 KiB between ranks of one host, 64 KiB on rings that cross hosts (MPI's TCP "
+        "sends that much without a handshake)."},
+       [](auto& n, auto& v, Config* c) {
+         if (Lower(v) == "auto") {
+           c->ring_segment_bytes = 0;
+           return Status::Ok();
+         }
+         return ParseInt(n, v, 1024, &c->ring_segment_bytes);
+       }},
       {{"HOROVOD_RING_CMA", "1",
         "Ring messages between processes on one host are copied once, straight from the "
         "sender's tensors (Linux process_vm_readv), when the kernel allows it; 0: MPI messages."},

@@ -182,7 +182,7 @@ std::vector<py::bytes> Hierarchical(const std::vector<std::string>& inputs, int 
         LocalTransport cross(cross_boxes[static_cast<size_t>(l)], h);
         auto spans = ContiguousChunks(bufs[static_cast<size_t>(r)].data(), chunks, dt);
         Status s = HierarchicalAllreduce(&local, &cross, spans, dt, static_cast<ReduceOp>(op),
-                                         postscale, segment, nullptr);
+                                         postscale, segment, segment, nullptr);
         if (!s.ok()) errors[static_cast<size_t>(r)] = s.message();
       });
     }

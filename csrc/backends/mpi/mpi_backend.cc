@@ -62,7 +62,12 @@ MpiBackend::MpiBackend(MpiWorld* world, const Config& config)
     : world_(world),
       algorithm_(config.allreduce_algorithm),
       ring_threshold_(config.ring_threshold_bytes),
-      segment_bytes_(static_cast<size_t>(config.ring_segment_bytes)),
+      segment_bytes_(config.ring_segment_bytes > 0
+                         ? static_cast<size_t>(config.ring_segment_bytes)
+                         : kHostSegmentBytes),
+      network_segment_bytes_(config.ring_segment_bytes > 0
+                                 ? static_cast<size_t>(config.ring_segment_bytes)
+                                 : kNetworkSegmentBytes),
       single_copy_(config.ring_single_copy),
       hierarchy_(world->cross_size() > 1 && world->local_size() > 1 && world->homogeneous()),
       hierarchical_allreduce_(config.hierarchical_allreduce),
@@ -206,15 +211,17 @@ Status MpiBackend::Allreduce(const AllreduceArgs& a) {
         local, cross,
         a.chunks.empty() ? ContiguousChunks(a.buf, EvenChunks(a.count, SetSize(a.ps)), a.dtype)
                          : a.chunks,
-        a.dtype, a.op, a.postscale, segment_bytes_, nullptr);
+        a.dtype, a.op, a.postscale, segment_bytes_, network_segment_bytes_, nullptr);
   }
   if (ring) {
     MpiTransport* t = TransportFor(a.ps);
+    // a ring over several hosts has network links (process sets: assumed, it may not)
+    const size_t segment = world_->cross_size() > 1 ? network_segment_bytes_ : segment_bytes_;
     if (!a.chunks.empty()) {
-      return RingAllreduce(t, a.chunks, a.dtype, a.op, a.postscale, segment_bytes_, nullptr);
+      return RingAllreduce(t, a.chunks, a.dtype, a.op, a.postscale, segment, nullptr);
     }
     return RingAllreduce(t, ContiguousChunks(a.buf, EvenChunks(a.count, t->size()), a.dtype),
-                         a.dtype, a.op, a.postscale, segment_bytes_, nullptr);
+                         a.dtype, a.op, a.postscale, segment, nullptr);
   }
   if (!a.chunks.empty()) return Status::Internal("span allreduce needs the ring algorithm");
   MPI_Datatype type = MpiType(a.dtype);
