@@ -107,6 +107,25 @@ def test_parallel_across_hosts(hosts, module, layout):
                     f"{proc.stdout[-10000:]}")
 
 
+EXAMPLES = {  # layout: what runs there, and what its output must show
+    "2x2": (["examples/pytorch_digits.py", "--check"], "final test accuracy"),
+    "2+1": (["examples/pytorch_synthetic_benchmark.py", "--num-warmup-batches", "1",
+             "--num-batches-per-iter", "2", "--num-iters", "2", "--batch-size", "4"],
+            "Total img/sec on 3 CPU(s):"),
+    "3x1": (["benchmarks/train_step.py", "--model", "mlp", "--warmup", "1", "--steps", "3",
+             "--rounds", "1"], "(3 host(s) x 1)"),
+}
+
+
+@pytest.mark.parametrize("layout", EXAMPLES)
+def test_examples_across_hosts(hosts, layout):
+    spec, slots = LAYOUTS[layout]
+    argv, shows = EXAMPLES[layout]
+    r = launch(spec, sum(slots), [sys.executable, *argv], timeout=420)
+    assert r.returncode == 0, r.stdout[-6000:]  # digits: --check exits 1 below 95% accuracy
+    assert shows in r.stdout, r.stdout[-6000:]
+
+
 SINGLE_COPY = """
 import socket, torch, horovodlite.torch as hvd
 from horovodlite.common.basics import _stats

@@ -215,8 +215,11 @@ Status MpiBackend::Allreduce(const AllreduceArgs& a) {
   }
   if (ring) {
     MpiTransport* t = TransportFor(a.ps);
-    // a ring over several hosts has network links (process sets: assumed, it may not)
-    const size_t segment = world_->cross_size() > 1 ? network_segment_bytes_ : segment_bytes_;
+    // A ring in a job over several hosts has network links (a process set's may not). Every
+    // member must use the same size - their messages must match: the job spans hosts on every
+    // rank alike (cross_size would not do: 1 for a host's second rank in a 2+1 job).
+    const size_t segment =
+        world_->local_size() < world_->size() ? network_segment_bytes_ : segment_bytes_;
     if (!a.chunks.empty()) {
       return RingAllreduce(t, a.chunks, a.dtype, a.op, a.postscale, segment, nullptr);
     }
