@@ -317,6 +317,8 @@ for dtype in (torch.float32, torch.int64, torch.bfloat16):  # first dims differ 
         got = hvd.allgather(mine, name=f"g{rows}{dtype}")
         want = torch.cat([data(k, (k + rows) * 3, dtype).reshape(k + rows, 3) for k in range(n)])
         assert torch.equal(got, want), (rows, dtype)
+big = hvd.allgather(data(r, 100_000 + r, torch.float32), name="big")  # auto: from 256 KiB
+assert torch.equal(big, torch.cat([data(k, 100_000 + k, torch.float32) for k in range(n)]))
 hvd.allreduce(torch.ones(1), name="last")
 s = _stats()
 print("HIER", r, s["hierarchical_allreduces"], s["hierarchical_allgathers"], flush=True)

@@ -144,25 +144,33 @@ SummaryStats Context::TakeSummary() {
   return out;
 }
 
-bool Context::Shutdown(const std::string& reason) {
-  notices_.reset();
+void Context::Shutdown(const std::string& reason) {
   loop_->RequestShutdown(reason);
-  if (aborted_ && !loop_->JoinFor(std::chrono::seconds(2))) {
-    HVDL_LOG(Error) << "the background thread is still blocked in a collective with the lost "
-                       "ranks; leaving it behind";
-    if (timeline_) timeline_->Stop();
-    return false;
+  // The shutdown cycle needs every rank: keep listening for the launcher while waiting, since a
+  // host lost now (or a cut link noticed now) would leave us waiting for ever otherwise. Once
+  // aborted, the loop may be blocked inside MPI with the lost ranks: give it 2 s, no more.
+  while (!loop_->JoinFor(std::chrono::milliseconds(200))) {
+    if (aborted_) {
+      if (!loop_->JoinFor(std::chrono::seconds(2))) {
+        HVDL_LOG(Error) << "the background thread is still blocked in a collective with the "
+                           "lost ranks; leaving it behind";
+      }
+      break;
+    }
   }
-  loop_->Join();
-  return true;
+  if (aborted_) timeline_->Stop();  // an aborted context is never destroyed (see Abort)
 }
 
+// Runs on the notices thread. Only refuses new work and fails the handles; the loop, when it
+// sees the abort, fails what is queued on its own thread (TensorEntry::done's contract). An
+// aborted context must never be destroyed: requests of it (a posted negotiation reduce, a ring
+// step) may still be in MPI's hands, pointing into its memory.
 void Context::Abort(const std::string& why) {
   if (aborted_.exchange(true)) return;
   HVDL_LOG(Error) << why;
   Status status = Status::Aborted(why);
+  queue_->Refuse(status);
   loop_->Abort(status);
-  queue_->Close(status);
   if (handles_ != nullptr) handles_->FailPending(status);
 }
 

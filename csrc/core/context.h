@@ -70,10 +70,9 @@ class Context {
   Context& operator=(const Context&) = delete;
 
   // Asks every rank to stop and waits for this rank's loop to exit. Pending ops fail with
-  // `reason`. Main thread (the binding releases the GIL around it). Returns false, without
-  // waiting for ever, if the context was aborted and its loop is still blocked in a
-  // communication call with lost ranks: such a context must be kept alive, not destroyed.
-  bool Shutdown(const std::string& reason);
+  // `reason`. Main thread (the binding releases the GIL around it). An aborted context (see
+  // Abort) is waited for 2 s at most, and must then be kept alive, never destroyed.
+  void Shutdown(const std::string& reason);
   // Any thread: the job lost ranks (`why` says which). Fails every pending and later operation
   // of this rank with HorovodInternalError(why) and stops the loop without the other ranks.
   void Abort(const std::string& why);

@@ -2,42 +2,67 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 
 namespace hvdl {
+namespace {
 
-int LauncherNotices::DescriptorFromEnv() {
+// The descriptor HVDL_NOTICE_FD names, if it is a pipe open in this process. Claimed once per
+// process (a later Context reuses it) and made close-on-exec, so that programs this rank starts
+// do not inherit it; horovodlite.init() then removes the variable from the environment, whose
+// number could name an unrelated pipe in such a program.
+int ClaimDescriptor() {
   const char* value = std::getenv("HVDL_NOTICE_FD");
   if (value == nullptr || *value == '\0') return -1;
   char* end = nullptr;
   const long fd = std::strtol(value, &end, 10);
-  if (*end != '\0' || fd < 0 || fd > 1 << 20) return -1;
-  if (::fcntl(static_cast<int>(fd), F_GETFD) < 0) return -1;  // not open in this process
+  struct stat st {};
+  if (*end != '\0' || fd < 0 || fd > 1 << 20 || ::fstat(static_cast<int>(fd), &st) != 0 ||
+      !S_ISFIFO(st.st_mode)) {
+    return -1;
+  }
+  ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
   return static_cast<int>(fd);
+}
+
+}  // namespace
+
+int LauncherNotices::DescriptorFromEnv() {
+  static const int fd = ClaimDescriptor();
+  return fd;
 }
 
 LauncherNotices::LauncherNotices(Callback on_notice) : on_notice_(std::move(on_notice)) {
   const int fd = DescriptorFromEnv();
-  if (fd >= 0) thread_ = std::thread([this, fd] { Read(fd); });
+  if (fd < 0 || ::pipe2(wake_, O_CLOEXEC) != 0) return;
+  thread_ = std::thread([this, fd] { Read(fd); });
 }
 
 LauncherNotices::~LauncherNotices() {
-  stop_ = true;
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    const char stop = 0;
+    while (::write(wake_[1], &stop, 1) < 0 && errno == EINTR) {
+    }
+    thread_.join();
+  }
+  for (int fd : wake_) {
+    if (fd >= 0) ::close(fd);
+  }
 }
 
-// Polls with a timeout so that the destructor can stop it; a line may arrive in pieces.
+// Until the destructor wakes us; a line may arrive in pieces.
 void LauncherNotices::Read(int fd) {
   std::string pending;
   char buf[4096];
-  while (!stop_) {
-    pollfd p{fd, POLLIN, 0};
-    const int ready = ::poll(&p, 1, 200);
-    if (ready < 0 && errno != EINTR) return;
-    if (ready <= 0) continue;
+  while (true) {
+    pollfd p[2] = {{fd, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+    const int ready = ::poll(p, 2, -1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0 || p[1].revents != 0) return;
     const ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n <= 0) return;  // the wrapper is gone; the launcher watch handles that

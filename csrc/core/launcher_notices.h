@@ -13,7 +13,6 @@
 // HorovodInternalError with the line. Without HVDL_NOTICE_FD (plain mpirun) nothing starts.
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <string>
 #include <thread>
@@ -23,22 +22,23 @@ namespace hvdl {
 class LauncherNotices {
  public:
   using Callback = std::function<void(const std::string& line)>;
-  // Starts reading the descriptor named by HVDL_NOTICE_FD, if set and open; `on_notice` runs on
+  // Starts reading the descriptor named by HVDL_NOTICE_FD, if it is a pipe; `on_notice` runs on
   // the reader thread, once per line. The descriptor is not closed (a later Context reads it).
   explicit LauncherNotices(Callback on_notice);
-  // Stops and joins the reader (within its poll period, 200 ms).
+  // Stops and joins the reader at once (it also waits on a pipe of its own for this).
   ~LauncherNotices();
   LauncherNotices(const LauncherNotices&) = delete;
   LauncherNotices& operator=(const LauncherNotices&) = delete;
 
-  // The descriptor from HVDL_NOTICE_FD, or -1 if unset, malformed or closed.
+  // The descriptor from HVDL_NOTICE_FD as the process's first call found it, or -1 if unset,
+  // malformed or not a pipe.
   static int DescriptorFromEnv();
 
  private:
   void Read(int fd);
 
   Callback on_notice_;
-  std::atomic<bool> stop_{false};
+  int wake_[2] = {-1, -1};  // the destructor writes a byte to stop the reader
   std::thread thread_;
 };
 

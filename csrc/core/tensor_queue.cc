@@ -72,6 +72,13 @@ void TensorQueue::Close(const Status& status) {
   }
 }
 
+void TensorQueue::Refuse(const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
+  closed_ = true;
+  closed_status_ = status;
+}
+
 void TensorQueue::WaitForRequests(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   arrival_waiter_ = true;

@@ -55,6 +55,9 @@ class TensorQueue {
   bool Take(const std::string& key, TensorEntry* out);
   // Fails every pending entry with `status` and refuses further Adds with it.
   void Close(const Status& status);
+  // Any thread: later Adds fail with `status`; what is queued stays for Close (whose callbacks
+  // must run on the background thread).
+  void Refuse(const Status& status);
   // Blocks until new requests arrive, Wake() is called, or `deadline` passes.
   void WaitForRequests(std::chrono::steady_clock::time_point deadline);
   // Blocks until more than `seen` requests were ever added, Wake() is called, or `deadline`.

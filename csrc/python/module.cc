@@ -47,9 +47,9 @@ void Shutdown(const std::string& reason) {
   std::lock_guard<std::mutex> lock(rt.lifecycle_mutex());
   std::unique_ptr<Context> ctx = rt.take_context();
   if (!ctx) return;
-  const bool stopped = ctx->Shutdown(reason);
+  ctx->Shutdown(reason);
   if (ctx->aborted()) {
-    rt.retire_aborted(std::move(ctx), stopped);
+    rt.retire_aborted(std::move(ctx));
     return;
   }
   ctx.reset();
@@ -133,10 +133,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("process_sets") = std::vector<std::vector<int>>(), py::arg("dynamic") = -1);
   m.def("shutdown", &Shutdown, py::arg("reason") = "hvd.shutdown() was called");
   m.def("is_initialized", [] { return Runtime::Get().context() != nullptr; });
-  m.def("finalize_transport", [] {
-    // MPI_Finalize would wait for lost ranks
-    if (!Runtime::Get().ranks_lost()) FinalizeCommTransport();
-  });
+  m.def("finalize_transport", [] { FinalizeCommTransport(); });
+  m.def("ranks_lost", [] { return Runtime::Get().ranks_lost(); });
   m.def("rank", [] { return Topo().rank; });
   m.def("size", [] { return Topo().size; });
   m.def("local_rank", [] { return Topo().local_rank; });

@@ -23,9 +23,9 @@ Context& Runtime::RequireContext() {
   return *context_;
 }
 
-void Runtime::retire_aborted(std::unique_ptr<Context> ctx, bool stopped) {
+void Runtime::retire_aborted(std::unique_ptr<Context> ctx) {
   ranks_lost_ = true;
-  if (!stopped) ctx.release();  // leaked on purpose
+  ctx.release();  // leaked on purpose
 }
 
 }  // namespace hvdl

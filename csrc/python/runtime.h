@@ -5,6 +5,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -33,18 +34,17 @@ class Runtime {
   void set_context(std::unique_ptr<Context> ctx) { context_ = std::move(ctx); }
   std::unique_ptr<Context> take_context() { return std::move(context_); }
   // After a context that lost ranks of the job (Context::aborted): MPI still counts them, so
-  // the process neither starts horovodlite again nor finalizes MPI (which would wait for them).
-  // A context whose loop could not be stopped (Shutdown returned false) is kept alive for ever:
-  // its loop thread still uses it.
-  void retire_aborted(std::unique_ptr<Context> ctx, bool stopped);
-  bool ranks_lost() const { return ranks_lost_; }
+  // the process neither starts horovodlite again nor finalizes MPI (which would wait for them),
+  // and the context is kept alive for ever (MPI may still hold requests into its memory).
+  void retire_aborted(std::unique_ptr<Context> ctx);
+  bool ranks_lost() const { return ranks_lost_.load(); }
 
  private:
   Runtime() = default;
   std::mutex lifecycle_mu_;   // serialises init/shutdown
   HandleTable handles_;       // declared first: outlives every Context
   std::unique_ptr<Context> context_;
-  bool ranks_lost_ = false;
+  std::atomic<bool> ranks_lost_{false};
 };
 
 }  // namespace hvdl

@@ -65,6 +65,13 @@ def _stop(reason: str) -> None:
 def _at_exit() -> None:
     # A rank leaving while the runtime still runs tells the others why their collectives end.
     _stop("exited while horovodlite was running (its process ended)")
+    if _C.ranks_lost():
+        # The job lost ranks: MPI still counts them, so finalizing it (ours, or mpi4py's at its
+        # exit) would wait for them, and the runtime's thread may still be inside MPI. End here;
+        # the job did not complete, whatever this rank did afterwards.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     _C.finalize_transport()
 
 
@@ -103,6 +110,9 @@ def init(comm=None, process_sets=None) -> None:
             static = list(process_sets)
         _C.init(comm_f2c=f2c, ranks=ranks, process_sets=_ps._static_rank_lists(static),
                 dynamic=dynamic)
+        # The runtime has claimed the launcher's notice pipe (close-on-exec): programs this
+        # rank starts must not take the number for theirs.
+        os.environ.pop("HVDL_NOTICE_FD", None)
         _ps._setup(static)
         _install_hooks()
         _init_args = (comm, process_sets)

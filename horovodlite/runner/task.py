@@ -74,7 +74,6 @@ class Reporter:
         self.sock = sock
         self.rank = rank
         self.notices = notices  # write end of the rank's HVDL_NOTICE_FD pipe
-        self.lost = threading.Event()  # the launcher announced a lost host
         self.lock = threading.Lock()
         self.last_heard = time.monotonic()
         if sock is not None:
@@ -115,7 +114,6 @@ class Reporter:
                     os.write(self.notices, (what.replace("\n", " ") + "\n").encode())
                 except OSError:
                     pass
-            self.lost.set()
 
     def send(self, message: dict) -> bool:
         if self.sock is None:
@@ -178,11 +176,11 @@ def main(argv: list | None = None) -> int:
                              f"horovodliterun at {report_to}; running without exit reports\n")
     # The runtime in the rank reads the launcher's notices (a lost host) from this pipe.
     notice_read, notices = os.pipe() if sock is not None else (None, None)
-    env = None
+    env = {k: v for k, v in os.environ.items() if k != "HVDL_NOTICE_FD"}
     if notice_read is not None:
         os.set_inheritable(notice_read, True)
         os.set_blocking(notices, False)
-        env = dict(os.environ, HVDL_NOTICE_FD=str(notice_read))
+        env["HVDL_NOTICE_FD"] = str(notice_read)
     reporter = Reporter(sock, rank, notices)
     parent = os.getppid()
     try:

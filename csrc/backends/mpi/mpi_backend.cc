@@ -71,7 +71,7 @@ MpiBackend::MpiBackend(MpiWorld* world, const Config& config)
       single_copy_(config.ring_single_copy),
       hierarchy_(world->cross_size() > 1 && world->local_size() > 1 && world->homogeneous()),
       hierarchical_allreduce_(config.hierarchical_allreduce),
-      hierarchical_allgather_(hierarchy_ && config.hierarchical_allgather != Toggle::kOff) {
+      hierarchical_allgather_(hierarchy_ ? config.hierarchical_allgather : Toggle::kOff) {
   if (config.hierarchical_allreduce == Toggle::kOn && !hierarchy_ && world->rank() == 0) {
     HVDL_LOG(Warning) << "HOROVOD_HIERARCHICAL_ALLREDUCE=1 ignored: it needs several hosts with "
                       << "the same number of ranks on each, and more than one on some (this "
@@ -103,18 +103,19 @@ bool MpiBackend::Hierarchical(int ps, bool ring) const {
 // same order): private copies of the node and cross communicators, so no message of another
 // user of MpiWorld's can ever match ours, and which rank sits where.
 Status MpiBackend::HierarchicalComms() {
-  if (local_comm_ != MPI_COMM_NULL) return Status::Ok();
-  HVDL_MPI(MPI_Comm_dup(world_->local(), &local_comm_));
-  HVDL_MPI(MPI_Comm_dup(world_->cross(), &cross_comm_));
+  if (!rank_at_.empty()) return Status::Ok();  // filled last: everything below is done
+  if (local_comm_ == MPI_COMM_NULL) HVDL_MPI(MPI_Comm_dup(world_->local(), &local_comm_));
+  if (cross_comm_ == MPI_COMM_NULL) HVDL_MPI(MPI_Comm_dup(world_->cross(), &cross_comm_));
   MPI_Comm_set_errhandler(local_comm_, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(cross_comm_, MPI_ERRORS_RETURN);
   const int me[2] = {world_->cross_rank(), world_->local_rank()};
   std::vector<int> where(2 * static_cast<size_t>(world_->size()));
   HVDL_MPI(MPI_Allgather(me, 2, MPI_INT, where.data(), 2, MPI_INT, world_->data(0)));
-  rank_at_.assign(static_cast<size_t>(world_->size()), -1);
+  std::vector<int> rank_at(static_cast<size_t>(world_->size()), -1);
   for (int r = 0; r < world_->size(); ++r) {
-    rank_at_[static_cast<size_t>(where[2 * r] * world_->local_size() + where[2 * r + 1])] = r;
+    rank_at[static_cast<size_t>(where[2 * r] * world_->local_size() + where[2 * r + 1])] = r;
   }
+  rank_at_ = std::move(rank_at);
   return Status::Ok();
 }
 
@@ -248,7 +249,14 @@ Status MpiBackend::Allgatherv(const void* send, void* recv, const std::vector<in
   int me = 0;
   MPI_Comm_rank(comm, &me);
   MPI_Datatype type = MpiType(dtype);
-  if (hierarchical_allgather_ && ps == 0) {
+  // C + 1 collectives instead of one: worth it once the data, not the latency, dominates. The
+  // counts are the same on every rank, so is the choice.
+  int64_t total = 0;
+  for (int64_t n : counts) total += n * static_cast<int64_t>(DataTypeSize(dtype));
+  const bool hierarchical =
+      hierarchical_allgather_ == Toggle::kOn ||
+      (hierarchical_allgather_ == Toggle::kAuto && total >= kHierarchicalAllgatherBytes);
+  if (ps == 0 && hierarchical) {
     const size_t esize = DataTypeSize(dtype);
     if (send != nullptr) {
       std::memcpy(static_cast<char*>(recv) + static_cast<size_t>(d[me]) * esize, send,

@@ -62,6 +62,8 @@ class MpiBackend : public DataBackend {
   int64_t hierarchical_allgathers() const override { return hierarchical_allgathers_; }
 
   static constexpr int64_t kFusedRingBytes = 256 * 1024;
+  // From this many bytes gathered in all, auto gathers hierarchically.
+  static constexpr int64_t kHierarchicalAllgatherBytes = 256 * 1024;
 
  private:
   Status Comm(int ps, MPI_Comm* comm) const;
@@ -97,7 +99,7 @@ class MpiBackend : public DataBackend {
   std::map<int, std::unique_ptr<MpiTransport>> transports_;
   bool hierarchy_;  // several hosts, the same number of ranks on each, more than one
   Toggle hierarchical_allreduce_;
-  bool hierarchical_allgather_;
+  Toggle hierarchical_allgather_;  // kOff where the job's layout does not allow it
   MPI_Comm local_comm_ = MPI_COMM_NULL, cross_comm_ = MPI_COMM_NULL;  // ours (dups)
   // rank_at_[h * local_size + l]: the rank with cross rank h and local rank l
   std::vector<int> rank_at_;
