@@ -231,7 +231,13 @@ void Context::OnCycle(const CycleResult& result) {
 
 Status Context::Submit(std::vector<TensorEntry> entries, std::vector<Request> requests,
                        std::shared_ptr<void> payload, int* handle) {
-  const int h = handles_->Allocate(static_cast<int>(entries.size()), std::move(payload));
+  std::string what;  // for the error when the job loses ranks meanwhile (Abort)
+  if (!entries.empty()) {
+    what = std::string(OpTypeName(entries[0].op)) + " '" + entries[0].name + "'";
+    if (entries.size() > 1) what += " and " + std::to_string(entries.size() - 1) + " more";
+  }
+  const int h = handles_->Allocate(static_cast<int>(entries.size()), std::move(payload),
+                                   std::move(what));
   HandleTable* handles = handles_;
   for (TensorEntry& e : entries) {
     auto user_done = std::move(e.done);

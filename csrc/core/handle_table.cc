@@ -4,10 +4,11 @@
 
 namespace hvdl {
 
-int HandleTable::Allocate(int num_entries, std::shared_ptr<void> payload) {
+int HandleTable::Allocate(int num_entries, std::shared_ptr<void> payload, std::string what) {
   auto state = std::make_shared<State>();
   state->remaining = num_entries;
   state->payload = std::move(payload);
+  state->what = std::move(what);
   std::lock_guard<std::mutex> lock(mu_);
   int handle = next_++;
   states_[handle] = std::move(state);
@@ -63,7 +64,11 @@ void HandleTable::FailPending(const Status& status) {
     for (auto& kv : states_) {
       State& s = *kv.second;
       if (s.remaining <= 0) continue;
-      if (s.status.ok()) s.status = status;
+      if (s.status.ok()) {
+        s.status = s.what.empty() ? status
+                                  : Status(status.code(), s.what + " did not complete: " +
+                                                              status.message());
+      }
       s.remaining = 0;
     }
   }

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "common/status.h"
@@ -20,15 +21,17 @@ namespace hvdl {
 
 class HandleTable {
  public:
-  int Allocate(int num_entries, std::shared_ptr<void> payload);
+  // `what` names the operation for FailPending's messages, e.g. "allreduce 'grad.w'".
+  int Allocate(int num_entries, std::shared_ptr<void> payload, std::string what = "");
   // Records the completion of one entry of `handle`; the first error wins.
   void MarkDone(int handle, const Status& status);
   Status Poll(int handle, bool* done);
   // Blocks until every entry of `handle` completed; returns the op's status in `op_status` and the
   // adapter payload, and forgets the handle.
   Status Wait(int handle, Status* op_status, std::shared_ptr<void>* payload);
-  // Completes every unfinished handle with `status` (the job lost ranks: what they were waiting
-  // for will not come). Entries that complete later change nothing.
+  // Completes every unfinished handle with `status`, prefixed by "<what> did not complete: "
+  // (the job lost ranks: what they were waiting for will not come). Entries that complete
+  // later change nothing.
   void FailPending(const Status& status);
   // Forgets a handle without waiting (the payload stays alive until its entries complete).
   void Release(int handle);
@@ -43,6 +46,7 @@ class HandleTable {
   struct State {
     int remaining = 0;
     Status status;
+    std::string what;
     std::shared_ptr<void> payload;
   };
   Status Unknown(int handle) const;
