@@ -106,7 +106,7 @@ class _DistributedOptimizer:
             if p not in self._parameter_names:
                 self._parameter_names[p] = self._hvd_name_new_param(p)
                 self._hvd_delay[p] = self.backward_passes_per_step
-            if p.requires_grad and p not in self._hvd_hooks:
+            if p.requires_grad and p not in self._hvd_hooks and not self._hvd_local:
                 hook = functools.partial(_on_grad_ready, weakref.ref(self))
                 self._hvd_hooks[p] = p.register_post_accumulate_grad_hook(hook)
 
@@ -236,7 +236,10 @@ class _DistributedOptimizer:
         """Finishes this step's gradient reduction: launches the allreduces the hooks did not
         (parameters unused on this rank, partial accumulations), waits for all of them, and
         writes the results into ``p.grad``. Collective: every rank must call it (``step()``
-        does). Afterwards the accumulation counters start again."""
+        does). Afterwards the accumulation counters start again. On a rank outside the
+        optimizer's process set it does nothing: that rank trains on its own gradients."""
+        if self._hvd_local:
+            return
         self._hvd_refresh()
         self._hvd_launch_missing()
         error = None

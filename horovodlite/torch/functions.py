@@ -93,7 +93,8 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
     structure. Ranks end with exactly the root's state - also when the root has none yet, in
     which case no state is invented (horovod's dummy optimizer step would shift Adam's step
     count). Every ``torch.optim`` optimizer is supported but LBFGS and SparseAdam (ValueError);
-    parameters without gradients (no state) are handled.
+    parameters without gradients (no state) are handled. Afterwards every parameter that
+    requires a gradient has one, zeros where it had none, as with Horovod.
     """
     optimizer = getattr(optimizer, "_hvd_wrapped", optimizer)
     for unsupported in (torch.optim.LBFGS, torch.optim.SparseAdam):
@@ -131,6 +132,12 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
     for h in handles:
         synchronize(h)
     optimizer.load_state_dict({"state": new_state, "param_groups": root["param_groups"]})
+    # Horovod leaves a gradient on every parameter that requires one (its dummy step needs
+    # them) and code reads p.grad right after; zeros where there was none, no state invented.
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
 
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",

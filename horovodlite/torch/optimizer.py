@@ -127,9 +127,6 @@ def _check_args(optimizer, compression, op, gradient_predivide_factor, process_s
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}")
     _id_of(process_set)
-    if not process_set.included():
-        raise ValueError(f"DistributedOptimizer: this rank is not in {process_set!r}; create the "
-                         "optimizer only on the ranks of its process set")
 
 
 def _dynamic_class(base: type, mixin: type) -> type:
@@ -177,7 +174,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         each group is reduced as one fused grouped allreduce once all its members are ready.
         ``num_groups`` is the deprecated spelling of an int ``groups``.
     sparse_as_dense: densify sparse gradients; otherwise they are allgathered.
-    process_set: the ranks that train together; only its members may create the optimizer.
+    process_set: the ranks that train together. On a rank outside it the optimizer steps on
+        this rank's own gradients without communication (as in Horovod), so one script can
+        train several groups of ranks separately.
 
     Returns an instance of ``type(optimizer)`` sharing its param groups and state.
     """
@@ -214,6 +213,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         _hvd_sparse_seen={},
         _hvd_should_sync=True,
         _hvd_fresh_sync=False,
+        _hvd_local=not process_set.included(),  # outside the set: no communication at all
     )
     obj.__dict__.update(state)
     obj._hvd_refresh()

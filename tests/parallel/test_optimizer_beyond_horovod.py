@@ -261,8 +261,21 @@ def test_optimizer_over_a_process_set():
     x, y = data(14, 2)
     model = mlp(10)
     if r not in members:
-        with pytest.raises(ValueError, match="this rank is not in ProcessSet"):
-            hvd.DistributedOptimizer(sgd(model.parameters()), process_set=ps)
+        # as in Horovod: this rank trains on its own gradients, without communication
+        opt = hvd.DistributedOptimizer(sgd(model.parameters()), process_set=ps)
+        assert isinstance(opt, torch.optim.SGD)
+        reference = mlp(10)
+        ref_opt = sgd(reference.parameters())
+        for s in range(2):
+            for o in (opt, ref_opt):
+                o.zero_grad()
+            for m in (model, reference):
+                F.mse_loss(m(x[s]), y[s]).backward()
+            opt.synchronize()  # a no-op here
+            with opt.skip_synchronize():
+                opt.step()
+            ref_opt.step()
+        assert_same(model, reference)
     else:
         opt = hvd.DistributedOptimizer(sgd(model.parameters()), process_set=ps)
         k, me = len(members), members.index(r)

@@ -96,6 +96,27 @@ def test_broadcast_optimizer_state_with_no_state_anywhere():
     assert opt.param_groups[0]["lr"] == 0.001 and not opt.state
 
 
+@pytest.mark.parametrize("wrap", [False, True])
+def test_broadcast_optimizer_state_leaves_a_gradient_on_every_trainable_parameter(wrap):
+    # Horovod's behaviour, which code relies on (it reads p.grad right after); no state invented
+    model = make_model(seed=hvd.rank())
+    model[0][0].bias.grad = torch.full_like(model[0][0].bias, 7.0)  # an existing gradient stays
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    if wrap:
+        opt = hvd.DistributedOptimizer(opt, named_parameters=[
+            (n, p) for n, p in model.named_parameters() if p.requires_grad])
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    for group in opt.param_groups:
+        for p in group["params"]:
+            assert p.grad is not None and p.grad.shape == p.shape
+            if p is not model[0][0].bias:
+                assert torch.count_nonzero(p.grad) == 0
+    assert torch.equal(model[0][0].bias.grad, torch.full_like(model[0][0].bias, 7.0))
+    assert all(p.grad is None for p in frozen)
+    assert not opt.state
+
+
 def test_lbfgs_and_sparse_adam_are_rejected():
     p = [torch.nn.Parameter(torch.zeros(2))]
     with pytest.raises(ValueError, match="LBFGS is not supported"):
