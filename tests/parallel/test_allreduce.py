@@ -132,8 +132,10 @@ def test_repeated_names_use_the_response_cache():
     after = _stats()
     assert after["cache_hits"] - before["cache_hits"] >= 19
     # The first step may need one slow-path cycle per rank (ranks submit in different cycles);
-    # every later step is agreed through the bit vector alone.
-    assert after["negotiations"] - before["negotiations"] <= hvd.size()
+    # every later step is agreed through the bit vector alone. The stall inspector's periodic
+    # check is a slow-path cycle too, and may fall inside the loop (seen once in several runs
+    # at np=3: 4 negotiations).
+    assert after["negotiations"] - before["negotiations"] <= hvd.size() + 1
 
 
 def test_allreduce_gradient_is_allreduced():
