@@ -128,6 +128,11 @@ PYBIND11_MODULE(_C, m) {
   using namespace hvdl;
   m.doc() = "horovodlite C++ core";
   py::register_exception<InternalError>(m, "HorovodInternalError", PyExc_RuntimeError);
+  // Horovod raises ValueError for some argument errors (Python checks) and RuntimeError for
+  // others (its C++ layer); user code catches either, so ours is both.
+  py::register_exception<ArgumentError>(
+      m, "HorovodArgumentError",
+      py::make_tuple(py::handle(PyExc_ValueError), py::handle(PyExc_RuntimeError)));
 
   m.def("init", &Init, py::arg("comm_f2c") = py::none(), py::arg("ranks") = std::vector<int>(),
         py::arg("process_sets") = std::vector<std::vector<int>>(), py::arg("dynamic") = -1);

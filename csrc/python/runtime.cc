@@ -4,7 +4,7 @@ namespace hvdl {
 
 void ThrowIfError(const Status& status) {
   if (status.ok()) return;
-  if (status.code() == StatusCode::kInvalidArgument) throw std::invalid_argument(status.message());
+  if (status.code() == StatusCode::kInvalidArgument) throw ArgumentError(status.message());
   throw InternalError(status.message());
 }
 
@@ -16,7 +16,7 @@ Runtime& Runtime::Get() {
 
 Context& Runtime::RequireContext() {
   if (!context_) {
-    throw std::invalid_argument(
+    throw ArgumentError(
         "Horovod has not been initialized; use hvd.init() before calling collectives or "
         "rank/size queries.");
   }

@@ -1,6 +1,7 @@
 // Runtime: what the Python module keeps for the life of the process: the current Context (if
 // initialised) and the HandleTable it lends to each Context. Plus the error mapping every binding
-// uses: kInvalidArgument -> ValueError, everything else -> HorovodInternalError.
+// uses: kInvalidArgument -> HorovodArgumentError (a ValueError and a RuntimeError: Horovod code
+// catches either), everything else -> HorovodInternalError.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -20,13 +21,19 @@ class InternalError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A bad argument, found before anything was enqueued (Python: HorovodArgumentError).
+class ArgumentError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 // Throws the Python-facing exception for a non-ok status.
 void ThrowIfError(const Status& status);
 
 class Runtime {
  public:
   static Runtime& Get();
-  // The running Context; throws ValueError("... use hvd.init().") if there is none.
+  // The running Context; throws ArgumentError("... use hvd.init().") if there is none.
   Context& RequireContext();
   Context* context() { return context_.get(); }
   HandleTable& handles() { return handles_; }

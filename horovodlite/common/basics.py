@@ -11,6 +11,7 @@ import traceback
 
 from horovodlite._extension import load
 from horovodlite.common import process_sets as _ps
+from horovodlite.common.exceptions import HorovodArgumentError
 
 _C = load()
 _lock = threading.Lock()
@@ -32,11 +33,11 @@ def _comm_args(comm):
     try:
         ranks = [int(r) for r in comm]
     except TypeError:
-        raise ValueError(
+        raise HorovodArgumentError(
             f"init(comm=...): expected an mpi4py communicator or a list of ranks, got {comm!r}"
         ) from None
     if not ranks:
-        raise ValueError("init(comm=[]): the list of ranks is empty")
+        raise HorovodArgumentError("init(comm=[]): the list of ranks is empty")
     return None, sorted(ranks)
 
 
@@ -102,7 +103,7 @@ def init(comm=None, process_sets=None) -> None:
         static: list = []
         if isinstance(process_sets, str):
             if process_sets != "dynamic":
-                raise ValueError(
+                raise HorovodArgumentError(
                     f"init(process_sets={process_sets!r}): expected a list or 'dynamic'"
                 )
             dynamic = 1

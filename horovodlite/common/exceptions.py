@@ -9,6 +9,14 @@ _C = load()
 #: failed. A subclass of RuntimeError. The runtime stays usable after a mismatch.
 HorovodInternalError = _C.HorovodInternalError
 
+#: Raised at call time for a bad argument (wrong type, shape, rank, process set, name still in
+#: flight...), before anything is enqueued: every rank that made the bad call raises it, and the
+#: runtime keeps working. It derives from both ValueError and RuntimeError, because Horovod
+#: raises ValueError for some such errors and RuntimeError for others (those of its C++ layer),
+#: and code written for Horovod catches either.
+HorovodArgumentError = _C.HorovodArgumentError
+HorovodInternalError.__module__ = HorovodArgumentError.__module__ = __name__
+
 
 class HostsUpdatedInterrupt(RuntimeError):
     """Raised in elastic jobs when the set of hosts changed (kept for API compatibility)."""
@@ -18,4 +26,4 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
-__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt"]
+__all__ = ["HorovodArgumentError", "HorovodInternalError", "HostsUpdatedInterrupt"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from horovodlite._extension import load
+from horovodlite.common.exceptions import HorovodArgumentError
 
 _C = load()
 
@@ -35,13 +36,13 @@ class ProcessSet:
         else:
             ranks = sorted(int(r) for r in ranks_or_comm)
             if len(set(ranks)) != len(ranks):
-                raise ValueError(f"ProcessSet: duplicate ranks in {ranks}")
+                raise HorovodArgumentError(f"ProcessSet: duplicate ranks in {ranks}")
             self.ranks = ranks
         self.process_set_id: int | None = None
 
     def _require(self) -> int:
         if self.process_set_id is None:
-            raise ValueError(
+            raise HorovodArgumentError(
                 f"{self!r} is not registered: pass it to hvd.init(process_sets=[...]) or "
                 "hvd.add_process_set() first (or it was removed)."
             )
@@ -56,7 +57,7 @@ class ProcessSet:
         self._require()
         me = _C.rank()
         if me not in self.ranks:
-            raise ValueError(f"rank {me} is not in {self!r}")
+            raise HorovodArgumentError(f"rank {me} is not in {self!r}")
         return self.ranks.index(me)
 
     def included(self) -> bool:
@@ -108,7 +109,7 @@ def _static_rank_lists(process_sets) -> list[list[int]]:
     out = []
     for ps in process_sets:
         if not isinstance(ps, ProcessSet) or ps.ranks is None:
-            raise ValueError(
+            raise HorovodArgumentError(
                 f"init(process_sets=...): expected ProcessSet objects with ranks, got {ps!r}"
             )
         out.append(ps.ranks)
@@ -120,17 +121,19 @@ def _id_of(process_set: ProcessSet) -> int:
         return 0  # the hot path: the C++ enqueue itself reports a missing hvd.init()
     _C.rank()  # raises "Horovod has not been initialized; use hvd.init()" before init
     if not isinstance(process_set, ProcessSet):
-        raise ValueError(f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}")
+        raise HorovodArgumentError(
+            f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}"
+        )
     ps_id = process_set._require()
     if ps_id not in _registered:
-        raise ValueError(f"{process_set!r} was removed; it cannot be used any more")
+        raise HorovodArgumentError(f"{process_set!r} was removed; it cannot be used any more")
     return ps_id
 
 
 def add_process_set(process_set) -> ProcessSet:
     """Registers a new process set (collective over every rank). Needs dynamic process sets."""
     if not _C.dynamic_process_sets():
-        raise ValueError(
+        raise HorovodArgumentError(
             "add_process_set needs dynamic process sets: hvd.init(process_sets='dynamic') or "
             "HOROVOD_DYNAMIC_PROCESS_SETS=1"
         )
@@ -138,13 +141,15 @@ def add_process_set(process_set) -> ProcessSet:
     size = _C.size()
     bad = [r for r in ps.ranks if r < 0 or r >= size]
     if not ps.ranks or bad:
-        raise ValueError(
+        raise HorovodArgumentError(
             f"add_process_set: ranks {ps.ranks} must be a non-empty subset of 0..{size - 1}"
         )
     for existing in _registered.values():
         if existing.ranks == ps.ranks:
-            raise ValueError(f"add_process_set: a process set with ranks {ps.ranks} already exists "
-                             f"(id {existing.process_set_id})")
+            raise HorovodArgumentError(
+                f"add_process_set: a process set with ranks {ps.ranks} already exists "
+                f"(id {existing.process_set_id})"
+            )
     _, extra = _C.wait(_C.enqueue_add_process_set(ps.ranks))
     ps.process_set_id = int(extra[0])
     _registered[ps.process_set_id] = ps
@@ -154,7 +159,7 @@ def add_process_set(process_set) -> ProcessSet:
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Removes a process set (collective over every rank). Returns True if it was removed."""
     if not _C.dynamic_process_sets():
-        raise ValueError(
+        raise HorovodArgumentError(
             "remove_process_set needs dynamic process sets: hvd.init(process_sets='dynamic') or "
             "HOROVOD_DYNAMIC_PROCESS_SETS=1"
         )

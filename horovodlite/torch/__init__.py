@@ -30,7 +30,11 @@ from horovodlite.common.basics import (
     stop_timeline,
 )
 from horovodlite.common.basics import shutdown as _shutdown_runtime
-from horovodlite.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovodlite.common.exceptions import (
+    HorovodArgumentError,
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+)
 from horovodlite.common.process_sets import (
     ProcessSet,
     add_process_set,
@@ -106,8 +110,8 @@ __all__ = [
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
     "mpi_built",
     "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
-    "rocm_built", "HorovodInternalError", "HostsUpdatedInterrupt", "start_timeline",
-    "stop_timeline", "summary",
+    "rocm_built", "HorovodArgumentError", "HorovodInternalError", "HostsUpdatedInterrupt",
+    "start_timeline", "stop_timeline", "summary",
     # reduce ops
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     # process sets

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import global_process_set
 from horovodlite.torch.collectives import allgather_async
 from horovodlite.torch.mpi_ops import _auto_name, _track
@@ -52,14 +53,16 @@ def adasum_tree(rows: torch.Tensor) -> torch.Tensor:
 
 def _set_size(process_set) -> int:
     if process_set.ranks is None:
-        raise ValueError(f"{process_set!r} is not registered; pass it to hvd.init() first")
+        raise HorovodArgumentError(
+            f"{process_set!r} is not registered; pass it to hvd.init() first"
+        )
     return len(process_set.ranks)
 
 
 def check_adasum_size(n: int, what: str) -> None:
     """ValueError unless ``n`` (the number of ranks) is a power of two."""
     if n < 1 or n & (n - 1):
-        raise ValueError(
+        raise HorovodArgumentError(
             f"{what}: op=hvd.Adasum combines ranks pairwise in a binary tree and needs a "
             f"power-of-two number of ranks, but the process set has {n}; run with 1, 2, 4, ... "
             "ranks or use op=hvd.Average."
@@ -76,14 +79,20 @@ def adasum_allreduce_async(tensor, name, prescale_factor, postscale_factor,
     """
     name = _auto_name("allreduce", name)
     if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"allreduce '{name}' (Adasum): expected a tensor, got "
-                         f"{type(tensor).__name__}")
+        raise HorovodArgumentError(
+            f"allreduce '{name}' (Adasum): expected a tensor, got "
+            f"{type(tensor).__name__}"
+        )
     if not tensor.dtype.is_floating_point:
-        raise ValueError(f"allreduce '{name}' (Adasum): needs a floating-point tensor, got "
-                         f"{tensor.dtype}; use op=hvd.Sum for integers.")
+        raise HorovodArgumentError(
+            f"allreduce '{name}' (Adasum): needs a floating-point tensor, got "
+            f"{tensor.dtype}; use op=hvd.Sum for integers."
+        )
     if inplace and not tensor.is_contiguous():
-        raise ValueError(f"allreduce '{name}' (Adasum): the tensor is not contiguous; pass "
-                         "tensor.contiguous().")
+        raise HorovodArgumentError(
+            f"allreduce '{name}' (Adasum): the tensor is not contiguous; pass "
+            "tensor.contiguous()."
+        )
     check_adasum_size(_set_size(process_set), f"allreduce '{name}'")
     flat = tensor.detach().contiguous().reshape(1, -1)
     handle = allgather_async(flat, name=name, process_set=process_set)

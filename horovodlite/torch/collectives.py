@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from horovodlite._extension import load
+from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import _id_of, global_process_set
 from horovodlite.torch.compression import Compression
 from horovodlite.torch.mpi_ops import (
@@ -160,9 +161,13 @@ def _splits_list(splits) -> list:
         return []
     if isinstance(splits, torch.Tensor):
         if splits.dtype != torch.int32:
-            raise ValueError(f"alltoall: splits must be an int32 tensor, got {splits.dtype}")
+            raise HorovodArgumentError(
+                f"alltoall: splits must be an int32 tensor, got {splits.dtype}"
+            )
         if splits.dim() != 1:
-            raise ValueError(f"alltoall: splits must be 1-D, got shape {list(splits.shape)}")
+            raise HorovodArgumentError(
+                f"alltoall: splits must be 1-D, got shape {list(splits.shape)}"
+            )
         return [int(s) for s in splits.tolist()]
     return [int(s) for s in splits]
 
@@ -205,7 +210,9 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 def _check_rs_op(op) -> int:
     op = Average if op is None else op
     if op not in (Average, Sum):
-        raise ValueError(f"reducescatter: only hvd.Average and hvd.Sum are supported, got op={op}")
+        raise HorovodArgumentError(
+            f"reducescatter: only hvd.Average and hvd.Sum are supported, got op={op}"
+        )
     return op
 
 
@@ -318,7 +325,9 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     number of ranks for Average).
     """
     if op not in (Average, Sum):
-        raise ValueError("sparse_allreduce_async: only hvd.Average and hvd.Sum are supported")
+        raise HorovodArgumentError(
+            "sparse_allreduce_async: only hvd.Average and hvd.Sum are supported"
+        )
     t = tensor.coalesce()
     indices = t.indices().t().contiguous()  # [nnz, ndim]
     values = t.values().contiguous()

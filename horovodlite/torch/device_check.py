@@ -24,6 +24,8 @@ import warnings
 
 import torch
 
+from horovodlite.common.exceptions import HorovodArgumentError
+
 CHECK_NAME = "horovodlite.gpu_pinning_check"
 _RECORD_BYTES = 32
 
@@ -80,7 +82,7 @@ def note(first, op: str, submit_check) -> None:
             record = make_record(socket.gethostname(), gpu_identity(t.device))
             _pending = submit_check(record)
     elif index != _device:
-        raise ValueError(
+        raise HorovodArgumentError(
             f"{op}: horovodlite runs collectives on one GPU per process; this process already "
             f"used cuda:{_device} and now got a tensor on cuda:{index}. Call "
             "torch.cuda.set_device(hvd.local_rank()) once after hvd.init() and keep the tensors "

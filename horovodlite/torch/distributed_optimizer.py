@@ -30,6 +30,7 @@ import weakref
 
 import torch
 
+from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.torch import summary
 from horovodlite.torch.collectives import sparse_allreduce_async
 from horovodlite.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_, synchronize
@@ -115,9 +116,11 @@ class _DistributedOptimizer:
         was given, else ``noname.<i>`` in param-group order (the same on every rank)."""
         if self._hvd_named is not None:
             if p not in self._hvd_named:
-                raise ValueError(f"a parameter of shape {list(p.shape)} was added to the "
-                                 "optimizer but is not in named_parameters; name every "
-                                 "optimized parameter")
+                raise HorovodArgumentError(
+                    f"a parameter of shape {list(p.shape)} was added to the "
+                    "optimizer but is not in named_parameters; name every "
+                    "optimized parameter"
+                )
             return self._hvd_named[p]
         name = f"noname.{self._hvd_next_index}"
         self._hvd_next_index += 1
@@ -249,6 +252,10 @@ class _DistributedOptimizer:
             except Exception as exc:  # wait for the rest before raising the first failure
                 error = error or exc
         self._hvd_pending.clear()
+        if self._hvd_resparsify:  # reduced densely, handed back in the layout autograd made
+            for p, sparse_dim in self._hvd_sparse_seen.items():
+                if p.grad is not None and not p.grad.is_sparse:
+                    p.grad = p.grad.to_sparse(sparse_dim)
         self._hvd_reset_counters()
         self._hvd_fresh_sync = True
         if error is not None:
@@ -332,6 +339,10 @@ class _DistributedOptimizer:
         gradients of the failed step are cleared and accumulation restarts, so the retried
         step does not add to partial sums."""
         self._hvd_pending.clear()
+        if self._hvd_resparsify:  # reduced densely, handed back in the layout autograd made
+            for p, sparse_dim in self._hvd_sparse_seen.items():
+                if p.grad is not None and not p.grad.is_sparse:
+                    p.grad = p.grad.to_sparse(sparse_dim)
         self._hvd_reset_counters()
         self._hvd_fresh_sync = False
         for p in self._hvd_params():
@@ -367,7 +378,9 @@ _DistributedOptimizer.step.hooked = True
 
 def _check_passes(passes) -> None:
     if isinstance(passes, bool) or not isinstance(passes, int) or passes <= 0:
-        raise ValueError(f"backward_passes_per_step must be a positive int, got {passes!r}")
+        raise HorovodArgumentError(
+            f"backward_passes_per_step must be a positive int, got {passes!r}"
+        )
 
 
 __all__ = ["OutstandingAllreduceError", "STEP_AFTER_SYNC_WARNING"]

@@ -11,6 +11,7 @@ import cloudpickle
 import torch
 
 from horovodlite._extension import load
+from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import global_process_set
 from horovodlite.torch.collectives import allgather, broadcast_, broadcast_async_
 from horovodlite.torch.mpi_ops import synchronize
@@ -29,14 +30,14 @@ def broadcast_parameters(params, root_rank: int) -> None:
     elif isinstance(params, (list, tuple)) or inspect.isgenerator(params):
         items = [p if isinstance(p, tuple) else (f"param.{i}", p) for i, p in enumerate(params)]
     else:
-        raise ValueError(
+        raise HorovodArgumentError(
             f"broadcast_parameters: expected a dict, a list of tensors or a list of (name, tensor) "
             f"pairs, got {type(params).__name__}"
         )
     handles = []
     for name, p in items:
         if not isinstance(p, torch.Tensor):
-            raise ValueError(
+            raise HorovodArgumentError(
                 f"broadcast_parameters: '{name}' is a {type(p).__name__}, not a tensor"
             )
         target = p.data if isinstance(p, torch.nn.Parameter) else p
@@ -99,8 +100,10 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
     optimizer = getattr(optimizer, "_hvd_wrapped", optimizer)
     for unsupported in (torch.optim.LBFGS, torch.optim.SparseAdam):
         if isinstance(optimizer, unsupported):
-            raise ValueError(f"broadcast_optimizer_state: {unsupported.__name__} is not "
-                             "supported; broadcast the model and recreate the optimizer")
+            raise HorovodArgumentError(
+                f"broadcast_optimizer_state: {unsupported.__name__} is not "
+                "supported; broadcast the model and recreate the optimizer"
+            )
     state_dict = optimizer.state_dict()
     structure = {"param_groups": state_dict["param_groups"], "state": {}}
     local_tensors = {}

@@ -17,7 +17,7 @@ import warnings
 import torch
 
 from horovodlite._extension import load
-from horovodlite.common.exceptions import HorovodInternalError
+from horovodlite.common.exceptions import HorovodArgumentError, HorovodInternalError
 from horovodlite.common.process_sets import _id_of, global_process_set
 from horovodlite.torch import device_check as _device_check
 from horovodlite.torch.compression import Compression
@@ -37,8 +37,9 @@ _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: 
 
 # handle -> (kind, python-side objects kept alive and needed to build the result, reserved keys)
 _handles: dict[int, tuple] = {}
-# (process set id, name) -> handle: a name stays reserved until its handle is synchronized, so
-# reusing it too early is a ValueError whether or not the first op happened to finish already.
+# (process set id, name) -> handle: a name is reserved while its collective is in flight on this
+# rank. As on Horovod, it is free again once that collective has completed, whether or not the
+# handle was synchronized (the handle keeps its result); reusing it earlier is a ValueError.
 _reserved: dict[tuple, int] = {}
 _counters: dict[str, itertools.count] = {}
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,7 +77,7 @@ def _site() -> str:
 
 def _resolve_op(average, op, fn: str) -> int:
     if average is not None and op is not None:
-        raise ValueError(f"{fn}: pass either op= or the deprecated average=, not both")
+        raise HorovodArgumentError(f"{fn}: pass either op= or the deprecated average=, not both")
     if average is not None:
         warnings.warn(f"{fn}: average= is deprecated, use op=hvd.Average or op=hvd.Sum",
                       DeprecationWarning, stacklevel=3)
@@ -84,7 +85,7 @@ def _resolve_op(average, op, fn: str) -> int:
     if op is None:
         return Average
     if op not in _OP_NAMES:
-        raise ValueError(
+        raise HorovodArgumentError(
             f"{fn}: unknown op {op!r}; use hvd.Average, Sum, Adasum, Min, Max or Product"
         )
     return op
@@ -100,11 +101,14 @@ def _submit(kind: str, op: str, names, ps_id: int, enqueue, *objects) -> int:
         _poll_pinning_check()
     for name in names:
         holder = _reserved.get((ps_id, name))
+        if holder is not None and _C.poll(holder):
+            _release(holder)  # completed, never synchronized: the name is free, the result kept
+            holder = None
         if holder is not None:
-            raise ValueError(
+            raise HorovodArgumentError(
                 f"{op} '{name}': a collective with this name is still pending on this rank "
-                f"(handle {holder}); synchronize() it before reusing the name, or pass a "
-                "different name."
+                f"(handle {holder}, not completed yet); synchronize() it before reusing the "
+                "name, or pass a different name."
             )
     handle = enqueue()
     keys = [(ps_id, name) for name in names]
@@ -112,6 +116,16 @@ def _submit(kind: str, op: str, names, ps_id: int, enqueue, *objects) -> int:
         _reserved[key] = handle
     _handles[handle] = (kind, objects, keys)
     return handle
+
+
+def _release(handle: int) -> None:
+    """Frees the names ``handle`` holds; the handle itself stays synchronizable."""
+    kind, objects, keys = _handles.get(handle, (None, (), ()))
+    for key in keys:
+        if _reserved.get(key) == handle:
+            del _reserved[key]
+    if keys:
+        _handles[handle] = (kind, objects, ())
 
 
 def _submit_pinning_check(record) -> int:
@@ -152,10 +166,8 @@ def synchronize(handle: int):
     """
     if _device_check._pending is not None and _device_check._pending != handle:
         _poll_pinning_check()
-    kind, objects, keys = _handles.pop(handle, (None, (), ()))
-    for key in keys:
-        if _reserved.get(key) == handle:
-            del _reserved[key]
+    _release(handle)
+    kind, objects, _ = _handles.pop(handle, (None, (), ()))
     outputs, extra = _C.wait(handle)
     if kind in ("allreduce_", "broadcast_"):
         return objects[0]
@@ -181,8 +193,10 @@ def synchronize(handle: int):
 
 def _check_average_op(op: int, fn: str) -> None:
     if op == Adasum:
-        raise ValueError(f"{fn}: op=hvd.Adasum needs hvd.allreduce/allreduce_async on floating "
-                         "tensors (see horovodlite.torch.adasum)")
+        raise HorovodArgumentError(
+            f"{fn}: op=hvd.Adasum needs hvd.allreduce/allreduce_async on floating "
+            "tensors (see horovodlite.torch.adasum)"
+        )
 
 
 def _enqueue_allreduce(kind, tensors, outputs, names, op, prescale, postscale, process_set,

@@ -18,6 +18,7 @@ import warnings
 
 import torch
 
+from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import ProcessSet, _id_of, global_process_set
 from horovodlite.torch.adasum_optimizer import _AdasumDeltaOptimizer
 from horovodlite.torch.compression import Compression
@@ -37,25 +38,29 @@ def _check_named_parameters(named_parameters, params) -> dict:
     for item in pairs:
         if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
                 and isinstance(item[1], torch.Tensor)):
-            raise ValueError(
+            raise HorovodArgumentError(
                 "named_parameters should be a sequence of (name, parameter) tuples, usually "
                 f"produced by model.named_parameters(); got an element {item!r:.80}"
             )
     counts = collections.Counter(name for name, _ in pairs)
     duplicates = sorted(name for name, n in counts.items() if n > 1)
     if duplicates:
-        raise ValueError(f"Parameter names in named_parameters must be unique; found duplicates: "
-                         f"{', '.join(duplicates)}")
+        raise HorovodArgumentError(
+            f"Parameter names in named_parameters must be unique; found duplicates: "
+            f"{', '.join(duplicates)}"
+        )
     names: dict = {}
     for name, p in pairs:
         if p in names:
-            raise ValueError(f"named_parameters gives one parameter two names: '{names[p]}' and "
-                             f"'{name}'; name each parameter once")
+            raise HorovodArgumentError(
+                f"named_parameters gives one parameter two names: '{names[p]}' and "
+                f"'{name}'; name each parameter once"
+            )
         names[p] = name
     missing = [p for p in params if p not in names]
     if missing:
         shapes = ", ".join(str(list(p.shape)) for p in missing[:5])
-        raise ValueError(
+        raise HorovodArgumentError(
             f"named_parameters was specified, but {len(missing)} parameter(s) of the optimizer "
             f"are not named in it (shapes {shapes}); pass the named_parameters() of the "
             "module(s) holding every parameter the optimizer updates"
@@ -70,14 +75,18 @@ def _parse_groups(groups, num_groups, params) -> list:
         warnings.warn("DistributedOptimizer(num_groups=...) is deprecated; use groups=",
                       DeprecationWarning, stacklevel=3)
         if groups is not None:
-            raise ValueError("pass either groups= or the deprecated num_groups=, not both")
+            raise HorovodArgumentError(
+                "pass either groups= or the deprecated num_groups=, not both"
+            )
         groups = num_groups
     if groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
                           and groups == 0):
         return []
     if isinstance(groups, int) and not isinstance(groups, bool):
         if groups < 0:
-            raise ValueError(f"groups must be a positive int or a list of lists, got {groups}")
+            raise HorovodArgumentError(
+                f"groups must be a positive int or a list of lists, got {groups}"
+            )
         n = min(groups, len(params))
         size, extra = divmod(len(params), n)
         bounds = itertools.accumulate([0] + [size + (i < extra) for i in range(n)])
@@ -85,19 +94,25 @@ def _parse_groups(groups, num_groups, params) -> list:
         return [params[bounds[i]:bounds[i + 1]] for i in range(n)]
     if not isinstance(groups, (list, tuple)) or not all(isinstance(g, (list, tuple))
                                                         for g in groups):
-        raise ValueError("groups must be an int (number of groups) or a list of lists of "
-                         f"parameters, got {type(groups).__name__}")
+        raise HorovodArgumentError(
+            "groups must be an int (number of groups) or a list of lists of "
+            f"parameters, got {type(groups).__name__}"
+        )
     known = set(params)
     placed: set = set()
     out = []
     for i, group in enumerate(groups):
         for p in group:
             if not isinstance(p, torch.Tensor) or p not in known:
-                raise ValueError(f"groups[{i}] holds a tensor that is not a parameter of the "
-                                 "optimizer; groups may only list the optimizer's parameters")
+                raise HorovodArgumentError(
+                    f"groups[{i}] holds a tensor that is not a parameter of the "
+                    "optimizer; groups may only list the optimizer's parameters"
+                )
             if p in placed:
-                raise ValueError(f"groups[{i}] repeats a parameter of shape {list(p.shape)} that "
-                                 "is already in a group; each parameter may be in one group")
+                raise HorovodArgumentError(
+                    f"groups[{i}] repeats a parameter of shape {list(p.shape)} that "
+                    "is already in a group; each parameter may be in one group"
+                )
             placed.add(p)
         if group:
             out.append(list(group))
@@ -106,26 +121,42 @@ def _parse_groups(groups, num_groups, params) -> list:
 
 def _check_args(optimizer, compression, op, gradient_predivide_factor, process_set) -> None:
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ValueError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
-                         f"{type(optimizer).__name__}")
+        raise HorovodArgumentError(
+            f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
+            f"{type(optimizer).__name__}"
+        )
     if isinstance(optimizer, _DistributedOptimizer):
-        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain one")
+        raise HorovodArgumentError(
+            "this optimizer is already a DistributedOptimizer; wrap the plain one"
+        )
     if isinstance(optimizer, torch.optim.LBFGS):
-        raise ValueError("DistributedOptimizer does not support LBFGS: it evaluates its "
-                         "closure several times per step, each needing reduced gradients")
+        raise HorovodArgumentError(
+            "DistributedOptimizer does not support LBFGS: it evaluates its "
+            "closure several times per step, each needing reduced gradients"
+        )
     if op not in (Average, Sum, Adasum):
-        raise ValueError(f"DistributedOptimizer: op must be hvd.Average, hvd.Sum or hvd.Adasum, "
-                         f"got {op!r}")
+        raise HorovodArgumentError(
+            f"DistributedOptimizer: op must be hvd.Average, hvd.Sum or hvd.Adasum, "
+            f"got {op!r}"
+        )
     if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average, "
-                         f"got op={op!r}")
+        raise HorovodArgumentError(
+            "gradient_predivide_factor is only supported with op=hvd.Average, "
+            f"got op={op!r}"
+        )
     if not gradient_predivide_factor > 0:
-        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+        raise HorovodArgumentError(
+            f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}"
+        )
     if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
-        raise ValueError("compression must be hvd.Compression.none, .fp16, .bf16 or an object "
-                         "with compress()/decompress()")
+        raise HorovodArgumentError(
+            "compression must be hvd.Compression.none, .fp16, .bf16 or an object "
+            "with compress()/decompress()"
+        )
     if not isinstance(process_set, ProcessSet):
-        raise ValueError(f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}")
+        raise HorovodArgumentError(
+            f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}"
+        )
     _id_of(process_set)
 
 
@@ -173,7 +204,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     groups: int n (parameters split in order into n groups) or a list of lists of parameters;
         each group is reduced as one fused grouped allreduce once all its members are ready.
         ``num_groups`` is the deprecated spelling of an int ``groups``.
-    sparse_as_dense: densify sparse gradients; otherwise they are allgathered.
+    sparse_as_dense: densify sparse gradients and allreduce them; otherwise they are
+        allgathered. The reduced gradient stays dense, except for ``torch.optim.SparseAdam``
+        (which takes sparse gradients only): it gets it back sparse, with the rows that are
+        non-zero after the reduction.
     process_set: the ranks that train together. On a rank outside it the optimizer steps on
         this rank's own gradients without communication (as in Horovod), so one script can
         train several groups of ranks separately.
@@ -211,6 +245,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         _hvd_delay={},
         _hvd_pending={},
         _hvd_sparse_seen={},
+        # SparseAdam takes sparse gradients only: sparse_as_dense hands them back sparse.
+        _hvd_resparsify=bool(sparse_as_dense) and isinstance(obj, torch.optim.SparseAdam),
         _hvd_should_sync=True,
         _hvd_fresh_sync=False,
         _hvd_local=not process_set.included(),  # outside the set: no communication at all

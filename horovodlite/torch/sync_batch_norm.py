@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import global_process_set
 from horovodlite.torch.collectives import allgather_async
 from horovodlite.torch.mpi_ops import Sum, allreduce_async, synchronize
@@ -61,9 +62,11 @@ def _global_stats(x: torch.Tensor, acc: torch.dtype, process_set):
     means, variances = gathered[:, 1:channels + 1], gathered[:, channels + 1:]
     total = counts.sum()
     if total <= 1:
-        raise ValueError(f"SyncBatchNorm: expected more than 1 value per channel across all "
-                         f"ranks when training, got {int(total)} (input shape {list(x.shape)} "
-                         "on this rank)")
+        raise HorovodArgumentError(
+            f"SyncBatchNorm: expected more than 1 value per channel across all "
+            f"ranks when training, got {int(total)} (input shape {list(x.shape)} "
+            "on this rank)"
+        )
     mean = (counts * means).sum(0) / total
     var = (counts * (variances + (means - mean) ** 2)).sum(0) / total
     return total, mean.to(acc), var.to(acc)
@@ -125,11 +128,15 @@ class SyncBatchNorm(_BatchNorm):
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
-            raise ValueError(f"SyncBatchNorm: expected an input of at least 2 dimensions "
-                             f"[N, C, ...], got shape {list(input.shape)}")
+            raise HorovodArgumentError(
+                f"SyncBatchNorm: expected an input of at least 2 dimensions "
+                f"[N, C, ...], got shape {list(input.shape)}"
+            )
         if input.shape[1] != self.num_features:
-            raise ValueError(f"SyncBatchNorm: input has {input.shape[1]} channels (dim 1), the "
-                             f"layer was built for num_features={self.num_features}")
+            raise HorovodArgumentError(
+                f"SyncBatchNorm: input has {input.shape[1]} channels (dim 1), the "
+                f"layer was built for num_features={self.num_features}"
+            )
 
     def _momentum(self) -> float:
         """BatchNorm's factor: ``momentum``, or a cumulative average when it is None."""

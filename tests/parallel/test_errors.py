@@ -97,14 +97,26 @@ def test_unsupported_dtype_is_rejected_at_call_time():
 
 
 def test_duplicate_pending_name_is_rejected_and_nothing_is_enqueued():
-    hvd.barrier()
-    h = hvd.allreduce_async(torch.ones(2), name="dup", op=hvd.Sum)
-    with pytest.raises(ValueError, match=r"allreduce 'dup': a collective with this name is "
-                                         r"still pending"):
-        hvd.allreduce_async(torch.ones(2), name="dup")
-    assert torch.all(hvd.synchronize(h) == hvd.size())
-    # The name is free again once synchronized.
-    assert torch.all(hvd.allreduce(torch.ones(2), name="dup", op=hvd.Sum) == hvd.size())
+    """A name is refused while its collective is in flight on this rank (once it has completed
+    it is free again, synchronized or not: test_dropin_parity.py). Rank 0 submits first; the
+    others only after a barrier that rank 0 enters after its check, so the first collective
+    cannot have completed when rank 0 reuses the name."""
+    n = hvd.size()
+    if n == 1:
+        h = hvd.allreduce_async(torch.ones(2), name="dup", op=hvd.Sum)
+    elif hvd.rank() == 0:
+        h = hvd.allreduce_async(torch.ones(2), name="dup", op=hvd.Sum)
+        with pytest.raises(ValueError, match=r"allreduce 'dup': a collective with this name is "
+                                             r"still pending on this rank \(handle \d+, not "
+                                             r"completed yet\)"):
+            hvd.allreduce_async(torch.ones(2), name="dup")
+        hvd.barrier()
+    else:
+        hvd.barrier()
+        h = hvd.allreduce_async(torch.ones(2), name="dup", op=hvd.Sum)
+    assert torch.all(hvd.synchronize(h) == n)
+    # The refused call enqueued nothing: the name works normally afterwards.
+    assert torch.all(hvd.allreduce(torch.ones(2), name="dup", op=hvd.Sum) == n)
 
 
 def test_average_together_with_op_is_rejected():

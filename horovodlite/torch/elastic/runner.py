@@ -31,7 +31,11 @@ import socket
 import sys
 
 from horovodlite.common import basics
-from horovodlite.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovodlite.common.exceptions import (
+    HorovodArgumentError,
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+)
 from horovodlite.torch.collectives import barrier
 
 #: Resets one ``run`` call performs before it lets the error propagate. A failure that recurs
@@ -97,7 +101,9 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
 
 def _check_limit(reset_limit) -> int:
     if isinstance(reset_limit, bool) or not isinstance(reset_limit, int) or reset_limit < 0:
-        raise ValueError(f"hvd.elastic.run: reset_limit must be an int >= 0, got {reset_limit!r}")
+        raise HorovodArgumentError(
+            f"hvd.elastic.run: reset_limit must be an int >= 0, got {reset_limit!r}"
+        )
     return reset_limit
 
 
