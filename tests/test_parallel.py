@@ -75,3 +75,11 @@ def test_parallel(module, np_):
         lambda: _as_tuple(run_parallel(np_, f"tests/parallel/{module}")))[2]
     if proc.returncode != 0:
         pytest.fail(f"np={np_} {module} failed (exit {proc.returncode}):\n{proc.stdout[-10000:]}")
+
+
+def test_process_set_barriers_at_np4():
+    """Issue 15 asks for the independent process-set barriers at np 4 too (two sets of two)."""
+    target = "tests/parallel/test_dropin_parity.py::test_process_set_barriers_are_independent"
+    proc = retry_if_launcher_did_not_start(lambda: _as_tuple(run_parallel(4, target)))[2]
+    if proc.returncode != 0:
+        pytest.fail(f"np=4 {target} failed (exit {proc.returncode}):\n{proc.stdout[-10000:]}")
