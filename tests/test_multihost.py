@@ -354,3 +354,62 @@ def test_parallel_allreduce_module_hierarchical_2x2(hosts):
                         extra_env={"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"},
                         launch_args=_launch_args(spec), on_host=_on_host0())
     assert proc.returncode == 0, proc.stdout[-10000:]
+
+
+# ------------------------------------------------------------------- elastic (MPI with ULFM)
+
+ELASTIC = [sys.executable, "tests/scripts/elastic_train.py"]
+
+
+def _ulfm() -> bool:
+    from horovodlite._extension import load
+    return load().fault_tolerance_built()
+
+
+@pytest.mark.skipif(not _ulfm(), reason="this build's MPI has no ULFM")
+def test_elastic_the_ranks_of_one_host_die_and_the_other_host_finishes(hosts):
+    """2 hosts x 2 ranks: both ranks of hvdl-host1 die in the same step (SIGKILL); the two
+    ranks of hvdl-host0 continue from the last commit and match the reference."""
+    spec, slots = LAYOUTS["2x2"]
+    r = launch(spec, sum(slots), [*ELASTIC, "--kill", "2:1:2", "--kill", "3:1:2"],
+               extra=("--elastic",), timeout=240)
+    assert r.returncode == 0, r.stdout
+    finals = re.findall(r"FINAL rank (\d) size (\d) epochs 2", r.stdout)
+    assert sorted(finals) == [("0", "2"), ("1", "2")], r.stdout
+    assert "LOSSES rank 0 [(1, 2, [2, 3])]" in r.stdout, r.stdout
+    assert re.search(r"lost ranks 2 \(host hvdl-host1\), 3 \(host hvdl-host1\) of 4", r.stdout)
+
+
+@pytest.mark.skipif(not _ulfm(), reason="this build's MPI has no ULFM")
+def test_elastic_a_whole_host_lost_ends_the_job_with_an_error_not_a_hang(hosts, tmp_path):
+    """Killing every process of hvdl-host1, its MPI daemon included: Open MPI 5.0's launcher
+    (PRRTE 3.0) ends the whole job when it loses a daemon, whatever the MPI could survive -
+    the survivors cannot go on, but the job must end quickly and say so."""
+    spec, slots = LAYOUTS["2x2"]
+    log = tmp_path / "job.log"
+    cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", "4",
+           *_launch_args(spec, "--elastic"), *ELASTIC, "--step-seconds", "0.2", "--epochs", "12"]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"),
+                                start_new_session=True)
+        deadline = time.monotonic() + 120
+        while log.read_text().count("UP rank") < 4 and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        time.sleep(2)
+        lost_at = time.monotonic()
+        _kill_host("hvdl-host1")
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            pytest.fail("no end within 90 s of losing the host:\n" + log.read_text()[-6000:])
+    out = log.read_text(errors="replace")
+    assert proc.returncode != 0, out
+    assert "horovodliterun: lost hvdl-host1 (ranks 2, 3)" in out, out
+    assert "the elastic job did not complete" in out, out
+    assert time.monotonic() - lost_at < 60, out
+    time.sleep(1)
+    assert _job_processes() == []

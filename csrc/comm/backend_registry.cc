@@ -5,6 +5,7 @@
 
 #include "backends/mpi/mpi_backend.h"
 #include "backends/mpi/mpi_control_plane.h"
+#include "backends/mpi/mpi_util.h"
 #include "backends/mpi/mpi_world.h"
 #endif
 #if HVDL_WITH_CUDA
@@ -93,10 +94,39 @@ Status BuildCommRuntime(const CommOptions& options, const Config& config, CommRu
 #else
   (void)host;
 #endif
+  MpiWorld* survivors_of = world.get();
+  if (UlfmBuilt()) {
+    out->peer_failed = [] { return MpiPeerFailureSeen(); };
+    out->recover = [survivors_of](std::string* what) { return survivors_of->Recover(what); };
+  }
   out->owner = std::shared_ptr<MpiWorld>(std::move(world));
   return Status::Ok();
 #else
   return Status::Internal("horovodlite was built without MPI; no control plane is available");
+#endif
+}
+
+bool FaultToleranceBuilt() {
+#if HVDL_WITH_MPI
+  return UlfmBuilt();
+#else
+  return false;
+#endif
+}
+
+std::vector<int> LastRecoveryMap() {
+#if HVDL_WITH_MPI
+  return MpiWorld::LastRecoveryMap();
+#else
+  return {};
+#endif
+}
+
+int Recoveries() {
+#if HVDL_WITH_MPI
+  return MpiWorld::Recoveries();
+#else
+  return 0;
 #endif
 }
 

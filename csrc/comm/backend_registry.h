@@ -7,6 +7,7 @@
 // (device buffers of any op/dtype MPI supports, e.g. int16 and bool that NCCL lacks).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,11 @@ struct CommRuntime {
   std::unique_ptr<DeviceOps> device_ops;  // CUDA builds; declared first: outlives the backends
   BackendRegistry backends;
   std::shared_ptr<void> owner;  // keeps the transport's world (communicators) alive
+  // Fault tolerance (MPI with ULFM; both empty otherwise). Background thread. `peer_failed`:
+  // a communication call reported failed ranks. `recover`: agree with the survivors on who is
+  // left and keep them for the next init; *what says who was lost, in one line.
+  std::function<bool()> peer_failed;
+  std::function<Status(std::string*)> recover;
 };
 
 // Builds the runtime on the calling (main) thread; collective over the job.
@@ -64,6 +70,11 @@ std::string MpiLibraryVersion();
 // "MPI 3.1 (Open MPI v5.0.11, ...)" or "" if not built.
 std::string TransportVersion();
 bool MpiBuilt();
+// True if the MPI has ULFM, so that an elastic job survives lost ranks (CommRuntime::recover).
+bool FaultToleranceBuilt();
+// After a recovery: old rank -> rank among the survivors (-1: lost). Empty before any.
+std::vector<int> LastRecoveryMap();
+int Recoveries();
 // True in builds with CUDA kernels and device support (HVDL_WITH_CUDA).
 bool CudaBuilt();
 // A fresh CudaDeviceOps in CUDA builds (tests of the kernels), nullptr otherwise.

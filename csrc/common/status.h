@@ -7,6 +7,8 @@
 //   kAborted         -> HorovodInternalError  (shut down before completion)
 //   kStalled         -> HorovodInternalError  (stall shutdown time exceeded)
 //   kInternal        -> HorovodInternalError  (MPI/transport failure)
+//   kPeerFailed      -> HorovodInternalError  (ranks of the job failed; MPI with ULFM reported
+//                                              it and the survivors can shrink and go on)
 #pragma once
 
 #include <string>
@@ -14,7 +16,8 @@
 
 namespace hvdl {
 
-enum class StatusCode { kOk = 0, kInvalidArgument, kMismatch, kAborted, kStalled, kInternal };
+enum class StatusCode { kOk = 0, kInvalidArgument, kMismatch, kAborted, kStalled, kInternal,
+                        kPeerFailed };
 
 class Status {
  public:
@@ -27,6 +30,7 @@ class Status {
   static Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
   static Status Stalled(std::string m) { return {StatusCode::kStalled, std::move(m)}; }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+  static Status PeerFailed(std::string m) { return {StatusCode::kPeerFailed, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

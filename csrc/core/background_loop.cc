@@ -232,6 +232,10 @@ void BackgroundLoop::Run() {
     }
     if (hook_) hook_(result);  // before execution: completions must see up-to-date state
     int ran = d_.executor->Run(result.responses, result.this_rank_joined);
+    if (d_.peer_failed && d_.peer_failed()) {  // a data-plane call saw failed ranks
+      failure = Status::PeerFailed("a collective reported failed ranks");
+      break;
+    }
     progressed = ran > 0 || result.negotiated;
     others_pending = result.anyone_pending;
     if (d_.controller->num_pending() == 0) waiting_since_ = Clock::now();
@@ -242,7 +246,24 @@ void BackgroundLoop::Run() {
       break;
     }
   }
+  if (failure.code() == StatusCode::kPeerFailed && d_.recover) failure = Recover(failure);
   Stop(failure);
+}
+
+Status BackgroundLoop::Recover(const Status& failure) {
+  HVDL_LOG(Warning) << "ranks failed (" << failure.message() << "); agreeing with the survivors";
+  std::string what;
+  Status s = d_.recover(&what);
+  if (!s.ok()) {
+    return Status::Internal("horovodlite lost ranks (" + failure.message() +
+                            ") and could not agree with the survivors: " + s.message());
+  }
+  HVDL_LOG(Warning) << "horovodlite " << what;
+  std::lock_guard<std::mutex> lock(mu_);
+  recovered_ = what;
+  return Status::PeerFailed("horovodlite " + what + "; every pending operation failed. " +
+                            "hvd.elastic.run continues on the survivors (hvd.shutdown() and " +
+                            "hvd.init() start on them)");
 }
 
 void BackgroundLoop::Stop(const Status& status) {

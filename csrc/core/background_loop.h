@@ -38,6 +38,11 @@ struct LoopDeps {
   const Config* config = nullptr;
   Timeline* timeline = nullptr;  // CYCLE_START markers; may be nullptr
   const HandleTable* handles = nullptr;  // is a user thread blocked on us? may be nullptr
+  // Fault tolerance (CommRuntime's, may be empty): after a cycle in which a communication call
+  // reported failed ranks, the loop recovers (the survivors agree on who is left) and stops,
+  // failing everything pending with a HorovodInternalError that names the lost ranks.
+  std::function<bool()> peer_failed;
+  std::function<Status(std::string*)> recover;
 };
 
 // Called on the loop thread after each cycle's negotiation, before its responses run.
@@ -60,6 +65,11 @@ class BackgroundLoop {
   // Waits up to `timeout` for the loop thread to exit; joins it and returns true if it did.
   bool JoinFor(std::chrono::milliseconds timeout);
   bool running() const { return running_.load(); }
+  // After the loop recovered from failed ranks: who was lost, in one line; else empty.
+  std::string recovered() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return recovered_;
+  }
   void set_cycle_hook(CycleHook hook) { hook_ = std::move(hook); }
   // The reason the loop stopped (empty while running).
   std::string stop_reason() const;
@@ -76,6 +86,7 @@ class BackgroundLoop {
   std::chrono::microseconds PollCap(bool waiting, bool others_pending,
                                     Clock::time_point waiting_since) const;
   void Stop(const Status& status);
+  Status Recover(const Status& failure);
 
   LoopDeps d_;
   CycleHook hook_;
@@ -88,6 +99,7 @@ class BackgroundLoop {
   Status abort_status_;
   std::string shutdown_reason_;
   std::string stop_reason_;
+  std::string recovered_;
   std::atomic<int64_t> cycle_time_us_;
   std::chrono::microseconds backoff_;
   Clock::time_point waiting_since_ = Clock::now();  // since when this rank has had work pending

@@ -88,6 +88,8 @@ Status Context::Init(const InitOptions& options) {
   loop_deps.config = &config_;
   loop_deps.timeline = timeline_.get();
   loop_deps.handles = handles_;
+  loop_deps.peer_failed = comm_.peer_failed;
+  loop_deps.recover = comm_.recover;
   loop_ = std::make_unique<BackgroundLoop>(loop_deps);
   loop_->set_cycle_hook([this](const CycleResult& r) { OnCycle(r); });
   stats_.params = TunedParams{true, config_.fusion_threshold_bytes, config_.cycle_time_ms,

@@ -138,8 +138,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("process_sets") = std::vector<std::vector<int>>(), py::arg("dynamic") = -1);
   m.def("shutdown", &Shutdown, py::arg("reason") = "hvd.shutdown() was called");
   m.def("is_initialized", [] { return Runtime::Get().context() != nullptr; });
-  m.def("finalize_transport", [] { FinalizeCommTransport(); });
+  m.def("finalize_transport", [] { FinalizeCommTransport(); },
+        py::call_guard<py::gil_scoped_release>());
   m.def("ranks_lost", [] { return Runtime::Get().ranks_lost(); });
+  m.def("fault_tolerance_built", [] { return FaultToleranceBuilt(); });
+  m.def("last_recovery_map", [] { return LastRecoveryMap(); });
+  m.def("recoveries", [] { return Recoveries(); });
   m.def("rank", [] { return Topo().rank; });
   m.def("size", [] { return Topo().size; });
   m.def("local_rank", [] { return Topo().local_rank; });

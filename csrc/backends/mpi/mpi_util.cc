@@ -1,5 +1,6 @@
 #include "backends/mpi/mpi_util.h"
 
+#include <atomic>
 #include <mutex>
 
 #include "comm/reduce_kernels.h"
@@ -34,7 +35,27 @@ int OpIndex(ReduceOp op) {
   }
 }
 
+std::atomic<bool> g_peer_failure{false};
+
 }  // namespace
+
+bool MpiIsPeerFailure(int rc) {
+#if HVDL_HAVE_ULFM
+  int cls = rc;
+  MPI_Error_class(rc, &cls);
+  return cls == MPIX_ERR_PROC_FAILED || cls == MPIX_ERR_REVOKED
+#if defined(MPIX_ERR_PROC_FAILED_PENDING)
+         || cls == MPIX_ERR_PROC_FAILED_PENDING
+#endif
+      ;
+#else
+  (void)rc;
+  return false;
+#endif
+}
+
+bool MpiPeerFailureSeen() { return g_peer_failure.load(); }
+void MpiClearPeerFailure() { g_peer_failure = false; }
 
 Status MpiStatus(int rc, const char* call) {
   char text[MPI_MAX_ERROR_STRING] = {0};
@@ -42,8 +63,13 @@ Status MpiStatus(int rc, const char* call) {
   MPI_Error_string(rc, text, &len);
   int rank = -1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return Status::Internal(std::string(call) + " failed on rank " + std::to_string(rank) + ": " +
-                          std::string(text, static_cast<size_t>(len)));
+  std::string message = std::string(call) + " failed on rank " + std::to_string(rank) + ": " +
+                        std::string(text, static_cast<size_t>(len));
+  if (MpiIsPeerFailure(rc)) {
+    g_peer_failure = true;
+    return Status::PeerFailed(std::move(message));
+  }
+  return Status::Internal(std::move(message));
 }
 
 void InitMpiTypes() {

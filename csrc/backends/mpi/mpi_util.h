@@ -6,6 +6,18 @@
 #pragma once
 
 #include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI's extensions: ULFM (MPIX_Comm_revoke/shrink) when built with it
+#endif
+
+// ULFM (User-Level Failure Mitigation): the MPI reports failed processes as errors instead of
+// aborting, and can revoke a communicator and shrink it to the survivors. Open MPI 5 (its
+// ftmpi extension) and MPICH have it; Open MPI 4.1 does not.
+#if defined(MPIX_ERR_PROC_FAILED) && defined(MPIX_ERR_REVOKED)
+#define HVDL_HAVE_ULFM 1
+#else
+#define HVDL_HAVE_ULFM 0
+#endif
 
 #include <string>
 
@@ -14,8 +26,16 @@
 
 namespace hvdl {
 
-// kInternal "<call> failed on rank R: <MPI error string>" for rc != MPI_SUCCESS.
+// kInternal "<call> failed on rank R: <MPI error string>" for rc != MPI_SUCCESS; kPeerFailed
+// when the error says processes failed or the communicator was revoked (ULFM), which also
+// raises the process-wide flag below.
 Status MpiStatus(int rc, const char* call);
+// True when rc reports failed processes or a revoked communicator (always false without ULFM).
+bool MpiIsPeerFailure(int rc);
+// Set by MpiStatus on a peer failure, cleared by MpiWorld::Recover: the background loop checks
+// it after every cycle, since data-plane errors reach only the handles of their operation.
+bool MpiPeerFailureSeen();
+void MpiClearPeerFailure();
 
 #define HVDL_MPI(call)                                             \
   do {                                                             \

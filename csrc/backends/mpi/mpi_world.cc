@@ -9,6 +9,13 @@ namespace hvdl {
 namespace {
 
 std::atomic<bool> g_we_initialized_mpi{false};  // process-wide: MPI itself is process-wide
+// The survivors' communicator left by the last Recover, for the next Create; and its rank map.
+// Both are touched by the background thread (Recover) and then, after it stopped, the main thread
+// (Create): Context::Shutdown joins the loop in between.
+MPI_Comm g_successor = MPI_COMM_NULL;
+std::vector<int> g_recovery_map;
+std::atomic<bool> g_any_revoked{false};
+int g_recoveries = 0;
 
 Status EnsureMpi(int* level) {
   int initialized = 0;
@@ -42,7 +49,13 @@ Status MpiWorld::Create(const MpiWorldOptions& options, std::unique_ptr<MpiWorld
 Status MpiWorld::Build(const MpiWorldOptions& options) {
   MPI_Comm base = MPI_COMM_WORLD;
   MPI_Comm created = MPI_COMM_NULL;
-  if (options.has_comm) {
+  if (g_successor != MPI_COMM_NULL) {
+    // The survivors of the last world (Recover), which replace whatever the job communicator
+    // was (`comm`/`ranks` describe the world before the failure); ours to free.
+    created = g_successor;
+    g_successor = MPI_COMM_NULL;
+    base = created;
+  } else if (options.has_comm) {
     base = MPI_Comm_f2c(options.comm_f2c);
   } else if (!options.ranks.empty()) {
     int world_rank = 0;
@@ -82,13 +95,85 @@ Status MpiWorld::Build(const MpiWorldOptions& options) {
   int sizes[2] = {local_size_, -local_size_};
   HVDL_MPI(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, control_));
   homogeneous_ = sizes[0] == -sizes[1];
+  char name[MPI_MAX_PROCESSOR_NAME] = {0};
+  int name_len = 0;
+  MPI_Get_processor_name(name, &name_len);
+  std::vector<char> names(static_cast<size_t>(size_) * MPI_MAX_PROCESSOR_NAME);
+  HVDL_MPI(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
+                         MPI_MAX_PROCESSOR_NAME, MPI_CHAR, control_));
+  for (size_t r = 0; r < static_cast<size_t>(size_); ++r) {
+    hosts_.emplace_back(&names[r * MPI_MAX_PROCESSOR_NAME]);
+  }
   return Status::Ok();
 }
+
+void MpiWorld::AddRevocable(MPI_Comm comm) {
+  if (comm != MPI_COMM_NULL) revocable_.push_back(comm);
+}
+
+Status MpiWorld::Recover(std::string* what) {
+#if HVDL_HAVE_ULFM
+  if (!revoked_) {
+    revoked_ = true;
+    // Every survivor blocked in a call on any of these returns with MPIX_ERR_REVOKED and comes
+    // here too; revoking twice (several ranks noticed at once) is harmless.
+    MPIX_Comm_revoke(control_);
+    for (auto& kv : data_) {
+      if (kv.second != MPI_COMM_NULL) MPIX_Comm_revoke(kv.second);
+    }
+    MPIX_Comm_revoke(local_);
+    MPIX_Comm_revoke(cross_);
+    for (MPI_Comm c : revocable_) MPIX_Comm_revoke(c);
+    g_any_revoked = true;
+  }
+  MPI_Comm survivors = MPI_COMM_NULL;
+  int rc = MPIX_Comm_shrink(control_, &survivors);
+  if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPIX_Comm_shrink");
+  MPI_Comm_set_errhandler(survivors, MPI_ERRORS_RETURN);
+  MPI_Group old_group, new_group;
+  MPI_Comm_group(control_, &old_group);
+  MPI_Comm_group(survivors, &new_group);
+  std::vector<int> old_ranks(static_cast<size_t>(size_)), new_ranks(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) old_ranks[static_cast<size_t>(r)] = r;
+  MPI_Group_translate_ranks(old_group, size_, old_ranks.data(), new_group, new_ranks.data());
+  MPI_Group_free(&old_group);
+  MPI_Group_free(&new_group);
+  std::string lost;
+  int nlost = 0;
+  for (int r = 0; r < size_; ++r) {
+    int& n = new_ranks[static_cast<size_t>(r)];
+    if (n == MPI_UNDEFINED) n = -1;
+    if (n >= 0) continue;
+    lost += (nlost++ ? ", " : "") + std::to_string(r) + " (host " + host(r) + ")";
+  }
+  int remain = 0;
+  MPI_Comm_size(survivors, &remain);
+  *what = "lost rank" + std::string(nlost == 1 ? " " : "s ") + lost + " of " +
+          std::to_string(size_) + "; " + std::to_string(remain) + " rank" +
+          (remain == 1 ? " remains" : "s remain");
+  if (g_successor != MPI_COMM_NULL) MPI_Comm_free(&g_successor);
+  g_successor = survivors;
+  g_recovery_map = std::move(new_ranks);
+  ++g_recoveries;
+  MpiClearPeerFailure();
+  return Status::Ok();
+#else
+  (void)what;
+  return Status::Internal("this MPI has no ULFM (fault tolerance): a lost rank ends the job");
+#endif
+}
+
+std::vector<int> MpiWorld::LastRecoveryMap() { return g_recovery_map; }
+int MpiWorld::Recoveries() { return g_recoveries; }
+
+bool UlfmBuilt() { return HVDL_HAVE_ULFM != 0; }
+
+bool MpiWorldsRevoked() { return g_any_revoked.load(); }
 
 MpiWorld::~MpiWorld() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized) return;
+  if (finalized || revoked_) return;  // revoked: left to MPI (their free may wait for the lost)
   for (auto& kv : data_) {
     if (kv.second != MPI_COMM_NULL) MPI_Comm_free(&kv.second);
   }

@@ -9,12 +9,19 @@
 // Process-set communicators are added and removed later by the background thread, in the agreed
 // order, with MPI_Comm_split over the data communicator. The destructor frees everything (main
 // thread, after the background thread stopped).
+//
+// Elastic jobs (ULFM, see mpi_util.h): when ranks fail, the background thread calls Recover(),
+// which revokes every communicator of this world (so every survivor's pending call fails too),
+// agrees with the other survivors on who is left (MPIX_Comm_shrink) and keeps the survivors'
+// communicator as the successor: the next Create without an explicit communicator builds the new
+// world on it, renumbered 0..n-1 in the old order.
 #pragma once
 
 #include <mpi.h>
 
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -54,6 +61,18 @@ class MpiWorld {
   // Collective over every rank (background thread).
   Status AddProcessSet(int ps, const std::vector<int>& ranks);
   Status RemoveProcessSet(int ps);
+  // A communicator derived from this world elsewhere (the backend's private copies): revoked by
+  // Recover too. It must stay valid until this world is destroyed.
+  void AddRevocable(MPI_Comm comm);
+  // The host each rank runs on (MPI_Get_processor_name, gathered at creation).
+  const std::string& host(int rank) const { return hosts_.at(static_cast<size_t>(rank)); }
+
+  // Background thread, after MpiIsPeerFailure: see the top of this file. *what describes it in
+  // one line ("lost rank 2 (host h) of 3; 2 ranks remain"). Collective over the survivors.
+  Status Recover(std::string* what);
+  // The last Recover's survivors, as (old rank -> new rank, -1 if lost); empty if none.
+  static std::vector<int> LastRecoveryMap();
+  static int Recoveries();  // how many Recover calls succeeded in this process
 
  private:
   MpiWorld() = default;
@@ -66,7 +85,16 @@ class MpiWorld {
   MPI_Comm local_ = MPI_COMM_NULL;
   MPI_Comm cross_ = MPI_COMM_NULL;
   std::map<int, MPI_Comm> data_;  // process set id -> communicator (0 = the whole job)
+  std::vector<MPI_Comm> revocable_;
+  std::vector<std::string> hosts_;
+  bool revoked_ = false;  // after Recover: the communicators are left to MPI, never freed
 };
+
+// True if this build's MPI has ULFM (see mpi_util.h).
+bool UlfmBuilt();
+// True once any world was revoked by Recover: communicators derived from it elsewhere (the
+// backend's copies) are then left to MPI rather than freed.
+bool MpiWorldsRevoked();
 
 // Finalises MPI if horovodlite initialised it and nobody finalised it yet. Main thread, at exit.
 void FinalizeMpiIfOwned();

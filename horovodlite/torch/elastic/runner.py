@@ -55,12 +55,29 @@ def _log(message: str) -> None:
 
 
 def _reinit(error: BaseException) -> None:
-    """Step 4: shut down (telling the peers why) and initialise again."""
+    """Step 4: shut down (telling the peers why) and initialise again - on the survivors, if
+    the job lost ranks (an elastic job on an MPI with ULFM: see docs/elastic.md)."""
     import horovodlite.torch as hvd  # the package imports this module: resolve at call time
 
     basics._stop(f"elastic reset after {type(error).__name__}: {error}")
     hvd.shutdown()  # the runtime is already stopped: this clears names, handles, counters
     basics._init_again()
+    _check_min_np(error)
+
+
+def min_np() -> int:
+    """``horovodliterun --min-np`` (HVDL_ELASTIC_MIN_NP); 1 when not given."""
+    value = os.environ.get("HVDL_ELASTIC_MIN_NP", "")
+    return int(value) if value.isdigit() else 1
+
+
+def _check_min_np(error: BaseException) -> None:
+    size, floor = basics.size(), min_np()
+    if size < floor:
+        raise HorovodInternalError(
+            f"hvd.elastic: only {size} rank{'s remain' if size != 1 else ' remains'}, fewer than "
+            f"--min-np {floor}; stopping. The failure: {error}"
+        ) from error
 
 
 def _all_finished() -> None:
@@ -95,7 +112,12 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
         rolled_back = "" if skip_restore else " (state rolled back to the last commit)"
         _log(f"reset {resets} of at most {reset_limit}{rolled_back} after "
              f"{type(error).__name__}: {error}")
+        before = basics.size() if basics.is_initialized() else None
         reset(error)
+        if basics.is_initialized() and basics.rank() == 0:
+            at = f"commit {state.commits}" if state.commits else "the start (no commit yet)"
+            sizes = f"{before} -> {basics.size()}" if before else f"{basics.size()}"
+            _log(f"continuing from {at} with {sizes} ranks")
         state.on_reset()
 
 

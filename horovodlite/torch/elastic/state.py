@@ -44,6 +44,7 @@ class State:
         self._bcast_object = bcast_object or _broadcast_from_root
         self._get_rank = get_rank or rank
         self._reset_callbacks: list = []
+        self.commits = 0  # how many commit() calls this state has had (for the logs)
 
     def register_reset_callbacks(self, callbacks) -> None:
         """Adds callables run (in order, no arguments) after each reset, before ``sync``:
@@ -60,6 +61,7 @@ class State:
         if is_initialized():
             barrier()
         self.save()
+        self.commits += 1
         self.check_host_updates()
 
     def check_host_updates(self) -> None:

@@ -1,0 +1,170 @@
+"""An hvd.elastic training job that loses ranks on purpose, and checks the survivors' result.
+
+    horovodliterun --elastic -np 3 python tests/scripts/elastic_train.py --kill 2:1:2
+
+``--kill RANK:EPOCH:BATCH`` (repeatable): that rank SIGKILLs itself in the middle of that step
+(after its forward pass, before its backward), as a crashed process would. ``--kill-in-reset
+RANK``: that rank SIGKILLs itself inside its first reset callback, i.e. during the recovery
+from the first loss. Ranks may also be lost from outside (a host killed or cut off). Every
+survivor then checks that its final weights equal a reference computed here in one process: the
+same model, data, sampler partition and optimizer, with the ranks that were alive at each
+commit (all of them up to the commit the job continued from after a loss, the survivors after
+it), and prints ``FINAL rank R size S epochs E steps T`` for the test to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+
+import torch
+
+import horovodlite.torch as hvd
+from horovodlite._extension import load
+from horovodlite.torch.elastic.sampler import partition
+
+_C = load()  # recoveries() and last_recovery_map(): which ranks each recovery lost
+
+N, B, FEATURES, SEED, LR = 72, 4, 6, 7, 0.05
+
+
+def make_data():
+    g = torch.Generator().manual_seed(SEED)
+    x = torch.randn(N, FEATURES, generator=g, dtype=torch.float64)
+    y = (x @ torch.arange(1.0, FEATURES + 1, dtype=torch.float64)).unsqueeze(1) / FEATURES
+    return x, y
+
+
+def make_model():
+    torch.manual_seed(SEED)
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 8), torch.nn.Tanh(),
+                                torch.nn.Linear(8, 1)).double()
+    return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+
+
+def loss_of(model, x, y):
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def reference(epochs: int, losses: list, size: int):
+    """One process playing every rank: per step the average of each live rank's gradient.
+    ``losses``: (epoch, batch, lost original ranks) for every recovery, as the survivors saw
+    them after the sync (the point the job continued from). The lost ranks take no part from
+    that step on; the survivors keep what they recorded and re-partition the rest."""
+    x, y = make_data()
+    model, opt = make_model()
+    live = list(range(size))
+    pending = list(losses)
+    steps = 0
+    for epoch in range(epochs):
+        processed: set = set()   # merged at the last sync
+        local = {r: set() for r in live}
+        while True:
+            n = len(live)
+            parts = {r: partition(N, processed, True, SEED, epoch, n, i)
+                     for i, r in enumerate(live)}
+            batches = len(parts[live[0]]) // B
+            lost = None
+            for b in range(batches):
+                if pending and pending[0][:2] == (epoch, b):
+                    lost = pending.pop(0)
+                    break
+                grads = [torch.zeros_like(p) for p in model.parameters()]
+                for r in live:
+                    idx = parts[r][b * B:(b + 1) * B]
+                    model.zero_grad()
+                    loss_of(model, x[idx], y[idx]).backward()
+                    for g, p in zip(grads, model.parameters()):
+                        g += p.grad
+                    local[r].update(idx)
+                for g, p in zip(grads, model.parameters()):
+                    p.grad = g / n
+                opt.step()
+                steps += 1
+            if lost is None:
+                break
+            live = [r for r in live if r not in lost[2]]
+            for r in live:
+                processed |= local[r]
+            local = {r: set() for r in live}
+    return model, steps
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--kill", action="append", default=[], help="RANK:EPOCH:BATCH")
+    p.add_argument("--kill-in-reset", type=int)
+    p.add_argument("--step-seconds", type=float, default=0.0,
+                   help="sleep this long in every step (to lose a host mid-training)")
+    args = p.parse_args()
+    kills = [tuple(int(v) for v in k.split(":")) for k in args.kill]
+    torch.set_num_threads(1)
+
+    hvd.init()
+    first_size, first_rank = hvd.size(), hvd.rank()
+    x, y = make_data()
+    model, opt = make_model()
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(torch.arange(N), shuffle=True, seed=SEED)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0, steps=0)
+    live = list(range(first_size))  # the original ranks still in the job
+    losses = []                     # (epoch, batch, lost original ranks) per continuation
+    gone_since = []                 # lost in the recoveries since the last continuation
+    seen = [_C.recoveries()]
+
+    def on_reset():
+        if _C.recoveries() > seen[0]:  # this reset followed a recovery: who did it lose?
+            seen[0] = _C.recoveries()
+            new_rank = _C.last_recovery_map()
+            gone_since.extend(r for i, r in enumerate(live) if new_rank[i] < 0)
+            live[:] = [r for i, r in enumerate(live) if new_rank[i] >= 0]
+        if args.kill_in_reset == first_rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    state.register_reset_callbacks([on_reset])
+    print(f"UP rank {first_rank}", flush=True)
+
+    @hvd.elastic.run
+    def train(state):
+        if gone_since:  # continuing after losses, from the state rank 0 synced
+            losses.append((state.epoch, state.batch, sorted(gone_since)))
+            gone_since.clear()
+        state.batch = 0  # the sync re-partitioned what is left of the epoch: count from 0
+        while state.epoch < args.epochs:
+            batches = len(sampler.indices) // B
+            for b in range(batches):
+                idx = sampler.get_indices(b, B)
+                opt.zero_grad()
+                loss = loss_of(model, x[idx], y[idx])
+                if (first_rank, state.epoch, b) in kills:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if args.step_seconds:
+                    time.sleep(args.step_seconds)
+                loss.backward()
+                opt.step()
+                sampler.record_batch(b, B)
+                state.steps += 1
+                state.batch = b + 1
+                state.commit()
+            state.epoch += 1
+            state.batch = 0
+            sampler.set_epoch(state.epoch)
+            state.commit()
+
+    train(state)
+    print(f"LOSSES rank {hvd.rank()} {losses}", flush=True)
+    expected, steps = reference(args.epochs, losses, first_size)
+    for name, (got, want) in zip([n for n, _ in model.named_parameters()],
+                                 zip(model.parameters(), expected.parameters())):
+        torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-9, atol=1e-12,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    assert state.steps == steps, (state.steps, steps)
+    print(f"FINAL rank {hvd.rank()} size {hvd.size()} epochs {state.epoch} steps {steps}",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Elastic jobs on MPI with ULFM (``horovodliterun --elastic``): ranks are killed (SIGKILL) in the
+middle of training and the survivors continue from the last commit at the smaller size.
+
+Each job runs tests/scripts/elastic_train.py: every survivor compares its final weights with a
+one-process reference that trained with every rank up to the commit the job continued from and
+with the survivors after it, and prints ``FINAL rank R size S ...``. Across hosts:
+test_multihost.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from launching import retry_if_launcher_did_not_start
+
+from horovodlite._extension import load
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = "tests/scripts/elastic_train.py"
+
+pytestmark = pytest.mark.skipif(
+    not load().fault_tolerance_built(),
+    reason="this build's MPI has no ULFM (elastic jobs need Open MPI 5)")
+
+
+def run_elastic(np_: int, *args: str, launcher: tuple = ("--elastic",), timeout: int = 120):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "horovodlite.runner.launch", *launcher, "-np", str(np_),
+           sys.executable, SCRIPT, *args]
+
+    def run():
+        start = time.monotonic()
+        p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        return p.returncode, p.stdout, time.monotonic() - start
+
+    return retry_if_launcher_did_not_start(run)
+
+
+def finals(out: str) -> dict:
+    """rank -> (size, epochs, steps) from the survivors' FINAL lines."""
+    return {int(m[0]): tuple(map(int, m[1:]))
+            for m in re.findall(r"FINAL rank (\d+) size (\d+) epochs (\d+) steps (\d+)", out)}
+
+
+def test_a_rank_killed_mid_step_the_others_finish_from_the_last_commit():
+    rc, out, took = run_elastic(3, "--kill", "2:1:2")
+    assert rc == 0, out
+    # both survivors, renumbered 0 and 1 of 2, matched the reference (3 ranks up to the commit
+    # after epoch 1 batch 1, then 2 ranks)
+    assert finals(out) == {0: (2, 2, 15), 1: (2, 2, 15)}, out
+    assert out.count("LOSSES rank") == 2 and "[(1, 2, [2])]" in out, out
+    # one line each: who was lost, where the job continues, at what size
+    assert "horovodlite lost rank 2 (host " in out and "of 3; 2 ranks remain" in out, out
+    assert "hvd.elastic: continuing from commit 9 with 3 -> 2 ranks" in out, out
+    assert re.search(r"the elastic job completed without:\n  rank 2 on \S+ exited with "
+                     r"signal 9", out), out
+    assert took < 60, f"{took:.0f} s\n{out}"
+
+
+@pytest.mark.parametrize("args,final,losses", [
+    # a second rank dies inside the recovery from the first (in its reset callback, after the
+    # survivors shrank and while they synchronise): recovered again, rank 0 trains alone
+    (("--kill", "2:0:3", "--kill-in-reset", "1"), {0: (1, 2, 36)}, "[(0, 3, [1, 2])]"),
+    # two losses at different steps: 3 -> 2 -> 1 ranks
+    (("--kill", "1:0:2", "--kill", "2:1:1"), {0: (1, 2, 27)}, "[(0, 2, [1]), (1, 1, [2])]"),
+], ids=["during-recovery", "one-after-another"])
+def test_repeated_losses(args, final, losses):
+    rc, out, took = run_elastic(3, *args)
+    assert rc == 0, out
+    assert finals(out) == final, out
+    assert f"LOSSES rank 0 {losses}" in out, out
+    assert took < 60, f"{took:.0f} s\n{out}"
+
+
+def test_below_min_np_the_job_ends_saying_why():
+    rc, out, took = run_elastic(2, "--kill", "1:0:3", launcher=("--min-np", "2"))
+    assert rc != 0, out
+    assert "hvd.elastic: only 1 rank remains, fewer than --min-np 2; stopping" in out, out
+    assert "only 0 of 2 ranks finished, fewer than --min-np 2" in out, out
+    assert "FINAL" not in out, out
+    assert took < 60, f"{took:.0f} s\n{out}"
+
+
+def test_growing_is_refused_until_it_exists():
+    for extra, says in [(("--max-np", "4"), "growing an elastic job is not supported yet"),
+                        (("--host-discovery-script", "discover.sh"), "not supported yet")]:
+        p = subprocess.run([sys.executable, "-m", "horovodlite.runner.launch", "-np", "2",
+                            *extra, "true"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and says in p.stderr, p.stderr
