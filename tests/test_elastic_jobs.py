@@ -88,9 +88,42 @@ def test_below_min_np_the_job_ends_saying_why():
     assert took < 60, f"{took:.0f} s\n{out}"
 
 
-def test_growing_is_refused_until_it_exists():
-    for extra, says in [(("--max-np", "4"), "growing an elastic job is not supported yet"),
-                        (("--host-discovery-script", "discover.sh"), "not supported yet")]:
+def test_growing_from_2_to_3_ranks_with_host_discovery(tmp_path):
+    """The discovery script lists 2 slots, then 3 while the job trains: at its next commit
+    every rank sees HostsUpdatedInterrupt, a third rank is spawned and merged into the job, it
+    receives the state by the sync, and all three finish with identical weights."""
+    slots = tmp_path / "slots"
+    slots.write_text("localhost:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {slots}\n")
+    script.chmod(0o755)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "horovodlite.runner.launch", "--min-np", "2", "--max-np", "3",
+           "--host-discovery-script", str(script), "-np", "2", sys.executable, SCRIPT,
+           "--compare", "ranks", "--step-seconds", "0.1", "--epochs", "6"]
+    log = tmp_path / "job.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while log.read_text().count("UP rank") < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        time.sleep(1)
+        slots.write_text("localhost:3\n")
+        proc.wait(timeout=120)
+    out = log.read_text(errors="replace")
+    assert proc.returncode == 0, out
+    assert sorted(re.findall(r"FINAL rank (\d) size 3 epochs 6 agree", out)) == ["0", "1", "2"], out
+    assert "hvd.elastic: started 1 new rank (host discovery): ranks 2..2" in out, out
+    assert re.search(r"hvd.elastic: continuing from commit \d+ with 2 -> 3 ranks", out), out
+
+
+def test_launcher_checks_the_elastic_flags(tmp_path):
+    for extra, says in [(("--max-np", "4"), "needs --host-discovery-script"),
+                        (("--max-np", "1"), "below -np"),
+                        (("--host-discovery-script", str(tmp_path / "none.sh")),
+                         "is not an executable file"),
+                        (("--min-np", "3"), "must be between 1 and -np")]:
         p = subprocess.run([sys.executable, "-m", "horovodlite.runner.launch", "-np", "2",
                             *extra, "true"], capture_output=True, text=True, timeout=60)
-        assert p.returncode == 2 and says in p.stderr, p.stderr
+        assert p.returncode == 2 and says in p.stderr, (extra, p.stderr)

@@ -130,6 +130,12 @@ int Recoveries() {
 #endif
 }
 
+#if !HVDL_WITH_MPI
+void RequestGrowth(int, const std::string&, const std::vector<std::string>&) {}
+int Grown() { return 0; }
+bool Spawned() { return false; }
+#endif
+
 void FinalizeCommTransport() {
 #if HVDL_WITH_MPI
   FinalizeMpiIfOwned();

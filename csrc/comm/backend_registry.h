@@ -75,6 +75,11 @@ bool FaultToleranceBuilt();
 // After a recovery: old rank -> rank among the survivors (-1: lost). Empty before any.
 std::vector<int> LastRecoveryMap();
 int Recoveries();
+// Elastic growth (MpiWorld's): spawn `count` ranks at the next init; how many so far; whether
+// this process is one of them.
+void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv);
+int Grown();
+bool Spawned();
 // True in builds with CUDA kernels and device support (HVDL_WITH_CUDA).
 bool CudaBuilt();
 // A fresh CudaDeviceOps in CUDA builds (tests of the kernels), nullptr otherwise.

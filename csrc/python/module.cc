@@ -144,6 +144,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("fault_tolerance_built", [] { return FaultToleranceBuilt(); });
   m.def("last_recovery_map", [] { return LastRecoveryMap(); });
   m.def("recoveries", [] { return Recoveries(); });
+  m.def("request_growth", &RequestGrowth, py::arg("count"), py::arg("command"),
+        py::arg("argv"));
+  m.def("grown", [] { return Grown(); });
+  m.def("spawned", [] { return Spawned(); });
   m.def("rank", [] { return Topo().rank; });
   m.def("size", [] { return Topo().size; });
   m.def("local_rank", [] { return Topo().local_rank; });

@@ -25,7 +25,8 @@ _recoveries_applied = 0
 # they can raise and print before mpirun tears the job down.
 _FAILURE_GRACE_SECONDS = 1.5
 # After the job lost ranks and went on (elastic, ULFM), MPI_Finalize may wait for the lost ones
-# (seen across hosts: their daemon never joins the finalize fence). Wait this long, then exit.
+# (seen across hosts: their daemon never joins the finalize fence), and after it grew, for the
+# other job's disconnect. Wait this long, then exit.
 _FINALIZE_GRACE_SECONDS = 5.0
 _uncaught = False  # an exception reached the top: the exit status is 1
 
@@ -81,7 +82,7 @@ def _at_exit() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
-    if _C.recoveries():
+    if _C.recoveries() or _C.grown() or _C.spawned():
         finalize = threading.Thread(target=_C.finalize_transport, daemon=True)
         finalize.start()
         finalize.join(_FINALIZE_GRACE_SECONDS)

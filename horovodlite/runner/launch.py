@@ -66,10 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-np", type=int,
                    help="elastic: the fewest ranks to go on with (default 1)")
     p.add_argument("--max-np", type=int,
-                   help="elastic: the most ranks (growing the job is not supported yet, so at "
-                        "most -np)")
+                   help="elastic: the most ranks the job may grow to (default: -np)")
     p.add_argument("--host-discovery-script",
-                   help="elastic: a script printing host:slots lines (not supported yet)")
+                   help="elastic: an executable printing host:slots lines; the job grows to the "
+                        "slots it lists (up to --max-np), new ranks placed by mpirun on the "
+                        "job's hosts")
     p.add_argument("--mpi-args", default="", help="extra arguments passed to mpirun verbatim")
     p.add_argument("--verbose", action="store_true", help="print the mpirun command")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program each rank runs")
@@ -208,12 +209,15 @@ def _check_elastic(args) -> None:
         args.elastic = True
     if not args.elastic:
         return
+    if args.max_np is not None and args.max_np < args.num_proc:
+        _parser().error(f"--max-np {args.max_np} is below -np {args.num_proc}")
+    if args.max_np is not None and args.max_np > args.num_proc and not args.host_discovery_script:
+        _parser().error("--max-np above -np needs --host-discovery-script (where to grow)")
     if args.host_discovery_script:
-        _parser().error("--host-discovery-script: growing an elastic job onto new hosts is not "
-                        "supported yet; the job continues on the ranks that survive")
-    if args.max_np is not None and args.max_np != args.num_proc:
-        _parser().error(f"--max-np {args.max_np}: growing an elastic job is not supported yet, "
-                        f"so --max-np must equal -np ({args.num_proc}) or be left out")
+        path = os.path.abspath(args.host_discovery_script)
+        if not os.access(path, os.X_OK):
+            _parser().error(f"--host-discovery-script {path} is not an executable file")
+        args.host_discovery_script = path
     if args.min_np is not None and not 1 <= args.min_np <= args.num_proc:
         _parser().error(f"--min-np {args.min_np} must be between 1 and -np ({args.num_proc})")
 
@@ -264,6 +268,10 @@ def main(argv: list | None = None) -> int:
             return 2
         env["HVDL_ELASTIC"] = "1"
         env["HVDL_ELASTIC_MIN_NP"] = str(args.min_np or 1)
+        if args.max_np:
+            env["HVDL_ELASTIC_MAX_NP"] = str(args.max_np)
+        if args.host_discovery_script:
+            env["HVDL_DISCOVERY_SCRIPT"] = args.host_discovery_script
     reports = None
     if not args.no_rank_reports:
         reports = ReportServer(on_lost=_say_lost, tell_survivors=not args.elastic)

@@ -97,6 +97,9 @@ def main():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--kill", action="append", default=[], help="RANK:EPOCH:BATCH")
     p.add_argument("--kill-in-reset", type=int)
+    p.add_argument("--compare", choices=["reference", "ranks"], default="reference",
+                   help="check the final weights against the reference, or only that every "
+                        "rank has the same (for jobs that grow)")
     p.add_argument("--step-seconds", type=float, default=0.0,
                    help="sleep this long in every step (to lose a host mid-training)")
     args = p.parse_args()
@@ -130,6 +133,7 @@ def main():
     @hvd.elastic.run
     def train(state):
         if gone_since:  # continuing after losses, from the state rank 0 synced
+            print(f"RESUMED rank {hvd.rank()} at {time.time():.3f}", flush=True)
             losses.append((state.epoch, state.batch, sorted(gone_since)))
             gone_since.clear()
         state.batch = 0  # the sync re-partitioned what is left of the epoch: count from 0
@@ -140,6 +144,7 @@ def main():
                 opt.zero_grad()
                 loss = loss_of(model, x[idx], y[idx])
                 if (first_rank, state.epoch, b) in kills:
+                    print(f"KILLED rank {first_rank} at {time.time():.3f}", flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
                 if args.step_seconds:
                     time.sleep(args.step_seconds)
@@ -156,6 +161,13 @@ def main():
 
     train(state)
     print(f"LOSSES rank {hvd.rank()} {losses}", flush=True)
+    if args.compare == "ranks":
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()]).unsqueeze(0)
+        rows = hvd.allgather(flat, name="final.weights")
+        assert all(torch.equal(row, rows[0]) for row in rows), "ranks disagree"
+        print(f"FINAL rank {hvd.rank()} size {hvd.size()} epochs {state.epoch} agree",
+              flush=True)
+        return
     expected, steps = reference(args.epochs, losses, first_size)
     for name, (got, want) in zip([n for n, _ in model.named_parameters()],
                                  zip(model.parameters(), expected.parameters())):

@@ -9,10 +9,21 @@ namespace hvdl {
 namespace {
 
 std::atomic<bool> g_we_initialized_mpi{false};  // process-wide: MPI itself is process-wide
-// The survivors' communicator left by the last Recover, for the next Create; and its rank map.
-// Both are touched by the background thread (Recover) and then, after it stopped, the main thread
-// (Create): Context::Shutdown joins the loop in between.
-MPI_Comm g_successor = MPI_COMM_NULL;
+// The job's communicator once it changed: the survivors of the last Recover, or the job merged
+// with the ranks it spawned (growth); every later Create builds on it. With the rank map of the
+// last Recover, it is touched by the background thread (Recover) and then, after it stopped, the
+// main thread (Create): Context::Shutdown joins the loop in between.
+MPI_Comm g_job = MPI_COMM_NULL;
+// Intercommunicators to the ranks spawned by (or the job that spawned) this process: they are
+// disconnected before MPI_Finalize.
+std::vector<MPI_Comm> g_intercomms;
+bool g_parent_merged = false;
+struct Growth {
+  int count = 0;
+  std::string command;
+  std::vector<std::string> argv;
+} g_growth;
+int g_grown = 0;  // ranks this process's job has spawned, in total
 std::vector<int> g_recovery_map;
 std::atomic<bool> g_any_revoked{false};
 int g_recoveries = 0;
@@ -49,12 +60,20 @@ Status MpiWorld::Create(const MpiWorldOptions& options, std::unique_ptr<MpiWorld
 Status MpiWorld::Build(const MpiWorldOptions& options) {
   MPI_Comm base = MPI_COMM_WORLD;
   MPI_Comm created = MPI_COMM_NULL;
-  if (g_successor != MPI_COMM_NULL) {
-    // The survivors of the last world (Recover), which replace whatever the job communicator
-    // was (`comm`/`ranks` describe the world before the failure); ours to free.
-    created = g_successor;
-    g_successor = MPI_COMM_NULL;
-    base = created;
+  if (g_job == MPI_COMM_NULL && !g_parent_merged) {
+    MPI_Comm parent = MPI_COMM_NULL;
+    MPI_Comm_get_parent(&parent);
+    if (parent != MPI_COMM_NULL) {  // spawned by a growing elastic job: join it, ranks last
+      g_parent_merged = true;
+      MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
+      HVDL_MPI(MPI_Intercomm_merge(parent, 1, &g_job));
+      g_intercomms.push_back(parent);
+    }
+  }
+  if (g_job != MPI_COMM_NULL) {
+    // The survivors of a loss, or the job with the ranks it spawned: they replace whatever
+    // the job communicator was (`comm`/`ranks` describe the first world).
+    base = g_job;
   } else if (options.has_comm) {
     base = MPI_Comm_f2c(options.comm_f2c);
   } else if (!options.ranks.empty()) {
@@ -75,6 +94,23 @@ Status MpiWorld::Build(const MpiWorldOptions& options) {
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
     base = created;
+  }
+  if (g_growth.count > 0) {  // collective over `base`: rank 0 starts the new ranks
+    Growth growth = std::move(g_growth);
+    g_growth = Growth();
+    std::vector<char*> argv;
+    for (std::string& a : growth.argv) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    MPI_Comm inter = MPI_COMM_NULL, merged = MPI_COMM_NULL;
+    std::vector<int> codes(static_cast<size_t>(growth.count));
+    HVDL_MPI(MPI_Comm_spawn(growth.command.data(), argv.data(), growth.count, MPI_INFO_NULL, 0,
+                            base, &inter, codes.data()));
+    MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+    HVDL_MPI(MPI_Intercomm_merge(inter, 0, &merged));
+    g_intercomms.push_back(inter);
+    g_job = merged;
+    base = merged;
+    g_grown += growth.count;
   }
   MPI_Comm data = MPI_COMM_NULL;
   HVDL_MPI(MPI_Comm_dup(base, &control_));
@@ -151,8 +187,7 @@ Status MpiWorld::Recover(std::string* what) {
   *what = "lost rank" + std::string(nlost == 1 ? " " : "s ") + lost + " of " +
           std::to_string(size_) + "; " + std::to_string(remain) + " rank" +
           (remain == 1 ? " remains" : "s remain");
-  if (g_successor != MPI_COMM_NULL) MPI_Comm_free(&g_successor);
-  g_successor = survivors;
+  g_job = survivors;  // the previous one is revoked: left to MPI
   g_recovery_map = std::move(new_ranks);
   ++g_recoveries;
   MpiClearPeerFailure();
@@ -209,7 +244,19 @@ void FinalizeMpiIfOwned() {
   if (!g_we_initialized_mpi.exchange(false)) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  for (MPI_Comm& c : g_intercomms) MPI_Comm_disconnect(&c);  // spawned jobs must be let go
+  MPI_Finalize();
 }
+
+void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv) {
+  g_growth.count = count;
+  g_growth.command = command;
+  g_growth.argv = argv;
+}
+
+int Grown() { return g_grown; }
+
+bool Spawned() { return g_parent_merged; }
 
 }  // namespace hvdl

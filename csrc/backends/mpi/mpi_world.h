@@ -99,4 +99,11 @@ bool MpiWorldsRevoked();
 // Finalises MPI if horovodlite initialised it and nobody finalised it yet. Main thread, at exit.
 void FinalizeMpiIfOwned();
 
+// Elastic growth: the next Create first starts `count` new processes running `command argv`
+// (MPI_Comm_spawn, collective over the job) and merges them into the job, after its ranks.
+// Main thread, on every rank of the job, before that Create.
+void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv);
+int Grown();     // ranks the job spawned so far (as seen by this process)
+bool Spawned();  // this process was started by a growing job and joined it
+
 }  // namespace hvdl

@@ -58,10 +58,17 @@ def _reinit(error: BaseException) -> None:
     """Step 4: shut down (telling the peers why) and initialise again - on the survivors, if
     the job lost ranks (an elastic job on an MPI with ULFM: see docs/elastic.md)."""
     import horovodlite.torch as hvd  # the package imports this module: resolve at call time
+    from horovodlite.torch.elastic import discovery
 
     basics._stop(f"elastic reset after {type(error).__name__}: {error}")
     hvd.shutdown()  # the runtime is already stopped: this clears names, handles, counters
+    add = discovery.take_request() if isinstance(error, HostsUpdatedInterrupt) else 0
+    if add:  # the new ranks run this program too, and join at their hvd.init()
+        basics._C.request_growth(add, sys.executable, list(sys.orig_argv[1:]))
     basics._init_again()
+    if add and basics.rank() == 0:
+        _log(f"started {add} new rank{'s' if add > 1 else ''} (host discovery): "
+             f"ranks {basics.size() - add}..{basics.size() - 1}")
     _check_min_np(error)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 
 from horovodlite.common.basics import is_initialized, rank
+from horovodlite.common.exceptions import HostsUpdatedInterrupt
 from horovodlite.torch.collectives import barrier
 from horovodlite.torch.elastic.handlers import handler_for
 from horovodlite.torch.functions import broadcast_object
@@ -65,10 +66,15 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Horovod raises ``HostsUpdatedInterrupt`` here when its elastic driver added or
-        removed hosts. horovodlite runs under mpirun with a fixed set of ranks and has no
-        driver, so the hosts never change and this never raises; raise
-        ``HostsUpdatedInterrupt`` yourself to re-synchronise without rolling back."""
+        """Raises ``HostsUpdatedInterrupt`` on every rank when the job is to grow: with
+        ``horovodliterun --host-discovery-script``, the script lists more slots than the job
+        has ranks (up to ``--max-np``); collective then (see discovery.py). Otherwise it never
+        raises; raise ``HostsUpdatedInterrupt`` yourself to re-synchronise without rolling
+        back."""
+        from horovodlite.torch.elastic import discovery
+
+        if discovery.active() and discovery.growth_agreed() > 0:
+            raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement save()")
