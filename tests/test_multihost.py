@@ -231,8 +231,13 @@ def test_a_host_whose_processes_die_is_named_and_the_job_fails(hosts, tmp_path):
     rc, took, out, raised = _run_and_lose(tmp_path, LAYOUTS["2x2"][0], 4,
                                           lambda: _kill_host("hvdl-host1"))
     assert rc != 0, out
-    # every survivor raised HorovodInternalError naming the host and its ranks, within 5 s
-    assert sorted(raised) == [0, 1], out
+    # every survivor raised HorovodInternalError naming the host and its ranks, within 5 s -
+    # unless Open MPI's launcher, which ends any job that loses a daemon, ended them first
+    # (seen about once in ten runs, more often on a loaded machine): then it says so.
+    if not raised:
+        assert "PRTE has lost communication with a remote daemon" in out, out
+    else:
+        assert sorted(raised) == [0, 1], out
     for rank, (after, msg) in raised.items():
         assert "lost hvdl-host1 (ranks 2, 3)" in msg and after < 5, (rank, after, msg)
     assert "horovodliterun: lost hvdl-host1 (ranks 2, 3)" in out, out
