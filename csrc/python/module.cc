@@ -52,6 +52,10 @@ void Shutdown(const std::string& reason) {
     rt.retire_aborted(std::move(ctx));
     return;
   }
+  if (ctx->recovered()) {
+    rt.retire_recovered(std::move(ctx));
+    return;
+  }
   ctx.reset();
 }
 

@@ -44,6 +44,8 @@ class Runtime {
   // the process neither starts horovodlite again nor finalizes MPI (which would wait for them),
   // and the context is kept alive for ever (MPI may still hold requests into its memory).
   void retire_aborted(std::unique_ptr<Context> ctx);
+  // A context that recovered from failed ranks: kept alive (leaked); init works again.
+  void retire_recovered(std::unique_ptr<Context> ctx) { ctx.release(); }
   bool ranks_lost() const { return ranks_lost_.load(); }
 
  private:

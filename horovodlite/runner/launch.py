@@ -66,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-np", type=int,
                    help="elastic: the fewest ranks to go on with (default 1)")
     p.add_argument("--max-np", type=int,
-                   help="elastic: the most ranks the job may grow to (default: -np)")
+                   help="elastic: the most ranks the job may grow to (default: -np; with -H, "
+                        "also at most the slots given)")
     p.add_argument("--host-discovery-script",
                    help="elastic: an executable printing host:slots lines; the job grows to the "
                         "slots it lists (up to --max-np), new ranks placed by mpirun on the "
@@ -268,8 +269,9 @@ def main(argv: list | None = None) -> int:
             return 2
         env["HVDL_ELASTIC"] = "1"
         env["HVDL_ELASTIC_MIN_NP"] = str(args.min_np or 1)
-        if args.max_np:
-            env["HVDL_ELASTIC_MAX_NP"] = str(args.max_np)
+        env["HVDL_ELASTIC_MAX_NP"] = str(args.max_np or args.num_proc)
+        if args.hosts:  # mpirun can place new ranks only on the slots it was given
+            env["HVDL_ELASTIC_SLOTS"] = str(sum(n for _, n in host_slots(args.hosts)))
         if args.host_discovery_script:
             env["HVDL_DISCOVERY_SCRIPT"] = args.host_discovery_script
     reports = None

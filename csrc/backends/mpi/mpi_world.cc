@@ -1,6 +1,7 @@
 #include "backends/mpi/mpi_world.h"
 
 #include <atomic>
+#include <mutex>
 
 #include "backends/mpi/mpi_util.h"
 #include "common/logging.h"
@@ -25,6 +26,7 @@ struct Growth {
 } g_growth;
 int g_grown = 0;  // ranks this process's job has spawned, in total
 std::vector<int> g_recovery_map;
+std::mutex g_recovery_mu;  // guards g_recovery_map and g_recoveries (read by Python any time)
 std::atomic<bool> g_any_revoked{false};
 int g_recoveries = 0;
 
@@ -52,6 +54,7 @@ Status MpiWorld::Create(const MpiWorldOptions& options, std::unique_ptr<MpiWorld
   std::unique_ptr<MpiWorld> world(new MpiWorld());
   HVDL_RETURN_IF_ERROR(EnsureMpi(&world->thread_level_));
   InitMpiTypes();
+  MpiClearPeerFailure();  // a failure seen while no runtime ran belongs to no world of ours
   HVDL_RETURN_IF_ERROR(world->Build(options));
   *out = std::move(world);
   return Status::Ok();
@@ -188,8 +191,11 @@ Status MpiWorld::Recover(std::string* what) {
           std::to_string(size_) + "; " + std::to_string(remain) + " rank" +
           (remain == 1 ? " remains" : "s remain");
   g_job = survivors;  // the previous one is revoked: left to MPI
-  g_recovery_map = std::move(new_ranks);
-  ++g_recoveries;
+  {
+    std::lock_guard<std::mutex> lock(g_recovery_mu);
+    g_recovery_map = std::move(new_ranks);
+    ++g_recoveries;
+  }
   MpiClearPeerFailure();
   return Status::Ok();
 #else
@@ -198,8 +204,15 @@ Status MpiWorld::Recover(std::string* what) {
 #endif
 }
 
-std::vector<int> MpiWorld::LastRecoveryMap() { return g_recovery_map; }
-int MpiWorld::Recoveries() { return g_recoveries; }
+std::vector<int> MpiWorld::LastRecoveryMap() {
+  std::lock_guard<std::mutex> lock(g_recovery_mu);
+  return g_recovery_map;
+}
+
+int MpiWorld::Recoveries() {
+  std::lock_guard<std::mutex> lock(g_recovery_mu);
+  return g_recoveries;
+}
 
 bool UlfmBuilt() { return HVDL_HAVE_ULFM != 0; }
 

@@ -3,10 +3,11 @@
 Rank 0 runs the script (Horovod's format: one ``host:slots`` a line; a line without ``:slots``
 counts as one slot) every ``HVDL_DISCOVERY_INTERVAL`` seconds on a background thread. At each
 ``state.commit()`` rank 0 says how many ranks the job should add - the slots found, capped at
-``--max-np``, minus the current size - and every rank learns it with one broadcast; if it is
-positive, ``commit`` raises ``HostsUpdatedInterrupt`` and the reset in ``hvd.elastic.run``
-starts the new ranks (MPI_Comm_spawn, placed by mpirun on the job's hosts) and merges them into
-the job; they receive the state by the sync that follows.
+``--max-np`` (default ``-np``) and at the slots of ``-H``, minus the current size - and every
+rank learns it with one broadcast; if it is positive, ``commit`` raises
+``HostsUpdatedInterrupt`` and the reset in ``hvd.elastic.run`` starts the new ranks
+(MPI_Comm_spawn, placed by mpirun on the job's hosts) and merges them into the job; they receive
+the state by the sync that follows.
 """
 
 from __future__ import annotations
@@ -69,10 +70,10 @@ def growth_agreed() -> int:
         if _poller is None:
             _poller = _Poller(os.environ["HVDL_DISCOVERY_SCRIPT"],
                               float(os.environ.get("HVDL_DISCOVERY_INTERVAL", "1")))
-        max_np = int(os.environ.get("HVDL_ELASTIC_MAX_NP", "0") or 0)
+        caps = [int(os.environ[v]) for v in ("HVDL_ELASTIC_MAX_NP", "HVDL_ELASTIC_SLOTS")
+                if os.environ.get(v, "").isdigit()]
         if _poller.slots is not None:
-            target = min(_poller.slots, max_np) if max_np else _poller.slots
-            add = max(0, target - basics.size())
+            add = max(0, min([_poller.slots, *caps]) - basics.size())
     _requested = int(broadcast_object(add, 0, name="elastic.host_updates"))
     return _requested
 

@@ -15,12 +15,13 @@ Protocol of one call ``train(state, *args)`` (every rank runs it):
 5. ``state.on_reset()`` (the registered reset callbacks).
 6. Give up after ``reset_limit`` resets: the last error propagates (the state is restored).
 
-Why every rank resets. horovodlite has no elastic driver: the job is the fixed set of ranks
-mpirun started, and ``init`` after ``shutdown`` is collective over all of them. A failure seen
-by only some ranks still reaches the others: ``shutdown`` is job-wide, so a rank that resets
-makes its peers' next collective raise ``HorovodInternalError``, and they reset too. What this
-cannot survive is a rank that is gone (its process died) or that never reaches another
-collective: MPI cannot replace it, and the others wait in ``init``.
+Why every rank resets. horovodlite has no elastic driver: the job is the ranks mpirun started
+(plus those a growing job spawned), and ``init`` after ``shutdown`` is collective over all of
+them. A failure seen by only some ranks still reaches the others: ``shutdown`` is job-wide, so a
+rank that resets makes its peers' next collective raise ``HorovodInternalError``, and they reset
+too. A rank that is gone (its process died) is survived only in elastic jobs on an MPI with ULFM
+(``horovodliterun --elastic``): the runtime drops it and ``init`` starts on the survivors. A rank
+that never reaches another collective is never survived (it is alive: nobody may drop it).
 """
 
 from __future__ import annotations
@@ -78,10 +79,14 @@ def min_np() -> int:
     return int(value) if value.isdigit() else 1
 
 
+class BelowMinNp(HorovodInternalError):
+    """Fewer ranks than ``--min-np`` are left: ``run`` stops instead of resetting again."""
+
+
 def _check_min_np(error: BaseException) -> None:
     size, floor = basics.size(), min_np()
     if size < floor:
-        raise HorovodInternalError(
+        raise BelowMinNp(
             f"hvd.elastic: only {size} rank{'s remain' if size != 1 else ' remains'}, fewer than "
             f"--min-np {floor}; stopping. The failure: {error}"
         ) from error
@@ -120,7 +125,19 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
         _log(f"reset {resets} of at most {reset_limit}{rolled_back} after "
              f"{type(error).__name__}: {error}")
         before = basics.size() if basics.is_initialized() else None
-        reset(error)
+        while True:
+            try:
+                reset(error)
+                break
+            except BelowMinNp:
+                raise
+            except HorovodInternalError as exc:  # the re-initialisation failed too
+                if resets >= reset_limit:
+                    raise
+                resets += 1
+                error = exc
+                _log(f"reset {resets} of at most {reset_limit}: the re-initialisation failed: "
+                     f"{exc}")
         if basics.is_initialized() and basics.rank() == 0:
             at = f"commit {state.commits}" if state.commits else "the start (no commit yet)"
             sizes = f"{before} -> {basics.size()}" if before else f"{basics.size()}"
