@@ -252,6 +252,7 @@ void BackgroundLoop::Run() {
 
 Status BackgroundLoop::Recover(const Status& failure) {
   HVDL_LOG(Warning) << "ranks failed (" << failure.message() << "); agreeing with the survivors";
+  recovered_ = true;
   std::string what;
   Status s = d_.recover(&what);
   if (!s.ok()) {
@@ -259,8 +260,6 @@ Status BackgroundLoop::Recover(const Status& failure) {
                             ") and could not agree with the survivors: " + s.message());
   }
   HVDL_LOG(Warning) << "horovodlite " << what;
-  std::lock_guard<std::mutex> lock(mu_);
-  recovered_ = what;
   return Status::PeerFailed("horovodlite " + what + "; every pending operation failed. " +
                             "hvd.elastic.run continues on the survivors (hvd.shutdown() and " +
                             "hvd.init() start on them)");

@@ -65,11 +65,9 @@ class BackgroundLoop {
   // Waits up to `timeout` for the loop thread to exit; joins it and returns true if it did.
   bool JoinFor(std::chrono::milliseconds timeout);
   bool running() const { return running_.load(); }
-  // After the loop recovered from failed ranks: who was lost, in one line; else empty.
-  std::string recovered() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return recovered_;
-  }
+  // The loop revoked the job's communicators to recover from failed ranks (whether or not the
+  // survivors then agreed).
+  bool recovered() const { return recovered_.load(); }
   void set_cycle_hook(CycleHook hook) { hook_ = std::move(hook); }
   // The reason the loop stopped (empty while running).
   std::string stop_reason() const;
@@ -99,7 +97,7 @@ class BackgroundLoop {
   Status abort_status_;
   std::string shutdown_reason_;
   std::string stop_reason_;
-  std::string recovered_;
+  std::atomic<bool> recovered_{false};
   std::atomic<int64_t> cycle_time_us_;
   std::chrono::microseconds backoff_;
   Clock::time_point waiting_since_ = Clock::now();  // since when this rank has had work pending

@@ -77,9 +77,10 @@ class Context {
   // of this rank with HorovodInternalError(why) and stops the loop without the other ranks.
   void Abort(const std::string& why);
   bool aborted() const { return aborted_.load(); }
-  // The loop stopped after recovering from failed ranks (elastic): like an aborted context, it
-  // may have left requests posted on its buffers, so it must be kept alive, never destroyed.
-  bool recovered() const { return !loop_->recovered().empty(); }
+  // The loop stopped to recover from failed ranks (elastic): like an aborted context, it may
+  // have left requests posted on its buffers, and its communicators are revoked (freeing them
+  // may wait for the lost ranks), so it must be kept alive, never destroyed.
+  bool recovered() const { return loop_->recovered(); }
 
   // Submits entries as one handle (a grouped op submits several). Any thread.
   Status Submit(std::vector<TensorEntry> entries, std::vector<Request> requests,

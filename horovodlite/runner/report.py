@@ -204,7 +204,7 @@ class ReportServer:
                 names = sorted(o.rank for o in self.ranks if o.host == host and o.lost)
                 self.on_lost(host, names, why)
                 if self.tell_survivors:
-                        self._tell_survivors({"event": "lost", "host": host, "ranks": names,
+                    self._tell_survivors({"event": "lost", "host": host, "ranks": names,
                                           "why": why})
 
     # -- after the job -----------------------------------------------------------------------

@@ -339,10 +339,6 @@ class _DistributedOptimizer:
         gradients of the failed step are cleared and accumulation restarts, so the retried
         step does not add to partial sums."""
         self._hvd_pending.clear()
-        if self._hvd_resparsify:  # reduced densely, handed back in the layout autograd made
-            for p, sparse_dim in self._hvd_sparse_seen.items():
-                if p.grad is not None and not p.grad.is_sparse:
-                    p.grad = p.grad.to_sparse(sparse_dim)
         self._hvd_reset_counters()
         self._hvd_fresh_sync = False
         for p in self._hvd_params():

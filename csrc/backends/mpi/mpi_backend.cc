@@ -86,7 +86,7 @@ MpiBackend::~MpiBackend() {
   cross_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && !MpiWorldsRevoked()) {
+  if (!finalized) {
     if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
     if (cross_comm_ != MPI_COMM_NULL) MPI_Comm_free(&cross_comm_);
   }

@@ -27,7 +27,6 @@ struct Growth {
 int g_grown = 0;  // ranks this process's job has spawned, in total
 std::vector<int> g_recovery_map;
 std::mutex g_recovery_mu;  // guards g_recovery_map and g_recoveries (read by Python any time)
-std::atomic<bool> g_any_revoked{false};
 int g_recoveries = 0;
 
 Status EnsureMpi(int* level) {
@@ -152,19 +151,15 @@ void MpiWorld::AddRevocable(MPI_Comm comm) {
 
 Status MpiWorld::Recover(std::string* what) {
 #if HVDL_HAVE_ULFM
-  if (!revoked_) {
-    revoked_ = true;
-    // Every survivor blocked in a call on any of these returns with MPIX_ERR_REVOKED and comes
-    // here too; revoking twice (several ranks noticed at once) is harmless.
-    MPIX_Comm_revoke(control_);
-    for (auto& kv : data_) {
-      if (kv.second != MPI_COMM_NULL) MPIX_Comm_revoke(kv.second);
-    }
-    MPIX_Comm_revoke(local_);
-    MPIX_Comm_revoke(cross_);
-    for (MPI_Comm c : revocable_) MPIX_Comm_revoke(c);
-    g_any_revoked = true;
+  // Every survivor blocked in a call on any of these returns with MPIX_ERR_REVOKED and comes
+  // here too; revoking twice (several ranks noticed at once) is harmless.
+  MPIX_Comm_revoke(control_);
+  for (auto& kv : data_) {
+    if (kv.second != MPI_COMM_NULL) MPIX_Comm_revoke(kv.second);
   }
+  MPIX_Comm_revoke(local_);
+  MPIX_Comm_revoke(cross_);
+  for (MPI_Comm c : revocable_) MPIX_Comm_revoke(c);
   MPI_Comm survivors = MPI_COMM_NULL;
   int rc = MPIX_Comm_shrink(control_, &survivors);
   if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPIX_Comm_shrink");
@@ -216,12 +211,10 @@ int MpiWorld::Recoveries() {
 
 bool UlfmBuilt() { return HVDL_HAVE_ULFM != 0; }
 
-bool MpiWorldsRevoked() { return g_any_revoked.load(); }
-
 MpiWorld::~MpiWorld() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized || revoked_) return;  // revoked: left to MPI (their free may wait for the lost)
+  if (finalized) return;
   for (auto& kv : data_) {
     if (kv.second != MPI_COMM_NULL) MPI_Comm_free(&kv.second);
   }

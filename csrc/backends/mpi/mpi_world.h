@@ -69,6 +69,7 @@ class MpiWorld {
 
   // Background thread, after MpiIsPeerFailure: see the top of this file. *what describes it in
   // one line ("lost rank 2 (host h) of 3; 2 ranks remain"). Collective over the survivors.
+  // Called once per world; the world is never destroyed afterwards (Context::recovered).
   Status Recover(std::string* what);
   // The last Recover's survivors, as (old rank -> new rank, -1 if lost); empty if none.
   static std::vector<int> LastRecoveryMap();
@@ -87,14 +88,10 @@ class MpiWorld {
   std::map<int, MPI_Comm> data_;  // process set id -> communicator (0 = the whole job)
   std::vector<MPI_Comm> revocable_;
   std::vector<std::string> hosts_;
-  bool revoked_ = false;  // after Recover: the communicators are left to MPI, never freed
 };
 
 // True if this build's MPI has ULFM (see mpi_util.h).
 bool UlfmBuilt();
-// True once any world was revoked by Recover: communicators derived from it elsewhere (the
-// backend's copies) are then left to MPI rather than freed.
-bool MpiWorldsRevoked();
 
 // Finalises MPI if horovodlite initialised it and nobody finalised it yet. Main thread, at exit.
 void FinalizeMpiIfOwned();
