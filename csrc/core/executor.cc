@@ -7,6 +7,7 @@
 #include "comm/ring.h"
 #include "common/logging.h"
 #include "core/collective_layout.h"
+#include "core/handle_table.h"
 
 namespace hvdl {
 namespace {
@@ -134,6 +135,7 @@ void Executor::Finish(Items& items, const Status& status, const std::vector<int6
     observer_->Done();
   }
   traced_ = nullptr;
+  CompletionBatch batch;  // the user thread wakes once for the whole batch
   for (Item& it : items) {
     if (!it.has_entry) continue;
     Status s = status;

@@ -1,8 +1,26 @@
 #include "core/handle_table.h"
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 namespace hvdl {
+namespace {
+
+// The CompletionBatch nesting depth on this thread, and the tables it has deferred wake-ups of.
+thread_local int t_batch_depth = 0;
+thread_local std::vector<HandleTable*> t_deferred;
+
+}  // namespace
+
+CompletionBatch::CompletionBatch() { ++t_batch_depth; }
+
+CompletionBatch::~CompletionBatch() {
+  if (--t_batch_depth > 0) return;
+  std::vector<HandleTable*> tables;
+  tables.swap(t_deferred);
+  for (HandleTable* t : tables) t->Notify();
+}
 
 int HandleTable::Allocate(int num_entries, std::shared_ptr<void> payload, std::string what) {
   auto state = std::make_shared<State>();
@@ -23,6 +41,13 @@ void HandleTable::MarkDone(int handle, const Status& status) {
     State& s = *it->second;
     if (!status.ok() && s.status.ok()) s.status = status;
     if (--s.remaining > 0) return;  // wake waiters only when the whole handle is done
+    if (s.waiters == 0) return;      // nobody to wake: a later Wait finds it done
+  }
+  if (t_batch_depth > 0) {
+    if (std::find(t_deferred.begin(), t_deferred.end(), this) == t_deferred.end()) {
+      t_deferred.push_back(this);
+    }
+    return;
   }
   cv_.notify_all();
 }
@@ -48,8 +73,10 @@ Status HandleTable::Wait(int handle, Status* op_status, std::shared_ptr<void>* p
   std::shared_ptr<State> state = it->second;
   if (state->remaining > 0) {
     blocked_.fetch_add(1, std::memory_order_relaxed);
+    ++state->waiters;
     if (block_hook_) block_hook_();
     cv_.wait(lock, [&] { return state->remaining <= 0; });
+    --state->waiters;
     blocked_.fetch_sub(1, std::memory_order_relaxed);
   }
   states_.erase(handle);

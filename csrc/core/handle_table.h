@@ -19,6 +19,19 @@
 
 namespace hvdl {
 
+// While one is alive on a thread, the handles that thread completes (MarkDone) wake their
+// waiters once, when the outermost batch ends, instead of once per entry. The executor completes
+// a fused batch under one: a user thread synchronizing 16 fused gradients one after the other
+// otherwise woke up to 16 times, each wake-up preempting the background thread (two context
+// switches, ~15-20 us each on a small VM) - measured 15 voluntary waits per training step.
+class CompletionBatch {
+ public:
+  CompletionBatch();
+  ~CompletionBatch();
+  CompletionBatch(const CompletionBatch&) = delete;
+  CompletionBatch& operator=(const CompletionBatch&) = delete;
+};
+
 class HandleTable {
  public:
   // `what` names the operation for FailPending's messages, e.g. "allreduce 'grad.w'".
@@ -42,9 +55,13 @@ class HandleTable {
   // Runs (under the table's lock) when a thread starts blocking in Wait; nullptr clears it.
   void SetBlockHook(std::function<void()> hook);
 
+
  private:
+  friend class CompletionBatch;
+  void Notify() { cv_.notify_all(); }
   struct State {
     int remaining = 0;
+    int waiters = 0;  // threads blocked in Wait on this handle
     Status status;
     std::string what;
     std::shared_ptr<void> payload;
