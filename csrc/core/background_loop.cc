@@ -138,6 +138,12 @@ void BackgroundLoop::WaitBeforeCycle(bool progressed, bool others_pending) {
       if (Urgent()) SpinFor(kSpinAfterWork, has_new);
       if (!has_new()) return;
     } else {
+      // The whole job idle as far as this rank knows (nothing pending here, nobody pending at
+      // the last cycle): check in rarely at once instead of backing off from microseconds. The
+      // ramp's dozen check-in cycles per training step (each a wake-up that preempts training
+      // and waits on the other ranks) cost 1.3 ms of a 19 ms MLP step at np 2 on 2 cores;
+      // this rank's own next submission still wakes it at once.
+      if (!others_pending && d_.controller->num_pending() == 0) backoff_ = kIdleCap;
       d_.queue->WaitForRequests(Clock::now() + backoff_);
       const bool waiting = d_.controller->num_pending() > 0;
       backoff_ = std::min(backoff_ * 2, PollCap(waiting, others_pending, waiting_since_));
