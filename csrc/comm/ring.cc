@@ -42,6 +42,7 @@ struct StepArgs {
   const std::vector<Message>* send;
   const std::vector<Message>* recv;
   bool reduce;  // reduce received messages into place (else receive in place)
+  double postscale;  // multiply each reduced message by this while it is in cache (1: no)
   DataType dtype;
   ReduceOp op;
   size_t seg_elems;
@@ -96,7 +97,14 @@ Status RingStep(const StepArgs& a) {
     // message j-1 was reduced in the previous iteration).
     if (j + 1 < steps) HVDL_RETURN_IF_ERROR(post(j + 1));
     // Step 2: fold the received message j into the local chunk.
-    if (a.reduce && j < nr) ReduceMessage((*a.recv)[j], slot(j), a.dtype, a.op);
+    if (a.reduce && j < nr) {
+      ReduceMessage((*a.recv)[j], slot(j), a.dtype, a.op);
+      // Scaling the message just reduced, while it is in cache, instead of the whole chunk
+      // in a pass of its own afterwards: the same operations in the same order, so the same
+      // bits, without reading and writing the chunk once more (6% of the background thread's
+      // CPU on an 8 MiB average at np 2).
+      if (a.postscale != 1.0) ScaleSpans((*a.recv)[j].spans, a.dtype, a.postscale);
+    }
   }
   for (int req : sends) HVDL_RETURN_IF_ERROR(a.t->Wait(req));
   ++a.stats->steps;
@@ -129,9 +137,16 @@ namespace {
 // Both phases: every chunk cut into its messages, and the two receive slots.
 struct Phase {
   std::vector<std::vector<Message>> pieces;
-  std::vector<char> scratch;
   StepArgs args;
 };
+
+// The receive slots, kept from call to call by the thread that runs collectives: allocating
+// (and zero-filling) 512 KiB per reduce-scatter cost a page-fault storm on every call.
+std::vector<char>* Scratch(size_t bytes) {
+  thread_local std::vector<char> scratch;
+  if (scratch.size() < bytes) scratch.resize(bytes);
+  return &scratch;
+}
 
 Status MakePhase(Transport* t, const std::vector<std::vector<Span>>& chunks, DataType dtype,
                  ReduceOp op, size_t segment_bytes, RingStats* stats, bool reduce, Phase* p) {
@@ -144,15 +159,16 @@ Status MakePhase(Transport* t, const std::vector<std::vector<Span>>& chunks, Dat
   for (const auto& c : chunks) {
     p->pieces.push_back(Messages(c, static_cast<int64_t>(seg_elems), esize));
   }
-  if (reduce) p->scratch.resize(2 * seg_elems * esize);
-  p->args = StepArgs{t, nullptr, nullptr, reduce, dtype, op, seg_elems, &p->scratch, stats};
+  std::vector<char>* scratch = reduce ? Scratch(2 * seg_elems * esize) : nullptr;
+  p->args = StepArgs{t, nullptr, nullptr, reduce, 1.0, dtype, op, seg_elems, scratch, stats};
   return Status::Ok();
 }
 
 }  // namespace
 
 Status RingReduceScatter(Transport* t, const std::vector<std::vector<Span>>& chunks,
-                         DataType dtype, ReduceOp op, size_t segment_bytes, RingStats* stats) {
+                         DataType dtype, ReduceOp op, size_t segment_bytes, RingStats* stats,
+                         double postscale) {
   RingStats local;
   Phase p;
   HVDL_RETURN_IF_ERROR(MakePhase(t, chunks, dtype, op, segment_bytes,
@@ -161,8 +177,10 @@ Status RingReduceScatter(Transport* t, const std::vector<std::vector<Span>>& chu
   for (int s = 0; s < n - 1; ++s) {
     p.args.send = &p.pieces[static_cast<size_t>(Mod(r - s, n))];
     p.args.recv = &p.pieces[static_cast<size_t>(Mod(r - s - 1, n))];
+    p.args.postscale = s == n - 2 ? postscale : 1.0;  // the last step completes the owned chunk
     HVDL_RETURN_IF_ERROR(RingStep(p.args));
   }
+  if (n == 1) ScaleSpans(chunks[0], dtype, postscale);
   return Status::Ok();
 }
 
@@ -188,9 +206,7 @@ void ScaleSpans(const std::vector<Span>& spans, DataType dtype, double factor) {
 
 Status RingAllreduce(Transport* t, const std::vector<std::vector<Span>>& chunks, DataType dtype,
                      ReduceOp op, double postscale, size_t segment_bytes, RingStats* stats) {
-  HVDL_RETURN_IF_ERROR(RingReduceScatter(t, chunks, dtype, op, segment_bytes, stats));
-  ScaleSpans(chunks[static_cast<size_t>(RingOwnedChunk(t->rank(), t->size()))], dtype,
-             postscale);
+  HVDL_RETURN_IF_ERROR(RingReduceScatter(t, chunks, dtype, op, segment_bytes, stats, postscale));
   return RingAllgather(t, chunks, dtype, segment_bytes, stats);
 }
 

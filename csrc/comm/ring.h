@@ -18,8 +18,9 @@
 // The order in which contributions are added to an element depends only on its chunk index, never
 // on timing; callers that keep every element in the same chunk (the executor lays fused tensors
 // out chunk-major) get bit-identical results whatever was fused with what.
-// `postscale` is applied to the owned chunk between the two phases, so averaging costs 1/n of a
-// pass. float16/bfloat16 are reduced in float32 and rounded once per step.
+// `postscale` is applied to the owned chunk as the last reduce-scatter step completes it, message
+// by message while it is in cache, so averaging costs no pass of its own. float16/bfloat16 are
+// reduced in float32 and rounded once per step.
 #pragma once
 
 #include <cstdint>
@@ -41,10 +42,12 @@ Status RingAllreduce(Transport* t, const std::vector<std::vector<Span>>& chunks,
                      ReduceOp op, double postscale, size_t segment_bytes, RingStats* stats);
 
 // The two phases of RingAllreduce, for algorithms built from them (comm/hierarchical). After
-// RingReduceScatter rank r holds the full reduction of chunk RingOwnedChunk(r, n) (unscaled);
-// RingAllgather sends each rank's owned chunk to every other rank, in place.
+// RingReduceScatter rank r holds the full reduction of chunk RingOwnedChunk(r, n);
+// RingAllgather sends each rank's owned chunk to every other rank, in place. RingReduceScatter
+// multiplies the owned chunk by `postscale` as it completes it.
 Status RingReduceScatter(Transport* t, const std::vector<std::vector<Span>>& chunks,
-                         DataType dtype, ReduceOp op, size_t segment_bytes, RingStats* stats);
+                         DataType dtype, ReduceOp op, size_t segment_bytes, RingStats* stats,
+                         double postscale = 1.0);
 Status RingAllgather(Transport* t, const std::vector<std::vector<Span>>& chunks, DataType dtype,
                      size_t segment_bytes, RingStats* stats);
 int RingOwnedChunk(int rank, int n);
