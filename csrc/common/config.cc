@@ -171,6 +171,12 @@ const std::vector<Knob>& Table() {
         "Ring messages between processes on one host are copied once, straight from the "
         "sender's tensors (Linux process_vm_readv), when the kernel allows it; 0: MPI messages."},
        [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->ring_single_copy); }},
+      {{"HOROVOD_MALLOC_TUNING", "1",
+        "At init, keep freed memory for reuse instead of returning it to the kernel (glibc: "
+        "allocations up to 32 MiB from the heap, trim above 256 MiB free), so tensors allocated "
+        "every step stop costing page faults; unless MALLOC_MMAP_THRESHOLD_, "
+        "MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES is set. 0: leave the allocator alone."},
+       [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->malloc_tuning); }},
       {{"HOROVOD_HIERARCHICAL_ALLREDUCE", "auto",
         "Allreduce inside each host first, then across hosts, then inside the host again; needs "
         "the same number of ranks on every host, and several hosts. 1: every allreduce of the "

@@ -45,6 +45,7 @@ struct Config {
   int64_t ring_threshold_bytes = -1;  // -1: chosen by measurement (see backends/mpi)
   int64_t ring_segment_bytes = 0;  // 0: auto (per ring, see backends/mpi)
   bool ring_single_copy = true;
+  bool malloc_tuning = true;
   Toggle hierarchical_allreduce = Toggle::kAuto;
   Toggle hierarchical_allgather = Toggle::kAuto;
   GpuOperations gpu_operations = GpuOperations::kNccl;
