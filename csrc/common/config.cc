@@ -174,7 +174,8 @@ const std::vector<Knob>& Table() {
       {{"HOROVOD_MALLOC_TUNING", "1",
         "At init, keep freed memory for reuse instead of returning it to the kernel (glibc: "
         "allocations up to 32 MiB from the heap, trim above 256 MiB free), so tensors allocated "
-        "every step stop costing page faults; unless MALLOC_MMAP_THRESHOLD_, "
+        "every step stop costing page faults; horovodliterun also puts the ranks' heap on "
+        "transparent huge pages (GLIBC_TUNABLES). Not when MALLOC_MMAP_THRESHOLD_, "
         "MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES is set. 0: leave the allocator alone."},
        [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->malloc_tuning); }},
       {{"HOROVOD_HIERARCHICAL_ALLREDUCE", "auto",

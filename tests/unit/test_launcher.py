@@ -41,6 +41,47 @@ def test_knob_flags_become_environment():
                    "HOROVOD_LOG_LEVEL": "debug"}
 
 
+def test_ranks_get_the_allocator_settings_unless_the_user_chose():
+    args = parse("-np", "2", "python", "x")
+    env = launch.rank_environment(args, {"PATH": "/bin"})
+    assert "glibc.malloc.hugetlb=1" in env["GLIBC_TUNABLES"]
+    assert "glibc.malloc.mmap_threshold=33554432" in env["GLIBC_TUNABLES"]
+    assert env["THP_MEM_ALLOC_ENABLE"] == "1"
+    mine = launch.rank_environment(args, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert mine["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+    off = launch.rank_environment(args, {"HOROVOD_MALLOC_TUNING": "0"})
+    assert "GLIBC_TUNABLES" not in off
+    cmd = launch.build_command(args, "mpirun", "openmpi", env)
+    assert "GLIBC_TUNABLES" in [cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"]
+
+
+def test_a_rank_gets_gradient_sized_tensors_on_huge_page_memory():
+    """What the allocator settings are for: a 1 MiB tensor (torch's own THP switch starts at
+    2 MiB) in heap memory advised for huge pages ("hg"), not in a fresh mmap of its own."""
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "tensor_pages.py")
+    run = lambda env: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "horovodlite.runner.launch", "-np", "1", sys.executable, script],
+        capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+    on = run({})
+    assert "[heap]" in on.stdout and " hg" in on.stdout, on.stdout + on.stderr
+    off = run({"HOROVOD_MALLOC_TUNING": "0"})
+    assert "tensor mapping" in off.stdout and " hg" not in off.stdout, off.stdout + off.stderr
+
+
+def test_init_keeps_gradient_sized_blocks_in_the_heap():
+    """A process started without horovodliterun: hvd.init() raises glibc's mmap threshold, so a
+    1 MiB tensor comes from the heap (reused from step to step) instead of a fresh mmap."""
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "tensor_pages.py")
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    run = lambda extra: subprocess.run(  # noqa: E731
+        [sys.executable, script, "--init"], capture_output=True, text=True, timeout=120,
+        env={**env, **extra})
+    on = run({})
+    assert "[heap]" in on.stdout, on.stdout + on.stderr
+    off = run({"HOROVOD_MALLOC_TUNING": "0"})
+    assert "tensor mapping" in off.stdout and "[heap]" not in off.stdout, off.stdout + off.stderr
+
+
 def test_hosts_and_mpich():
     args = parse("-np", "4", "-H", "a:2,b:2", "python", "x")
     cmd = launch.build_command(args, "mpirun", "openmpi", {})
