@@ -56,6 +56,11 @@ def make_model(kind):
     torch.manual_seed(0)
     if kind == "cnn":
         return ResNet(1, num_classes=10)
+    if kind == "mlp":  # eight 512x512 layers: 2.1 M parameters, 8 MiB of gradients per step
+        layers = []
+        for _ in range(8):
+            layers += [torch.nn.Linear(512, 512), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers[:-1])
     return torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
                                torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
                                torch.nn.Linear(2048, 1024), torch.nn.ReLU(),
@@ -64,46 +69,81 @@ def make_model(kind):
 
 def make_batch(kind, batch, rank):
     g = torch.Generator().manual_seed(rank)
-    x = (torch.randn(batch, 3, 32, 32, generator=g) if kind == "cnn"
-         else torch.randn(batch, 1024, generator=g))
-    return x, torch.randint(0, 10, (batch,), generator=g)
+    if kind == "cnn":
+        return torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    if kind == "mlp":
+        return torch.randn(batch, 512, generator=g), torch.randint(0, 512, (batch,), generator=g)
+    return torch.randn(batch, 1024, generator=g), torch.randint(0, 10, (batch,), generator=g)
+
+
+def thread_cpu():
+    """CPU time (s) of each thread of this process so far, by thread name ("main" for the
+    Python thread), from /proc/self/task/*/schedstat (nanoseconds on the CPU)."""
+    out = {}
+    pid = os.getpid()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = "main" if int(tid) == pid else f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[name] = out.get(name, 0.0) + ns / 1e9
+    return out
+
+
+class Run:
+    """One configuration's timed steps on this rank: wall time per step, and where it went."""
+
+    def __init__(self):
+        self.times, self.fwd_bwd, self.opt_step = [], [], []
+        self.cpu = {}
 
 
 def time_steps(model, optimizer, batch, warmup, steps):
-    """Per-step wall times (seconds) after ``warmup`` untimed steps."""
+    """Times ``steps`` steps after ``warmup`` untimed ones: each step's wall time, its forward +
+    backward part (gradient hooks included) and its optimizer.step() part (for horovodlite and
+    Horovod: waiting for the reductions, then the update), and each thread's CPU over them."""
     x, y = batch
+    run = Run()
 
-    def step():
+    def step(record):
+        t0 = time.perf_counter()
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
+        t1 = time.perf_counter()
         optimizer.step()
+        t2 = time.perf_counter()
+        if record:
+            run.times.append(t2 - t0)
+            run.fwd_bwd.append(t1 - t0)
+            run.opt_step.append(t2 - t1)
 
     for _ in range(warmup):
-        step()
-    times = []
+        step(False)
+    before = thread_cpu()
     for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return times
+        step(True)
+    after = thread_cpu()
+    run.cpu = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    return run
 
 
-def slowest_rank(times):
-    """Per step, the maximum over ranks (every rank's list travels by allgather_object)."""
-    return [max(per_step) for per_step in zip(*hvd.allgather_object(times))]
+def gather_runs(run):
+    """Every rank's Run, on every rank."""
+    return hvd.allgather_object(run)
 
 
-def run_baseline(args):
-    times = []
-    if hvd.rank() == 0:
-        model = make_model(args.model)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        batch = make_batch(args.model, args.batch_size, 0)
-        times = time_steps(model, opt, batch, args.warmup, args.steps)
-    # Wait in gloo, not in hvd.barrier(): while a horovodlite op is pending on some ranks only,
-    # the background threads poll and would take CPU from rank 0 on a machine with few cores.
+def run_ceiling(args):
+    """Every rank trains on its own at the same time, no communication: what the machine can do."""
+    model = make_model(args.model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    batch = make_batch(args.model, args.batch_size, hvd.rank())
+    dist.barrier()  # start together (gloo's barrier sleeps; nothing of horovodlite is pending)
+    run = time_steps(model, opt, batch, args.warmup, args.steps)
     dist.barrier()
-    return hvd.broadcast_object(times, root_rank=0, name="baseline_times")
+    return gather_runs(run)
 
 
 def run_horovodlite(args):
@@ -111,7 +151,7 @@ def run_horovodlite(args):
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                    named_parameters=model.named_parameters())
     batch = make_batch(args.model, args.batch_size, hvd.rank())
-    return slowest_rank(time_steps(model, opt, batch, args.warmup, args.steps))
+    return gather_runs(time_steps(model, opt, batch, args.warmup, args.steps))
 
 
 def init_gloo():
@@ -133,7 +173,7 @@ def run_ddp(args):
     model = torch.nn.parallel.DistributedDataParallel(make_model(args.model))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     batch = make_batch(args.model, args.batch_size, hvd.rank())
-    return slowest_rank(time_steps(model, opt, batch, args.warmup, args.steps))
+    return gather_runs(time_steps(model, opt, batch, args.warmup, args.steps))
 
 
 def load_horovod():
@@ -151,51 +191,94 @@ def run_horovod(horovod, args):
         torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
         named_parameters=model.named_parameters())
     batch = make_batch(args.model, args.batch_size, hvd.rank())
-    return slowest_rank(time_steps(model, opt, batch, args.warmup, args.steps))
+    return gather_runs(time_steps(model, opt, batch, args.warmup, args.steps))
 
 
-def summary(times, ranks, batch):
-    q1, med, q3 = statistics.quantiles(times, n=4)[0], statistics.median(times), \
-        statistics.quantiles(times, n=4)[2]
-    return {"median": med, "iqr": q3 - q1, "samples": ranks * batch / med}
+def step_times(runs, synchronized):
+    """A configuration's step times over its rounds: per step the slowest rank's when the ranks
+    step together; for the ceiling, where they do not, each rank's own times."""
+    if synchronized:
+        return [[max(per_step) for r in runs for per_step in zip(*(x.times for x in r))]]
+    return [[t for r in runs for t in r[rank].times] for rank in range(len(runs[0]))]
+
+
+def throughput(runs, synchronized, batch):
+    """Samples per second over all ranks: for a synchronized configuration size * batch / median
+    step; for the ceiling the sum over ranks of batch / that rank's median step."""
+    per = step_times(runs, synchronized)
+    if synchronized:
+        return len(runs[0]) * batch / statistics.median(per[0])
+    return sum(batch / statistics.median(t) for t in per)
+
+
+def per_step_breakdown(runs):
+    """Mean over ranks and rounds, per step, in ms: wall, forward+backward, optimizer.step, and
+    CPU of the training thread, horovodlite's background thread and all other threads."""
+    rows = {"wall": [], "fwd+bwd": [], "opt.step": [], "cpu main": [], "cpu hvdl-bg": [],
+            "cpu other": []}
+    for r in runs:
+        for x in r:
+            n = len(x.times)
+            rows["wall"].append(sum(x.times) / n)
+            rows["fwd+bwd"].append(sum(x.fwd_bwd) / n)
+            rows["opt.step"].append(sum(x.opt_step) / n)
+            rows["cpu main"].append(x.cpu.get("main", 0.0) / n)
+            rows["cpu hvdl-bg"].append(x.cpu.get("hvdl-bg", 0.0) / n)
+            rows["cpu other"].append(sum(v for k, v in x.cpu.items()
+                                         if k not in ("main", "hvdl-bg")) / n)
+    return {k: 1e3 * statistics.mean(v) for k, v in rows.items()}
 
 
 def print_table(args, results, horovod_missing):
     n = hvd.size()
-    base = summary(results["1 process"], 1, args.batch_size)
     print(f"\nmodel={args.model} batch/rank={args.batch_size} ranks={n} "
           f"({hvd.cross_size()} host(s) x {hvd.local_size()}) threads/rank=1 "
-          f"timed steps={args.steps * args.rounds} (after {args.warmup} warm-up per run)")
-    header = f"{'configuration':<22}{'median ms':>11}{'IQR ms':>9}{'samples/s':>11}{'scaling':>9}"
+          f"rounds={args.rounds} x {args.steps} timed steps (after {args.warmup} warm-up each)")
+    ceiling = "ceiling (no comm.)"
+    header = (f"{'configuration':<22}{'median ms':>11}{'IQR ms':>9}{'samples/s':>11}"
+              f"{'of ceiling':>12}{'rounds':>14}")
     print(header)
     print("-" * len(header))
     stats = {}
-    for name, times in results.items():
-        s = summary(times, 1 if name == "1 process" else n, args.batch_size)
-        stats[name] = s
-        eff = base["median"] / s["median"]
-        print(f"{name:<22}{s['median'] * 1e3:>11.2f}{s['iqr'] * 1e3:>9.2f}"
-              f"{s['samples']:>11.1f}{eff:>9.2f}")
+    for name, runs in results.items():
+        sync = name != ceiling
+        times = [t for per in step_times(runs, sync) for t in per]
+        q = statistics.quantiles(times, n=4)
+        stats[name] = throughput(runs, sync, args.batch_size)
+        # the share of the ceiling per round (each round's ceiling run ran just before it)
+        shares = [throughput([r], sync, args.batch_size) /
+                  throughput([c], False, args.batch_size)
+                  for r, c in zip(runs, results[ceiling])]
+        share = stats[name] / stats[ceiling]
+        print(f"{name:<22}{statistics.median(times) * 1e3:>11.2f}{(q[2] - q[0]) * 1e3:>9.2f}"
+              f"{stats[name]:>11.1f}{share:>11.0%} {min(shares):>6.0%}-{max(shares):.0%}")
     if horovod_missing:
         print(f"{'Horovod':<22}{'not installed':>11}")
-    ours = stats[f"horovodlite np={n}"]["samples"]
-    ddp = stats[f"DDP gloo np={n}"]["samples"]
+    ours = stats[f"horovodlite np={n}"]
+    ddp = stats[f"DDP gloo np={n}"]
     print(f"\nthroughput horovodlite / DDP: {ours / ddp:.2f}x")
     hv = stats.get(f"Horovod np={n}")
     print("throughput horovodlite / Horovod: "
-          + (f"{ours / hv['samples']:.2f}x" if hv else "n/a (Horovod not installed)"))
+          + (f"{ours / hv:.2f}x" if hv else "n/a (Horovod not installed)"))
+    print("\nper step, mean over ranks (ms): wall = forward+backward + optimizer.step; CPU by thread")
+    cols = ["wall", "fwd+bwd", "opt.step", "cpu main", "cpu hvdl-bg", "cpu other"]
+    print(f"{'configuration':<22}" + "".join(f"{c:>12}" for c in cols))
+    for name, runs in results.items():
+        b = per_step_breakdown(runs)
+        print(f"{name:<22}" + "".join(f"{b[c]:>12.2f}" for c in cols))
 
 
 def parse_args():
     p = argparse.ArgumentParser(description="horovodlite vs DDP vs Horovod train step")
-    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
-    p.add_argument("--batch-size", type=int, default=None, help="per rank (cnn 32, mlp 8)")
+    p.add_argument("--model", choices=["cnn", "mlp", "wide"], default="cnn")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="per rank (cnn 32, mlp 64, wide 8)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20, help="timed steps per run")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     if args.batch_size is None:
-        args.batch_size = 32 if args.model == "cnn" else 8
+        args.batch_size = {"cnn": 32, "mlp": 64, "wide": 8}[args.model]
     return args
 
 
@@ -206,16 +289,16 @@ def main():
     n = hvd.size()
     horovod = load_horovod()
     init_gloo()
-    results = {"1 process": [], f"horovodlite np={n}": [], f"DDP gloo np={n}": []}
+    results = {"ceiling (no comm.)": [], f"horovodlite np={n}": [], f"DDP gloo np={n}": []}
     if horovod is not None:
         results[f"Horovod np={n}"] = []
-    for _ in range(args.rounds):
-        results["1 process"] += run_baseline(args)
-        results[f"horovodlite np={n}"] += run_horovodlite(args)
+    for _ in range(args.rounds):  # each entry: one round's Run of every rank
+        results["ceiling (no comm.)"].append(run_ceiling(args))
+        results[f"horovodlite np={n}"].append(run_horovodlite(args))
         dist.barrier()
-        results[f"DDP gloo np={n}"] += run_ddp(args)
+        results[f"DDP gloo np={n}"].append(run_ddp(args))
         if horovod is not None:
-            results[f"Horovod np={n}"] += run_horovod(horovod, args)
+            results[f"Horovod np={n}"].append(run_horovod(horovod, args))
     if hvd.rank() == 0:
         print_table(args, results, horovod is None)
     dist.destroy_process_group()
