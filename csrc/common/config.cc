@@ -110,6 +110,12 @@ const std::vector<Knob>& Table() {
         "thread waits on a handle (training is still computing); a thread starting to wait ends "
         "the hold at once, so a waited-for tensor is sent after a short quiet gap."},
        [](auto& n, auto& v, Config* c) { return ParseDouble(n, v, 0.0, &c->cycle_time_ms); }},
+      {{"HOROVOD_HOLD_UNTIL_WAIT", "auto",
+        "1: hold new tensors (up to 100 ms, at least the cycle time) until a thread waits on a "
+        "handle (synchronize, or poll of an unfinished one), so a training step's gradients go "
+        "out as one batch when backward is done instead of in pieces that take CPU from it. "
+        "auto: when this host runs at least as many ranks as it has usable CPUs; 0: never."},
+       [](auto& n, auto& v, Config* c) { return ParseToggle(n, v, &c->hold_until_wait); }},
       {{"HOROVOD_CACHE_CAPACITY", "1024",
         "Negotiated names remembered by the response cache (0 disables it)."},
        [](auto& n, auto& v, Config* c) { return ParseInt(n, v, 0, &c->cache_capacity); }},

@@ -46,6 +46,7 @@ struct Config {
   int64_t ring_segment_bytes = 0;  // 0: auto (per ring, see backends/mpi)
   bool ring_single_copy = true;
   bool malloc_tuning = true;
+  Toggle hold_until_wait = Toggle::kAuto;
   Toggle hierarchical_allreduce = Toggle::kAuto;
   Toggle hierarchical_allgather = Toggle::kAuto;
   GpuOperations gpu_operations = GpuOperations::kNccl;

@@ -43,6 +43,9 @@ struct LoopDeps {
   // failing everything pending with a HorovodInternalError that names the lost ranks.
   std::function<bool()> peer_failed;
   std::function<Status(std::string*)> recover;
+  // New work waits for a user thread to block (or kMaxHold) instead of one cycle time: for
+  // hosts whose training threads fill every core (Context decides, HOROVOD_HOLD_UNTIL_WAIT).
+  bool hold_until_wait = false;
 };
 
 // Called on the loop thread after each cycle's negotiation, before its responses run.

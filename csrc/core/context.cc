@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -67,6 +72,15 @@ void TuneAllocator() {
 #endif
 }
 
+// CPUs this process may run on (its affinity mask), at least 1.
+int UsableCpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 }  // namespace
 
 Context::Context(const InitOptions& options) : handles_(options.handles) {}
@@ -121,6 +135,9 @@ Status Context::Init(const InitOptions& options) {
   loop_deps.handles = handles_;
   loop_deps.peer_failed = comm_.peer_failed;
   loop_deps.recover = comm_.recover;
+  loop_deps.hold_until_wait = config_.hold_until_wait == Toggle::kOn ||
+                              (config_.hold_until_wait == Toggle::kAuto &&
+                               t.local_size >= UsableCpus());
   loop_ = std::make_unique<BackgroundLoop>(loop_deps);
   loop_->set_cycle_hook([this](const CycleResult& r) { OnCycle(r); });
   stats_.params = TunedParams{true, config_.fusion_threshold_bytes, config_.cycle_time_ms,

@@ -63,6 +63,8 @@ Status HandleTable::Poll(int handle, bool* done) {
   auto it = states_.find(handle);
   if (it == states_.end()) return Unknown(handle);
   *done = it->second->remaining <= 0;
+  // Asking about an unfinished handle is waiting too (a poll loop): end any hold of new work.
+  if (!*done && block_hook_) block_hook_();
   return Status::Ok();
 }
 

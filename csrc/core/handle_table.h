@@ -52,7 +52,8 @@ class HandleTable {
   // True while some thread is blocked in Wait on an unfinished handle: the user is idle until we
   // deliver, so the background loop stops batching and polls quickly (see background_loop.cc).
   bool user_blocked() const { return blocked_.load(std::memory_order_relaxed) > 0; }
-  // Runs (under the table's lock) when a thread starts blocking in Wait; nullptr clears it.
+  // Runs (under the table's lock) when a thread starts blocking in Wait, or polls an unfinished
+  // handle; nullptr clears it.
   void SetBlockHook(std::function<void()> hook);
 
 

@@ -176,3 +176,37 @@ def test_ring_single_copy_and_mpi_messages_give_the_same_bits():
                 f"{kind}[{i}]: single copy and MPI messages differ")
             expected = reference_allreduce([b[kind][i] for b in everyone], "Sum", t.dtype)
             assert_close(single[kind][i], expected, t.dtype, f"{kind}[{i}]")
+
+
+@pytest.mark.parametrize("hold", ["1", "0"])
+def test_held_work_still_progresses_for_a_poll_loop(hold):
+    """HOROVOD_HOLD_UNTIL_WAIT holds new tensors until a thread waits: polling an unfinished
+    handle counts as waiting, so a poll loop (which never blocks) finishes."""
+    with runtime(HOROVOD_HOLD_UNTIL_WAIT=hold):
+        t = torch.full((8,), float(hvd.rank() + 1))
+        h = hvd.allreduce_async_(t, name="hold.poll", op=hvd.Sum)
+        deadline = time.monotonic() + 20
+        while not hvd.poll(h):
+            assert time.monotonic() < deadline, f"rank {hvd.rank()}: poll never saw it finish"
+            time.sleep(0.001)
+        n = hvd.size()
+        assert torch.equal(hvd.synchronize(h), torch.full((8,), n * (n + 1) / 2))
+
+
+def test_held_work_is_sent_within_the_hold_limit():
+    """A rank that submits and then computes for a second before synchronizing must not keep
+    the ranks waiting for that op for the whole second: held work goes out after at most
+    100 ms (the cap) even when nobody on that rank waits."""
+    with runtime(HOROVOD_HOLD_UNTIL_WAIT="1"):
+        hvd.barrier()
+        t = torch.ones(4)
+        h = hvd.allreduce_async_(t, name="hold.cap", op=hvd.Sum)
+        if hvd.rank() == hvd.size() - 1:
+            time.sleep(1.0)  # busy elsewhere: nobody waits on this rank
+            hvd.synchronize(h)
+        else:
+            start = time.monotonic()
+            hvd.synchronize(h)
+            waited = time.monotonic() - start
+            assert waited < 0.6, f"rank {hvd.rank()} waited {waited:.2f} s for held work"
+        assert torch.equal(t, torch.full((4,), float(hvd.size())))
