@@ -1,34 +1,38 @@
-"""Training step time: horovodlite DistributedOptimizer vs PyTorch DDP (gloo) vs Horovod, and the
-scaling efficiency against one process - all measured in ONE invocation.
+"""Training throughput: horovodlite's DistributedOptimizer vs PyTorch DDP (gloo) vs Horovod, as
+shares of what the machine can do without communication - all measured in ONE invocation.
 
-Every rank trains the same model on its own fixed random batch of ``--batch-size`` samples (weak
-scaling: the per-rank batch is the same in every configuration), one torch thread per rank.
+Every rank trains the same model on its own fixed random batch of ``--batch-size`` samples, one
+torch thread per rank. ``--rounds`` rounds, each timing these one after the other, so slow drifts
+of a shared machine hit every configuration alike:
 
-``--rounds`` rounds, each timing these one after the other, so slow drifts of a shared machine
-hit every configuration alike:
-
-1. baseline: rank 0 runs the plain optimizer alone while the other ranks wait in a gloo barrier
-   (which sleeps; a pending hvd.barrier() would make the background threads poll and take CPU
-   from rank 0), so rank 0 has a core to itself;
+1. the ceiling: every rank trains with the plain optimizer at the same time, no communication
+   (they start together after a gloo barrier, which sleeps);
 2. horovodlite's DistributedOptimizer;
 3. DDP on gloo, initialised with env:// (MASTER_ADDR/MASTER_PORT set here, rank and world size
    from hvd.rank()/hvd.size());
 4. Horovod's DistributedOptimizer, if ``import horovod.torch`` works.
 
-Each step is timed on every rank; a step's time is the slowest rank's (the step is over when
-every rank is done), and the table shows the median and interquartile range over all timed steps,
-samples/s over all ranks (``size * batch / median``), scaling efficiency (``t_1 / t_N``: 1.0 means
-N ranks process N times the samples of one in the same time) and the ratio of throughputs.
+Each step is timed on every rank. For the synchronized configurations a step is over when the
+slowest rank is done, and throughput is ``size * batch / median step``; for the ceiling each rank
+counts its own steps (the sum of ``batch / median`` over ranks). The table shows the median and
+interquartile range of the step, samples/s, the share of the ceiling (overall, and the lowest and
+highest per round, each round against its own ceiling run) and the throughput ratios. A second
+table breaks a step down per configuration (means over ranks and steps): forward+backward (the
+gradient hooks included) and optimizer.step() (for horovodlite and Horovod: waiting for the
+reductions, then the update), and the CPU time of the training thread, of horovodlite's
+background thread and of all other threads, from /proc/self/task/*/schedstat. docs/performance.md
+explains the figures.
 
-Models: ``cnn`` (default, compute-bound: a small ResNet on 32x32 images) and ``mlp`` (communication-
-heavy: 8.4 M parameters, tiny batch).
+Models: ``mlp`` (eight 512x512 layers, batch 64: 8 MiB of gradients per step, communication-
+bound), ``cnn`` (default, compute-bound: a small ResNet on 32x32 images, batch 32) and ``wide``
+(8.4 M parameters, batch 8: 34 MB of gradients, for links between hosts).
 
 Run:  horovodliterun -np 2 python benchmarks/train_step.py
-      horovodliterun -np 2 python benchmarks/train_step.py --model mlp
+      horovodliterun -np 2 python benchmarks/train_step.py --model mlp --steps 60 --rounds 4
 
 Across hosts (docs/test_hosts.md), one rank per host, so that every rank has a core of this
-2-core machine and "1 process" is one host: the scaling column is then the efficiency from 1
-host to 2 hosts over the test hosts' shaped links (1 Gbit/s by default):
+2-core machine; the ceiling is then every host training on its own, and the shares are the
+efficiency of 2 hosts over the test hosts' shaped links (1 Gbit/s by default):
 
     tests/hosts/hostctl.sh up 2
     tests/hosts/hostctl.sh run hvdl-host0 horovodliterun -np 2 -H hvdl-host0:1,hvdl-host1:1 \

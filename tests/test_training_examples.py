@@ -52,6 +52,6 @@ def test_synthetic_benchmark_reports_throughput():
 def test_train_step_benchmark_prints_its_table():
     out = launch("benchmarks/train_step.py", "--model", "mlp", "--warmup", "1", "--steps", "4",
                  "--rounds", "1")
-    for row in ("1 process", "horovodlite np=2", "DDP gloo np=2", "not installed",
-                "throughput horovodlite / DDP"):
+    for row in ("ceiling (no comm.)", "horovodlite np=2", "DDP gloo np=2", "not installed",
+                "throughput horovodlite / DDP", "of ceiling", "cpu hvdl-bg"):
         assert row in out, f"missing {row!r} in:\n{out}"
