@@ -71,13 +71,16 @@ def make_model(kind):
                                torch.nn.Linear(1024, 10))
 
 
+# Per model: one sample's input shape, the number of classes, the default batch per rank.
+BATCHES = {"cnn": ((3, 32, 32), 10, 32), "mlp": ((512,), 512, 64), "wide": ((1024,), 10, 8)}
+CEILING = "ceiling (no comm.)"
+
+
 def make_batch(kind, batch, rank):
+    shape, classes, _ = BATCHES[kind]
     g = torch.Generator().manual_seed(rank)
-    if kind == "cnn":
-        return torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
-    if kind == "mlp":
-        return torch.randn(batch, 512, generator=g), torch.randint(0, 512, (batch,), generator=g)
-    return torch.randn(batch, 1024, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    return (torch.randn(batch, *shape, generator=g),
+            torch.randint(0, classes, (batch,), generator=g))
 
 
 def thread_cpu():
@@ -238,22 +241,21 @@ def print_table(args, results, horovod_missing):
     print(f"\nmodel={args.model} batch/rank={args.batch_size} ranks={n} "
           f"({hvd.cross_size()} host(s) x {hvd.local_size()}) threads/rank=1 "
           f"rounds={args.rounds} x {args.steps} timed steps (after {args.warmup} warm-up each)")
-    ceiling = "ceiling (no comm.)"
     header = (f"{'configuration':<22}{'median ms':>11}{'IQR ms':>9}{'samples/s':>11}"
               f"{'of ceiling':>12}{'rounds':>14}")
     print(header)
     print("-" * len(header))
     stats = {}
     for name, runs in results.items():
-        sync = name != ceiling
+        sync = name != CEILING
         times = [t for per in step_times(runs, sync) for t in per]
         q = statistics.quantiles(times, n=4)
         stats[name] = throughput(runs, sync, args.batch_size)
         # the share of the ceiling per round (each round's ceiling run ran just before it)
         shares = [throughput([r], sync, args.batch_size) /
                   throughput([c], False, args.batch_size)
-                  for r, c in zip(runs, results[ceiling])]
-        share = stats[name] / stats[ceiling]
+                  for r, c in zip(runs, results[CEILING])]
+        share = stats[name] / stats[CEILING]
         print(f"{name:<22}{statistics.median(times) * 1e3:>11.2f}{(q[2] - q[0]) * 1e3:>9.2f}"
               f"{stats[name]:>11.1f}{share:>11.0%} {min(shares):>6.0%}-{max(shares):.0%}")
     if horovod_missing:
@@ -274,7 +276,7 @@ def print_table(args, results, horovod_missing):
 
 def parse_args():
     p = argparse.ArgumentParser(description="horovodlite vs DDP vs Horovod train step")
-    p.add_argument("--model", choices=["cnn", "mlp", "wide"], default="cnn")
+    p.add_argument("--model", choices=list(BATCHES), default="cnn")
     p.add_argument("--batch-size", type=int, default=None,
                    help="per rank (cnn 32, mlp 64, wide 8)")
     p.add_argument("--warmup", type=int, default=5)
@@ -282,7 +284,7 @@ def parse_args():
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     if args.batch_size is None:
-        args.batch_size = {"cnn": 32, "mlp": 64, "wide": 8}[args.model]
+        args.batch_size = BATCHES[args.model][2]
     return args
 
 
@@ -293,11 +295,11 @@ def main():
     n = hvd.size()
     horovod = load_horovod()
     init_gloo()
-    results = {"ceiling (no comm.)": [], f"horovodlite np={n}": [], f"DDP gloo np={n}": []}
+    results = {CEILING: [], f"horovodlite np={n}": [], f"DDP gloo np={n}": []}
     if horovod is not None:
         results[f"Horovod np={n}"] = []
     for _ in range(args.rounds):  # each entry: one round's Run of every rank
-        results["ceiling (no comm.)"].append(run_ceiling(args))
+        results[CEILING].append(run_ceiling(args))
         results[f"horovodlite np={n}"].append(run_horovodlite(args))
         dist.barrier()
         results[f"DDP gloo np={n}"].append(run_ddp(args))
