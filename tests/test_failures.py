@@ -73,6 +73,15 @@ def test_missing_rank_is_reported_with_call_sites_then_every_rank_errors(np_):
     assert rc != 0 and took < 60
 
 
+def test_optimizer_gradients_are_reported_at_the_backward_line():
+    rc, out, _ = job(2, "stall.py", "optimizer", 5, env=STALL)
+    backward = line_of("stall.py", "the step's gradients go out here")
+    assert re.search(r"allreduce 'grad\.opt0\.(weight|bias)'", out), out
+    submitted = re.search(r"submitted by:(.*)", out).group(1)
+    assert f"rank 0 at {SCRIPTS / 'stall.py'}:{backward}" in submitted, out
+    assert "missing on: rank 1" in out and rc != 0
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_mismatched_names_show_both_sides(np_):
     rc, out, _ = job(np_, "stall.py", "names", env=STALL)

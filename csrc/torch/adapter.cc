@@ -50,32 +50,33 @@ TensorRef ToRef(const at::Tensor& t, DataType dtype) {
 }
 
 Status CheckTensor(const at::Tensor& t, const std::string& op, const std::string& name) {
-  const std::string what = op + " '" + name + "'";
-  if (!t.defined()) return Status::InvalidArgument(what + ": the tensor is undefined (None).");
+  // Built only for an error: this check runs for every tensor of every step.
+  auto what = [&] { return op + " '" + name + "'"; };
+  if (!t.defined()) return Status::InvalidArgument(what() + ": the tensor is undefined (None).");
   DataType dtype;
   Status s = ToDataType(t, &dtype);
   if (!s.ok()) {
-    return Status::InvalidArgument(what + ": " + s.message() +
+    return Status::InvalidArgument(what() + ": " + s.message() +
                                    "; supported: uint8, int8, int16, int32, int64, float16, "
                                    "bfloat16, float32, float64, bool.");
   }
   if (!t.is_contiguous()) {
-    return Status::InvalidArgument(what + ": the tensor is not contiguous; pass "
+    return Status::InvalidArgument(what() + ": the tensor is not contiguous; pass "
                                    "tensor.contiguous().");
   }
   if (t.is_sparse()) {
-    return Status::InvalidArgument(what + ": sparse tensors go through "
+    return Status::InvalidArgument(what() + ": sparse tensors go through "
                                    "hvd.sparse_allreduce_async.");
   }
   if (t.device().is_cpu()) return Status::Ok();
   if (!t.is_cuda()) {
-    return Status::InvalidArgument(what + ": tensors on " + t.device().str() +
+    return Status::InvalidArgument(what() + ": tensors on " + t.device().str() +
                                    " are not supported; horovodlite runs collectives on CPU and "
                                    "CUDA tensors.");
   }
   if (!CudaBuilt()) {
     return Status::InvalidArgument(
-        what + ": the tensor is on " + t.device().str() + ", but this horovodlite build is "
+        what() + ": the tensor is on " + t.device().str() + ", but this horovodlite build is "
         "CPU-only (built without CUDA; hvd.cuda_built() is False). Rebuild it against a CUDA "
         "build of torch with nvcc available (see docker/README.md), or move the tensor to the "
         "CPU.");

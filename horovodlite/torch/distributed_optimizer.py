@@ -31,9 +31,17 @@ import weakref
 import torch
 
 from horovodlite.common.exceptions import HorovodArgumentError
+from horovodlite.common.process_sets import _id_of
 from horovodlite.torch import summary
 from horovodlite.torch.collectives import sparse_allreduce_async
-from horovodlite.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_, synchronize
+from horovodlite.torch.compression import Compression
+from horovodlite.torch.mpi_ops import (
+    _allreduce_inplace,
+    _site,
+    allreduce_async_,
+    grouped_allreduce_async_,
+    synchronize,
+)
 
 STEP_AFTER_SYNC_WARNING = (
     "optimizer.step() called without optimizer.skip_synchronize() context after "
@@ -58,6 +66,8 @@ class _Pending:
     ``sparse_allreduce_async``. ``wires`` are the tensors on the wire (``p.grad`` itself without
     compression and when contiguous, else a compressed or contiguous copy).
     """
+
+    __slots__ = ("params", "handle", "wires", "ctxs")
 
     def __init__(self, params, handle, wires=(), ctxs=()):
         self.params = list(params)
@@ -193,6 +203,19 @@ class _DistributedOptimizer:
 
     def _hvd_launch(self, params, group) -> None:
         """Starts the reduction of ``params`` (one parameter, or the members of ``group``)."""
+        if group is None and self._hvd_compression is Compression.none:
+            p = params[0]
+            grad = p.grad
+            if grad is not None and not grad.is_sparse and grad.is_contiguous():
+                # The common case, once per parameter per step: the gradient itself goes on
+                # the wire, through one binding call with everything resolved in advance.
+                if self._hvd_site is None:  # the user's line that ran backward (stall reports)
+                    self._hvd_site = _site()
+                handle = _allreduce_inplace(grad, self._hvd_wire_name(p), self.op,
+                                            self._hvd_prescale, self._hvd_postscale,
+                                            _id_of(self.process_set), self._hvd_site)
+                self._hvd_pending[p] = _Pending((p,), handle, (grad,), (None,))
+                return
         dense = []
         for p in params:
             grad = self._hvd_prepare_grad(p)
@@ -252,6 +275,7 @@ class _DistributedOptimizer:
             except Exception as exc:  # wait for the rest before raising the first failure
                 error = error or exc
         self._hvd_pending.clear()
+        self._hvd_site = None
         if self._hvd_resparsify:  # reduced densely, handed back in the layout autograd made
             for p, sparse_dim in self._hvd_sparse_seen.items():
                 if p.grad is not None and not p.grad.is_sparse:

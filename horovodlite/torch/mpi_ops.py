@@ -230,8 +230,16 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         return adasum_allreduce_async(tensor, name, prescale_factor, postscale_factor,
                                       process_set, inplace=True)
     name = _auto_name("allreduce", name)
-    return _enqueue_allreduce("allreduce_", [tensor], [tensor], [name], op, prescale_factor,
-                              postscale_factor, process_set, tensor)
+    return _allreduce_inplace(tensor, name, op, float(prescale_factor), float(postscale_factor),
+                              _id_of(process_set), _site())
+
+
+def _allreduce_inplace(tensor, name: str, op: int, prescale: float, postscale: float,
+                       ps_id: int, site: str) -> int:
+    """allreduce_async_ with its arguments resolved (an int op, floats, the set's id, the call
+    site): also DistributedOptimizer's per-gradient path, one binding call without lists."""
+    return _submit("allreduce_", "allreduce", (name,), ps_id, lambda: _C.enqueue_allreduce_(
+        tensor, name, op, prescale, postscale, ps_id, site), tensor)
 
 
 class _AllreduceFunction(torch.autograd.Function):

@@ -244,6 +244,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         _hvd_hooks={},
         _hvd_delay={},
         _hvd_pending={},
+        _hvd_site=None,  # file:line of this step's backward, found once per step
         _hvd_sparse_seen={},
         # SparseAdam takes sparse gradients only: sparse_as_dense hands them back sparse.
         _hvd_resparsify=bool(sparse_as_dense) and isinstance(obj, torch.optim.SparseAdam),

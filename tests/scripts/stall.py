@@ -1,5 +1,7 @@
-"""A rank that never submits a tensor (rank 1 skips 'grad.w'), submits it late, or ranks that
-disagree on the name (rank 0 'grad.a', others 'grad.b'). Used by tests/test_failures.py."""
+"""A rank that never submits a tensor (rank 1 skips 'grad.w'), submits it late, ranks that
+disagree on the name (rank 0 'grad.a', others 'grad.b'), or a DistributedOptimizer step that
+rank 1 skips (its gradients' stall report names the other ranks' backward line). Used by
+tests/test_failures.py."""
 
 import sys
 import time
@@ -20,6 +22,18 @@ try:
         else:
             time.sleep(float(sys.argv[2]))
             hvd.allreduce(torch.ones(2), name="later")  # fails: the job was shut down
+    elif mode == "optimizer":
+        model = torch.nn.Linear(3, 2)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+        for step in range(3):
+            opt.zero_grad()
+            if r == 1 and step == 1:
+                time.sleep(float(sys.argv[2]))
+                break
+            model(torch.ones(4, 3)).sum().backward()  # the step's gradients go out here
+            opt.step()
+        hvd.allreduce(torch.ones(2), name="later")
     elif mode == "late":
         if r == 1:
             time.sleep(float(sys.argv[2]))  # slow, but it does submit
