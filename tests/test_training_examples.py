@@ -52,6 +52,7 @@ def test_synthetic_benchmark_reports_throughput():
 def test_train_step_benchmark_prints_its_table():
     out = launch("benchmarks/train_step.py", "--model", "mlp", "--warmup", "1", "--steps", "4",
                  "--rounds", "1")
-    for row in ("ceiling (no comm.)", "horovodlite np=2", "DDP gloo np=2", "not installed",
+    for row in ("ceiling (no comm.)", "ceiling, 4 B sync/step", "horovodlite np=2",
+                "DDP gloo np=2", "not installed", "horovodlite / synchronized ceiling",
                 "throughput horovodlite / DDP", "of ceiling", "cpu hvdl-bg"):
         assert row in out, f"missing {row!r} in:\n{out}"
