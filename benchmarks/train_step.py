@@ -279,7 +279,8 @@ def print_table(args, results, horovod_missing):
     hv = stats.get(f"Horovod np={n}")
     print("throughput horovodlite / Horovod: "
           + (f"{ours / hv:.2f}x" if hv else "n/a (Horovod not installed)"))
-    print("\nper step, mean over ranks (ms): wall = forward+backward + optimizer.step; CPU by thread")
+    print("\nper step, mean over ranks (ms): wall = forward+backward + optimizer.step; "
+          "CPU by thread")
     cols = ["wall", "fwd+bwd", "opt.step", "cpu main", "cpu hvdl-bg", "cpu other"]
     print(f"{'configuration':<22}" + "".join(f"{c:>12}" for c in cols))
     for name, runs in results.items():

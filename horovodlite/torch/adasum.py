@@ -10,13 +10,16 @@ the pair results (01, 23), ... and so on, so the number of ranks in the process 
 of two (anything else is a ValueError before anything is enqueued). A zero vector contributes
 nothing (its coefficient is irrelevant and taken as 1, so ``adasum(0, b) = b``).
 
-Protocol. This implementation is allgather-based: every rank allgathers the flattened tensor, so
-each holds all ``n`` inputs, and then evaluates the same tree in float64 in the same order. Every
-rank therefore computes bit-identical results without a second round of communication. It moves
-``n`` times the data of a ring allreduce (Horovod's Adasum uses recursive vector halving with
-partial dot products instead); that is the price of simplicity and of running on any device and
-backend the allgather supports. The reduction is per tensor: each tensor gets its own dot
-products, as in Horovod.
+Protocol. Every rank puts its flattened tensor in its own row of an ``[n, numel]`` matrix of
+zeros and the matrix is Sum-allreduced (adding zeros is exact), so each rank holds all ``n``
+inputs and then evaluates the same tree in float64 in the same order. Every rank therefore
+computes bit-identical results without a second round of communication. Being an allreduce, it
+also runs while ranks have called ``hvd.join()``: their rows stay zero, and a zero vector drops
+out of the tree, as a joined rank's zeros drop out of a Sum (an allgather would refuse to run
+then). It moves ``2n`` times the data of a ring allreduce of the tensor (Horovod's Adasum uses
+recursive vector halving with partial dot products instead); that is the price of simplicity and
+of running on any device and backend the allreduce supports. The reduction is per tensor: each
+tensor gets its own dot products, as in Horovod.
 
 ``prescale_factor`` multiplies every rank's input before the tree, ``postscale_factor`` the
 result. 16-bit inputs travel as themselves and are combined in float64.
@@ -27,9 +30,8 @@ from __future__ import annotations
 import torch
 
 from horovodlite.common.exceptions import HorovodArgumentError
-from horovodlite.common.process_sets import global_process_set
-from horovodlite.torch.collectives import allgather_async
-from horovodlite.torch.mpi_ops import _auto_name, _track
+from horovodlite.common.process_sets import _id_of, global_process_set
+from horovodlite.torch.mpi_ops import Sum, _allreduce_inplace, _auto_name, _site, _track
 
 
 def adasum_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -93,9 +95,11 @@ def adasum_allreduce_async(tensor, name, prescale_factor, postscale_factor,
             f"allreduce '{name}' (Adasum): the tensor is not contiguous; pass "
             "tensor.contiguous()."
         )
-    check_adasum_size(_set_size(process_set), f"allreduce '{name}'")
-    flat = tensor.detach().contiguous().reshape(1, -1)
-    handle = allgather_async(flat, name=name, process_set=process_set)
+    n = _set_size(process_set)
+    check_adasum_size(n, f"allreduce '{name}'")
+    rows = torch.zeros((n, tensor.numel()), dtype=tensor.dtype, device=tensor.device)
+    rows[process_set.rank()] = tensor.detach().reshape(-1)
+    handle = _allreduce_inplace(rows, name, Sum, 1.0, 1.0, _id_of(process_set), _site())
     prescale, postscale = float(prescale_factor), float(postscale_factor)
 
     def finish(gathered: torch.Tensor) -> torch.Tensor:
@@ -111,8 +115,8 @@ def adasum_allreduce_async(tensor, name, prescale_factor, postscale_factor,
             return tensor
         return result
 
-    # Keep ``flat`` alive until the allgather has read it; synchronize calls ``finish``.
-    return _track(handle, "adasum", finish, flat)
+    # ``rows`` is reduced in place; synchronize calls ``finish`` on it.
+    return _track(handle, "adasum", finish, rows)
 
 
 __all__ = ["adasum_allreduce_async", "adasum_pair", "adasum_tree", "check_adasum_size"]

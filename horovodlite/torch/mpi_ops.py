@@ -183,7 +183,7 @@ def synchronize(handle: int):
         return None
     if kind == "allgather_scalar":
         return outputs[0]
-    if kind == "adasum":  # objects = (finish, input): finish combines the gathered rows
+    if kind == "adasum":  # objects = (finish, rows): finish combines the reduced rows
         return objects[0](outputs[0])
     return outputs[0] if outputs else None
 

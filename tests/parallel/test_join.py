@@ -1,6 +1,6 @@
 """join: a rank out of data keeps serving the other ranks' allreduces with zeros; Average still
 divides by the full size; every rank gets the same last-joined rank; allgather/broadcast while a
-rank has joined fail naming it."""
+rank has joined fail naming it; Adasum (an allreduce) treats a joined rank as a zero vector."""
 
 import pytest
 import torch
@@ -46,3 +46,23 @@ def test_allgather_while_a_rank_has_joined_names_it():
     last = hvd.join()
     assert last in range(1, n)  # rank 0 joined first; ranks 1.. join in any order
     assert hvd.allgather_object(last) == [last] * n  # the same answer on every rank
+
+
+@pytest.mark.skipif("hvd.size() & (hvd.size() - 1) != 0 or hvd.size() < 2",
+                    reason="Adasum needs a power-of-two number of ranks, and a joined rank")
+def test_adasum_while_a_rank_has_joined_treats_it_as_a_zero_vector():
+    """Adasum is an allreduce: a joined rank's zeros drop out of the tree (adasum(a, 0) = a)."""
+    n, r = hvd.size(), hvd.rank()
+    if r != 0:
+        mine = torch.arange(1.0, 5.0) * r
+        out = hvd.allreduce(mine, op=hvd.Adasum, name="join.adasum")
+        # the reference: the same tree with rank 0's vector zero, on every active rank
+        vectors = [torch.zeros(4, dtype=torch.float64)] + [
+            torch.arange(1.0, 5.0, dtype=torch.float64) * k for k in range(1, n)]
+        from horovodlite.torch.adasum import adasum_tree
+        expected = adasum_tree(torch.stack(vectors)).float()
+        torch.testing.assert_close(out, expected)
+        inplace = torch.arange(1.0, 5.0) * r
+        hvd.allreduce_(inplace, op=hvd.Adasum, name="join.adasum_")
+        torch.testing.assert_close(inplace, expected)
+    assert hvd.join() in range(1, n)
