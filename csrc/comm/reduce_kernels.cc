@@ -212,4 +212,32 @@ void Scale(void* buf, int64_t n, DataType dtype, double factor) {
   ScaleCopy(buf, buf, n, dtype, factor);
 }
 
+namespace {
+
+// (dst + src) * f in one pass: the sum is rounded to T before the product, exactly as a
+// ReduceInto followed by a Scale rounds it, so the bits are the same.
+template <typename T>
+void SumScaleTyped(T* dst, const T* src, int64_t n, double factor) {
+  const T f = static_cast<T>(factor);
+  for (int64_t i = 0; i < n; ++i) {
+    const T sum = static_cast<T>(dst[i] + src[i]);
+    dst[i] = sum * f;
+  }
+}
+
+}  // namespace
+
+void ReduceScaleInto(void* dst, const void* src, int64_t n, DataType dtype, ReduceOp op,
+                     double factor) {
+  const bool sum = op == ReduceOp::kSum || op == ReduceOp::kAverage;
+  if (factor != 1.0 && sum && dtype == DataType::kFloat32) {
+    return SumScaleTyped(static_cast<float*>(dst), static_cast<const float*>(src), n, factor);
+  }
+  if (factor != 1.0 && sum && dtype == DataType::kFloat64) {
+    return SumScaleTyped(static_cast<double*>(dst), static_cast<const double*>(src), n, factor);
+  }
+  ReduceInto(dst, src, n, dtype, op);
+  Scale(dst, n, dtype, factor);
+}
+
 }  // namespace hvdl

@@ -13,6 +13,10 @@ namespace hvdl {
 
 // dst[i] = dst[i] (op) src[i]. `op` is kSum, kMin, kMax or kProduct (kAverage reduces as kSum).
 void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op);
+// ReduceInto, then Scale by `factor`: one pass over the data for float32/float64 Sum (the same
+// bits as the two calls), the two calls otherwise.
+void ReduceScaleInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op,
+                     double factor);
 // buf[i] *= factor.
 void Scale(void* buf, int64_t count, DataType dtype, double factor);
 // dst[i] = src[i] * factor (a plain copy when factor == 1).

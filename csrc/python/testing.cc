@@ -201,6 +201,14 @@ py::bytes Reduce(std::string dst, const std::string& src, int dtype, int op) {
   return py::bytes(dst);
 }
 
+py::bytes ReduceScaleBytes(std::string dst, const std::string& src, int dtype, int op,
+                           double factor) {
+  auto dt = static_cast<DataType>(dtype);
+  ReduceScaleInto(dst.data(), src.data(), static_cast<int64_t>(dst.size() / DataTypeSize(dt)),
+                  dt, static_cast<ReduceOp>(op), factor);
+  return py::bytes(dst);
+}
+
 py::bytes ScaleBytes(std::string buf, int dtype, double factor) {
   auto dt = static_cast<DataType>(dtype);
   Scale(buf.data(), static_cast<int64_t>(buf.size() / DataTypeSize(dt)), dt, factor);
@@ -297,6 +305,7 @@ void RegisterTesting(py::module_& parent) {
         py::arg("postscale") = 1.0, py::arg("segment") = 65536);
   m.def("reduce", &Reduce);
   m.def("scale", &ScaleBytes);
+  m.def("reduce_scale", &ReduceScaleBytes);
   m.def("parse_config", &ParseEnv);
   m.def("plan_batches", &Plan);
   m.def("serialize_roundtrip", &RoundTrip);

@@ -110,6 +110,22 @@ def test_half_reduction_happens_in_float32(dtype):
     assert torch.equal(got, (a.float() + b.float()).to(dtype))
 
 
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.sampled_from(list(DT)), st.sampled_from(list(OPS)), st.integers(0, 300),
+       st.sampled_from([1.0, 0.5, 1 / 3, 0.1, 7.0]), st.integers(0, 2**31 - 1))
+def test_reduce_scale_is_bit_identical_to_reduce_then_scale(dtype, op, n, factor, seed):
+    # the ring's last reduce-scatter step folds and averages in one pass (float32/float64 Sum):
+    # it must give exactly the bits of folding, then scaling
+    a, b = make(seed % 1000, n, dtype, op), make(seed % 1000 + 1, n, dtype, op)
+    if dtype.is_floating_point:  # values whose sums round, and an inf and a nan
+        a = a * 1e7 + 0.3
+        if n > 2:
+            a[0], a[1] = float("inf"), float("nan")
+    fused = T.reduce_scale(to_bytes(a), to_bytes(b), DT[dtype], OPS[op], factor)
+    two = T.scale(T.reduce(to_bytes(a), to_bytes(b), DT[dtype], OPS[op]), DT[dtype], factor)
+    assert fused == two
+
+
 @pytest.mark.parametrize("dtype,factor,values,expected", [
     (torch.int32, 0.5, [3, -3, 7], [1, -1, 3]),          # float64 then truncation toward zero
     (torch.uint8, 1.5, [3, 5, 200], [4, 7, 44]),          # 300 wraps like a uint8 cast
