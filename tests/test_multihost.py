@@ -418,3 +418,48 @@ def test_elastic_a_whole_host_lost_ends_the_job_with_an_error_not_a_hang(hosts, 
     assert time.monotonic() - lost_at < 60, out
     time.sleep(1)
     assert _job_processes() == []
+
+
+@pytest.mark.skipif(not _ulfm(), reason="this build's MPI has no ULFM")
+def test_elastic_a_host_left_out_by_discovery_retires_its_ranks(hosts, tmp_path):
+    """hvdl-host0:2 and hvdl-host1:1; the discovery script lists both, then only hvdl-host0.
+    At the next commit the state is synced once more with all three ranks, the rank of
+    hvdl-host1 leaves the job (exit status 0: not a failure, nobody is revoked or shrunk) and
+    ranks 0-1 continue from that commit; their final weights equal the reference that trained
+    with 3 ranks up to it and 2 after it."""
+    listing = tmp_path / "hosts"
+    listing.write_text("hvdl-host0:2\nhvdl-host1:1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listing}\n")
+    script.chmod(0o755)
+    log = tmp_path / "job.log"
+    cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", "3",
+           *_launch_args("hvdl-host0:2,hvdl-host1:1", "--host-discovery-script", str(script)),
+           *ELASTIC, "--retired", "--step-seconds", "0.1", "--epochs", "4"]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+                                         HVDL_DISCOVERY_INTERVAL="0.2"),
+                                start_new_session=True)
+        deadline = time.monotonic() + 120
+        while log.read_text().count("UP rank") < 3 and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        time.sleep(1)
+        listing.write_text("hvdl-host0:2\n")
+        try:
+            proc.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            pytest.fail("no end within 180 s:\n" + log.read_text()[-6000:])
+    out = log.read_text(errors="replace")
+    assert proc.returncode == 0, out
+    finals = re.findall(r"FINAL rank (\d) size (\d) epochs 4", out)
+    assert sorted(finals) == [("0", "2"), ("1", "2")], out
+    assert "rank 2 retires: its host hvdl-host1 is no longer in the host discovery output" in out
+    assert ("retired rank 2 of 3 (host hvdl-host1 left the host discovery output); 2 remain"
+            in out), out
+    assert re.search(r"LOSSES rank 0 \[\(\d, \d+, \[2\]\)\]", out), out
+    assert "lost rank" not in out and "did not complete" not in out, out
+    assert "rank 2 on hvdl-host1 retired: its host left the host discovery output" in out, out

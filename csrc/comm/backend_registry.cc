@@ -134,6 +134,10 @@ int Recoveries() {
 void RequestGrowth(int, const std::string&, const std::vector<std::string>&) {}
 int Grown() { return 0; }
 bool Spawned() { return false; }
+Status Retire(bool, std::vector<int>*) {
+  return Status::Internal("horovodlite was built without MPI; ranks cannot be retired");
+}
+bool Retired() { return false; }
 #endif
 
 void FinalizeCommTransport() {

@@ -80,6 +80,9 @@ int Recoveries();
 void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv);
 int Grown();
 bool Spawned();
+// Elastic retirement (MpiWorld's Retire): see there.
+Status Retire(bool leaving, std::vector<int>* map);
+bool Retired();
 // True in builds with CUDA kernels and device support (HVDL_WITH_CUDA).
 bool CudaBuilt();
 // A fresh CudaDeviceOps in CUDA builds (tests of the kernels), nullptr otherwise.

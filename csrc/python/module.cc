@@ -151,6 +151,18 @@ PYBIND11_MODULE(_C, m) {
   m.def("request_growth", &RequestGrowth, py::arg("count"), py::arg("command"),
         py::arg("argv"));
   m.def("grown", [] { return Grown(); });
+  m.def("retire", [](bool leaving) {
+    if (Runtime::Get().context() != nullptr) {
+      ThrowIfError(Status::Internal("retire: shut horovodlite down first"));
+    }
+    std::vector<int> map;
+    {
+      py::gil_scoped_release nogil;  // collective: the other ranks may take a while
+      ThrowIfError(Retire(leaving, &map));
+    }
+    return map;
+  }, py::arg("leaving"));
+  m.def("retired", [] { return Retired(); });
   m.def("spawned", [] { return Spawned(); });
   m.def("rank", [] { return Topo().rank; });
   m.def("size", [] { return Topo().size; });

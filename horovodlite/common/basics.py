@@ -75,6 +75,15 @@ def _stop(reason: str) -> None:
 def _at_exit() -> None:
     # A rank leaving while the runtime still runs tells the others why their collectives end.
     _stop("exited while horovodlite was running (its process ended)")
+    if _C.retired():
+        # This rank left an elastic job (its host left the discovery output): MPI_Finalize -
+        # ours, or mpi4py's registered before ours - would wait for the ranks that stayed.
+        # The status tells horovodliterun's wrapper that it retired (it reports status 0).
+        from horovodlite.runner.task import RETIRED_STATUS
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(RETIRED_STATUS)
     if _C.ranks_lost():
         # The job lost ranks: MPI still counts them, so finalizing it (ours, or mpi4py's at its
         # exit) would wait for them, and the runtime's thread may still be inside MPI. End here;

@@ -44,6 +44,7 @@ class Rank:
     host: str
     pid: int
     status: int | None = None       # exit status, once reported
+    retired: bool = False           # it left an elastic job on purpose (status 0)
     lost: str | None = None         # why it is considered lost
     connected: bool = True          # its report connection is open
     last_heard: float = field(default_factory=time.monotonic)
@@ -167,6 +168,7 @@ class ReportServer:
         rank.last_heard = time.monotonic()
         if msg.get("event") == "exited":
             rank.status = int(msg.get("status", 1))
+            rank.retired = bool(msg.get("retired", False))
         return True
 
     def _tell_survivors(self, message: dict) -> None:
@@ -254,12 +256,15 @@ class ReportServer:
         ends the job only when too few ranks finished."""
         with self._lock:
             ranks = list(self.ranks)
-        finished = sorted(r.rank for r in ranks if r.status == 0 and not r.lost)
+        finished = sorted(r.rank for r in ranks if r.status == 0 and not r.lost and not r.retired)
         departures = []
         for r in sorted(ranks, key=lambda r: r.rank):
             if r.rank in finished:
                 continue
-            if r.lost:
+            if r.retired:
+                departures.append(f"rank {r.rank} on {r.host} retired: its host left the host "
+                                  "discovery output")
+            elif r.lost:
                 departures.append(f"rank {r.rank} on {r.host} was lost: {r.lost}")
             elif r.status is not None:
                 how = f"signal {-r.status}" if r.status < 0 else f"status {r.status}"

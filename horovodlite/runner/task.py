@@ -30,6 +30,10 @@ import threading
 import time
 
 HEARTBEAT = 2.0
+# The command's exit status when it left an elastic job on purpose (its host left the host
+# discovery output: horovodlite/torch/elastic/discovery.py). Reported as "retired" with status
+# 0, and this process exits 0: mpirun sees a clean exit.
+RETIRED_STATUS = 83
 LAUNCHER_LOST = 30.0
 KILL_GRACE = 5.0
 CONNECT_TIMEOUT = 3.0
@@ -214,6 +218,11 @@ def main(argv: list | None = None) -> int:
         except InterruptedError:
             continue
     done.set()
+    if status == RETIRED_STATUS and os.environ.get("HVDL_ELASTIC"):
+        reporter.send({"event": "exited", "status": 0, "retired": True})
+        if sock is not None:
+            sock.close()
+        return 0
     reporter.send({"event": "exited", "status": status})
     if sock is not None:
         sock.close()

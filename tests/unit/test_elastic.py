@@ -186,6 +186,32 @@ def test_hosts_updated_skips_restore(skip_sync):
     assert state.calls == expected and len(resets) == 1
 
 
+def test_retiring_hosts_syncs_with_every_rank_before_the_reset(monkeypatch):
+    """When the interrupt retires the ranks of hosts that left the discovery output, the state
+    is synced once more before the reset (the leaving ranks still take part), then again."""
+    from horovodlite.torch.elastic import discovery
+
+    state = RecordingState(step=0)
+    monkeypatch.setattr(discovery, "_retiring", ["gone-host"])
+
+    def train(s):
+        s.step += 1
+        if s.step == 1:
+            raise hvd.HostsUpdatedInterrupt(False)
+        return s.step
+
+    resets = []
+
+    def reset(error):
+        resets.append(list(state.calls))
+        discovery.take_retirement()
+
+    state.register_reset_callbacks([lambda: state.calls.append("callback")])
+    assert retry_loop(train, state, (), {}, 3, reset=reset, finish=lambda: None) == 2
+    assert resets == [["sync", "sync"]]  # the start's sync, then the one with every rank
+    assert state.calls == ["sync", "sync", "callback", "sync"]
+
+
 def test_gives_up_after_the_limit_with_the_last_error():
     state = RecordingState()
     raised = []
@@ -235,3 +261,30 @@ def test_run_decorator_forms_and_limit_validation():
     for bad in (-1, 1.5, True, "3"):
         with pytest.raises(ValueError, match="reset_limit must be an int >= 0"):
             hvd.elastic.run(reset_limit=bad)(train)
+
+
+# ------------------------------------------------------------------------- host discovery
+
+
+def test_discovery_output_is_parsed_per_host():
+    from horovodlite.torch.elastic.discovery import parse_hosts, parse_slots
+
+    text = "# comment\nhvdl-host0:2\n\n hvdl-host1 \nnode.example.com:4\nhvdl-host0:1\n"
+    assert parse_hosts(text) == {"hvdl-host0": 3, "hvdl-host1": 1, "node.example.com": 4}
+    assert parse_slots(text) == 8
+    assert parse_hosts("") == {}
+
+
+def test_removed_hosts_are_the_job_hosts_no_longer_listed(capsys):
+    from horovodlite.torch.elastic import discovery
+
+    job = ["a", "a", "b.cluster", "c"]
+    assert discovery.removed_hosts(job, {"a": 2, "b": 1, "c": 1}) == []  # short names match
+    assert discovery.removed_hosts(job, {"a.cluster": 2, "c": 1}) == ["b.cluster"]
+    assert discovery.removed_hosts(job, {"a": 2}) == ["b.cluster", "c"]
+    assert discovery.listed("b.cluster", {"b.other": 1})  # the short names agree
+    assert not discovery.listed("b", {"bb": 1})
+    # an output listing none of the job's hosts is a broken script, not "retire everyone"
+    discovery._warned_unlisted = False
+    assert discovery.removed_hosts(job, {"10.0.0.5": 4}) == []
+    assert "lists none of the job's hosts" in capsys.readouterr().err

@@ -203,3 +203,28 @@ def test_report_server_names_a_lost_host(monkeypatch):
         assert server.unconfirmed(4) == [3]
     finally:
         server.close()
+
+
+def test_a_retired_rank_is_a_departure_not_a_finished_rank():
+    """A rank that left an elastic job because its host left the discovery output reports
+    status 0 with "retired": it is named, and it does not count towards --min-np."""
+    from horovodlite.runner import report, task
+    server = report.ReportServer(bind="127.0.0.1", tell_survivors=False)
+    try:
+        socks = [task.connect([("127.0.0.1", server.port)], server.token,
+                              {"event": "started", "rank": r, "host": h, "pid": 1})
+                 for r, h in ((0, "h0"), (1, "h1"))]
+        socks[0].sendall(b'{"event": "exited", "status": 0}\n')
+        socks[1].sendall(b'{"event": "exited", "status": 0, "retired": true}\n')
+        deadline = time.monotonic() + 10
+        while not server.all_accounted_for(2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        problems, departures = server.elastic_outcome(2, 1)
+        assert problems == [] and departures == [
+            "rank 1 on h1 retired: its host left the host discovery output"]
+        problems, _ = server.elastic_outcome(2, 2)
+        assert problems[0] == "only 1 of 2 ranks finished, fewer than --min-np 2", problems
+    finally:
+        for s in socks:
+            s.close()
+        server.close()

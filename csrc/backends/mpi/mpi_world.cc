@@ -25,6 +25,9 @@ struct Growth {
   std::vector<std::string> argv;
 } g_growth;
 int g_grown = 0;  // ranks this process's job has spawned, in total
+// This process left the job (Retire): MPI_Finalize would wait in its fence for the ranks that
+// stayed, until the job ends, so it is skipped; ULFM's launcher lets such a process go.
+bool g_retired = false;
 std::vector<int> g_recovery_map;
 std::mutex g_recovery_mu;  // guards g_recovery_map and g_recoveries (read by Python any time)
 int g_recoveries = 0;
@@ -250,7 +253,7 @@ void FinalizeMpiIfOwned() {
   if (!g_we_initialized_mpi.exchange(false)) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized) return;
+  if (finalized || g_retired) return;
   for (MPI_Comm& c : g_intercomms) MPI_Comm_disconnect(&c);  // spawned jobs must be let go
   MPI_Finalize();
 }
@@ -262,6 +265,40 @@ void RequestGrowth(int count, const std::string& command, const std::vector<std:
 }
 
 int Grown() { return g_grown; }
+
+bool Retired() { return g_retired; }
+
+Status Retire(bool leaving, std::vector<int>* map) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized || g_retired) {
+    return Status::Internal("retiring ranks needs a running MPI job this process belongs to");
+  }
+  MPI_Comm job = g_job != MPI_COMM_NULL ? g_job : MPI_COMM_WORLD;
+  int rank = 0, size = 0;
+  MPI_Comm_rank(job, &rank);
+  MPI_Comm_size(job, &size);
+  MPI_Comm stay = MPI_COMM_NULL;
+  HVDL_MPI(MPI_Comm_split(job, leaving ? MPI_UNDEFINED : 0, rank, &stay));
+  // old rank -> new rank (-1: left), the same on every rank: gathered over the old job
+  int mine = -1;
+  if (stay != MPI_COMM_NULL) MPI_Comm_rank(stay, &mine);
+  std::vector<int> next(static_cast<size_t>(size), -1);
+  HVDL_MPI(MPI_Allgather(&mine, 1, MPI_INT, next.data(), 1, MPI_INT, job));
+  *map = next;
+  if (leaving) {
+    g_retired = true;
+    return Status::Ok();
+  }
+  MPI_Comm_set_errhandler(stay, MPI_ERRORS_RETURN);
+  g_job = stay;  // the previous one still holds the leavers: left to MPI
+  {
+    std::lock_guard<std::mutex> lock(g_recovery_mu);
+    g_recovery_map = std::move(next);
+    ++g_recoveries;
+  }
+  return Status::Ok();
+}
 
 bool Spawned() { return g_parent_merged; }
 

@@ -1,4 +1,4 @@
-"""``hvd.elastic``: Horovod's elastic programming model, for a fixed set of ranks.
+"""``hvd.elastic``: Horovod's elastic programming model on MPI.
 
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
 
@@ -18,15 +18,18 @@
     train(state)
 
 Scripts written for ``horovod.torch.elastic`` run unchanged. What differs, and why: horovodlite
-has no elastic driver (no host discovery, no re-spawning of ranks): the job is the ranks that
-mpirun started. So
+has no elastic driver; the job is the ranks mpirun started (``horovodliterun --elastic``, on an
+MPI with ULFM), plus those it spawned. docs/elastic.md has the details.
 
-- ``check_host_updates()`` never raises: hosts cannot change. ``HostsUpdatedInterrupt`` raised
-  by the script itself still re-synchronises without rolling back.
 - ``run`` recovers from failures of collectives (a rank raised ``HorovodInternalError``, a
-  mismatch, a stall turned into an error, a rank that called ``hvd.shutdown()``): every rank
-  rolls back to the last commit, horovodlite is re-initialised and training resumes. A rank
-  whose process died cannot be replaced: the job ends as without elastic.
+  mismatch, a stall turned into an error, a rank that called ``hvd.shutdown()``) and from ranks
+  whose process died: every rank rolls back to the last commit, horovodlite is re-initialised
+  (on the survivors) and training resumes. Losing a host's MPI daemon ends the job.
+- ``check_host_updates()`` raises ``HostsUpdatedInterrupt`` when the host discovery script
+  (``--host-discovery-script``) lists more slots than the job has ranks (new ranks are
+  spawned) or no longer lists a host of the job (its ranks retire); otherwise never.
+  ``HostsUpdatedInterrupt`` raised by the script itself still re-synchronises without rolling
+  back.
 - ``run`` gives up after ``reset_limit`` resets (``DEFAULT_RESET_LIMIT``); Horovod's limit was
   a driver option.
 - ``commit()`` is a barrier, so every rank's last commit is the same point of training;

@@ -1,18 +1,29 @@
-"""Host discovery for growing elastic jobs (``horovodliterun --host-discovery-script S``).
+"""Host discovery for elastic jobs (``horovodliterun --host-discovery-script S``): growing onto
+new slots, and retiring the ranks of hosts that left.
 
 Rank 0 runs the script (Horovod's format: one ``host:slots`` a line; a line without ``:slots``
 counts as one slot) every ``HVDL_DISCOVERY_INTERVAL`` seconds on a background thread. At each
-``state.commit()`` rank 0 says how many ranks the job should add - the slots found, capped at
-``--max-np`` (default ``-np``) and at the slots of ``-H``, minus the current size - and every
-rank learns it with one broadcast; if it is positive, ``commit`` raises
-``HostsUpdatedInterrupt`` and the reset in ``hvd.elastic.run`` starts the new ranks
-(MPI_Comm_spawn, placed by mpirun on the job's hosts) and merges them into the job; they receive
-the state by the sync that follows.
+``state.commit()`` rank 0 decides, and every rank learns it with one broadcast:
+
+- **retire**: hosts that run ranks of the job but are no longer listed. ``commit`` raises
+  ``HostsUpdatedInterrupt``; the reset in ``hvd.elastic.run`` syncs the state once more with
+  every rank (so what the leaving ranks processed counts), then the ranks on those hosts leave
+  the job (they exit with status 0, not as failures) and the others continue as a smaller job.
+  An output listing none of the job's hosts is taken for a broken script and ignored.
+- **grow**, when nothing retires: the slots listed, capped at ``--max-np`` (default ``-np``)
+  and at the slots of ``-H``, minus the current size. If positive, ``commit`` raises
+  ``HostsUpdatedInterrupt`` and the reset starts the new ranks (MPI_Comm_spawn, placed by
+  mpirun on the job's hosts) and merges them into the job; they receive the state by the sync
+  that follows.
+
+A job's host is "listed" when the script gives its hostname, or its short name (before the first
+dot) matches a listed name's. The names are compared as the ranks' ``socket.gethostname()``.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -21,25 +32,53 @@ from horovodlite.common import basics
 
 _poller = None
 _requested = 0  # ranks to add, as agreed at the last check
+_retiring: list = []  # hosts whose ranks leave at the next reset, as agreed at the last check
+_job_hosts: list | None = None  # every rank's host in the current job (gathered once per job)
+_warned_unlisted = False
 
 
-def parse_slots(text: str) -> int:
-    """Total slots of a discovery script's output."""
-    total = 0
+def parse_hosts(text: str) -> dict:
+    """host -> slots of a discovery script's output, in its order."""
+    hosts: dict = {}
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         host, _, slots = line.partition(":")
-        total += int(slots) if slots.strip() else 1
-    return total
+        hosts[host.strip()] = hosts.get(host.strip(), 0) + (int(slots) if slots.strip() else 1)
+    return hosts
+
+
+def parse_slots(text: str) -> int:
+    """Total slots of a discovery script's output."""
+    return sum(parse_hosts(text).values())
+
+
+def listed(host: str, hosts) -> bool:
+    """Whether ``host`` (a rank's hostname) is among ``hosts`` (names from the script)."""
+    short = host.split(".")[0]
+    return host in hosts or any(h.split(".")[0] == short for h in hosts)
+
+
+def removed_hosts(job_hosts, found: dict) -> list:
+    """The job's hosts the script no longer lists (none if it lists none of them)."""
+    global _warned_unlisted
+    gone = sorted({h for h in job_hosts if not listed(h, found)})
+    if gone and len(gone) == len(set(job_hosts)):
+        if not _warned_unlisted:
+            sys.stderr.write(f"hvd.elastic: the host discovery script lists none of the job's "
+                             f"hosts ({', '.join(sorted(set(job_hosts)))}; it lists "
+                             f"{', '.join(found) or 'nothing'}): not retiring them all\n")
+            _warned_unlisted = True
+        return []
+    return gone
 
 
 class _Poller:
     def __init__(self, script: str, interval: float) -> None:
         self.script = script
         self.interval = interval
-        self.slots: int | None = None
+        self.hosts: dict | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="hvdl-discovery")
         self._thread.start()
@@ -49,7 +88,7 @@ class _Poller:
             try:
                 out = subprocess.run([self.script], capture_output=True, text=True, timeout=30,
                                      check=True).stdout
-                self.slots = parse_slots(out)
+                self.hosts = parse_hosts(out)
             except (OSError, subprocess.SubprocessError, ValueError) as exc:
                 sys.stderr.write(f"hvd.elastic: host discovery script {self.script} failed: "
                                  f"{exc}\n")
@@ -60,22 +99,29 @@ def active() -> bool:
     return bool(os.environ.get("HVDL_DISCOVERY_SCRIPT")) and basics.is_initialized()
 
 
-def growth_agreed() -> int:
-    """Collective when discovery is active: how many ranks to add now (same on every rank)."""
-    global _poller, _requested
-    from horovodlite.torch.functions import broadcast_object
+def updates_agreed() -> tuple:
+    """Collective when discovery is active: (ranks to add, hosts whose ranks retire), the same
+    on every rank. At most one of the two is non-empty."""
+    global _poller, _requested, _retiring, _job_hosts
+    from horovodlite.torch.functions import allgather_object, broadcast_object
 
-    add = 0
+    if _job_hosts is None:
+        _job_hosts = allgather_object(socket.gethostname(), name="elastic.hosts")
+    add, gone = 0, []
     if basics.rank() == 0:
         if _poller is None:
             _poller = _Poller(os.environ["HVDL_DISCOVERY_SCRIPT"],
                               float(os.environ.get("HVDL_DISCOVERY_INTERVAL", "1")))
         caps = [int(os.environ[v]) for v in ("HVDL_ELASTIC_MAX_NP", "HVDL_ELASTIC_SLOTS")
                 if os.environ.get(v, "").isdigit()]
-        if _poller.slots is not None:
-            add = max(0, min([_poller.slots, *caps]) - basics.size())
-    _requested = int(broadcast_object(add, 0, name="elastic.host_updates"))
-    return _requested
+        found = _poller.hosts
+        if found is not None:
+            gone = removed_hosts(_job_hosts, found)
+            if not gone:
+                add = max(0, min([sum(found.values()), *caps]) - basics.size())
+    add, gone = broadcast_object((add, gone), 0, name="elastic.host_updates")
+    _requested, _retiring = int(add), list(gone)
+    return _requested, _retiring
 
 
 def take_request() -> int:
@@ -83,3 +129,26 @@ def take_request() -> int:
     global _requested
     add, _requested = _requested, 0
     return add
+
+
+def retiring() -> list:
+    """The hosts agreed at the last check to retire (empty: none)."""
+    return list(_retiring)
+
+
+def take_retirement() -> list:
+    """The hosts to retire agreed at the last check, once (the reset calls this)."""
+    global _retiring
+    gone, _retiring = _retiring, []
+    return gone
+
+
+def job_hosts() -> list | None:
+    """Every rank's host in the current job, if gathered (rank order)."""
+    return None if _job_hosts is None else list(_job_hosts)
+
+
+def forget_job() -> None:
+    """The job changed (a reset): gather its hosts again at the next check."""
+    global _job_hosts
+    _job_hosts = None

@@ -8,10 +8,13 @@ Protocol of one call ``train(state, *args)`` (every rank runs it):
 3. On ``HorovodInternalError`` (from any of the above): ``state.restore()`` to the last commit,
    then the reset (4-6) and back to 1.
    On ``HostsUpdatedInterrupt``: no restore; the reset (4-6), then back to 1 - or to 2 without
-   the sync if the interrupt says ``skip_sync``.
+   the sync if the interrupt says ``skip_sync``. When it retires the ranks of hosts the
+   discovery script no longer lists (discovery.py), ``state.sync()`` runs once more first, with
+   every rank still there, so that what the leaving ranks processed counts.
 4. Re-initialise horovodlite: ``shutdown()`` then ``init()`` with the arguments of the last
-   ``init``. This discards whatever the failure left behind (ops some ranks submitted and
-   others never will, auto-name counters that diverged, handles) so the retry starts clean.
+   ``init`` (after the ranks of retired hosts left: they exit with status 0 here). This
+   discards whatever the failure left behind (ops some ranks submitted and others never will,
+   auto-name counters that diverged, handles) so the retry starts clean.
 5. ``state.on_reset()`` (the registered reset callbacks).
 6. Give up after ``reset_limit`` resets: the last error propagates (the state is restored).
 
@@ -45,25 +48,54 @@ from horovodlite.torch.collectives import barrier
 DEFAULT_RESET_LIMIT = 5
 
 
-def _log(message: str) -> None:
+def _log(message: str, who: str | None = None) -> None:
     where = f"{socket.gethostname()}:{os.getpid()}"
     try:
-        who = f"rank {basics.rank()}/{basics.size()}"
+        who = who or f"rank {basics.rank()}/{basics.size()}"
     except ValueError:
         who = "rank ?"
     sys.stderr.write(f"[horovodlite {who} {where}] hvd.elastic: {message}\n")
     sys.stderr.flush()
 
 
+def _retire(hosts: list, old_rank: int | None, old_size: int | None) -> None:
+    """The ranks of ``hosts`` leave the job; this process exits if it is one of them.
+    Collective over the job, horovodlite shut down."""
+    from horovodlite.torch.elastic import discovery
+
+    me = socket.gethostname()
+    leaving = discovery.listed(me, hosts)
+    new_rank = basics._C.retire(leaving)
+    gone = [r for r, n in enumerate(new_rank) if n < 0]
+    names = ", ".join(hosts)
+    who = f"rank {old_rank}/{old_size}"
+    if leaving:
+        _log(f"rank {old_rank} retires: its host {me} is no longer in the host discovery "
+             "output; leaving the job", who)
+        raise SystemExit(0)
+    if old_rank is not None and new_rank[old_rank] == 0:
+        _log(f"retired rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} of "
+             f"{len(new_rank)} (host{'s' if len(hosts) > 1 else ''} {names} left the host "
+             f"discovery output); {len(new_rank) - len(gone)} remain", who)
+
+
 def _reinit(error: BaseException) -> None:
     """Step 4: shut down (telling the peers why) and initialise again - on the survivors, if
-    the job lost ranks (an elastic job on an MPI with ULFM: see docs/elastic.md)."""
+    the job lost ranks (an elastic job on an MPI with ULFM: see docs/elastic.md), without the
+    ranks of hosts that left the discovery output."""
     import horovodlite.torch as hvd  # the package imports this module: resolve at call time
     from horovodlite.torch.elastic import discovery
 
+    old_rank, old_size = ((basics.rank(), basics.size()) if basics.is_initialized()
+                          else (None, None))
     basics._stop(f"elastic reset after {type(error).__name__}: {error}")
     hvd.shutdown()  # the runtime is already stopped: this clears names, handles, counters
-    add = discovery.take_request() if isinstance(error, HostsUpdatedInterrupt) else 0
+    discovery.forget_job()
+    updated = isinstance(error, HostsUpdatedInterrupt)
+    retire = discovery.take_retirement() if updated else []
+    if retire:
+        _retire(retire, old_rank, old_size)
+    add = discovery.take_request() if updated else 0
     if add:  # the new ranks run this program too, and join at their hvd.init()
         basics._C.request_growth(add, sys.executable, list(sys.orig_argv[1:]))
     basics._init_again()
@@ -115,6 +147,8 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
             state.restore()
         except HostsUpdatedInterrupt as exc:
             error, skip_sync, skip_restore = exc, exc.skip_sync, True
+            if _retiring():  # the leaving ranks' processed samples must count: sync with them
+                state.sync()
         if resets >= reset_limit:
             if hasattr(error, "add_note"):
                 error.add_note(f"hvd.elastic.run gave up after {resets} resets "
@@ -143,6 +177,12 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
             sizes = f"{before} -> {basics.size()}" if before else f"{basics.size()}"
             _log(f"continuing from {at} with {sizes} ranks")
         state.on_reset()
+
+
+def _retiring() -> bool:
+    from horovodlite.torch.elastic import discovery
+
+    return bool(discovery.retiring())
 
 
 def _check_limit(reset_limit) -> int:

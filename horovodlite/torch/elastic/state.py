@@ -66,15 +66,18 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Raises ``HostsUpdatedInterrupt`` on every rank when the job is to grow: with
+        """Raises ``HostsUpdatedInterrupt`` on every rank when the job is to change: with
         ``horovodliterun --host-discovery-script``, the script lists more slots than the job
-        has ranks (up to ``--max-np``); collective then (see discovery.py). Otherwise it never
+        has ranks (up to ``--max-np``), or no longer lists a host the job runs on; collective
+        then (see discovery.py). Otherwise it never
         raises; raise ``HostsUpdatedInterrupt`` yourself to re-synchronise without rolling
         back."""
         from horovodlite.torch.elastic import discovery
 
-        if discovery.active() and discovery.growth_agreed() > 0:
-            raise HostsUpdatedInterrupt(skip_sync=False)
+        if discovery.active():
+            add, retire = discovery.updates_agreed()
+            if add > 0 or retire:
+                raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement save()")
