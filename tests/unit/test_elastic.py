@@ -284,6 +284,7 @@ def test_removed_hosts_are_the_job_hosts_no_longer_listed(capsys):
     assert discovery.removed_hosts(job, {"a": 2}) == ["b.cluster", "c"]
     assert discovery.listed("b.cluster", {"b.other": 1})  # the short names agree
     assert not discovery.listed("b", {"bb": 1})
+    assert discovery.removed_hosts(job, {"localhost": 4}) == []  # one machine's usual output
     # an output listing none of the job's hosts is a broken script, not "retire everyone"
     discovery._warned_unlisted = False
     assert discovery.removed_hosts(job, {"10.0.0.5": 4}) == []

@@ -17,7 +17,8 @@ counts as one slot) every ``HVDL_DISCOVERY_INTERVAL`` seconds on a background th
   that follows.
 
 A job's host is "listed" when the script gives its hostname, or its short name (before the first
-dot) matches a listed name's. The names are compared as the ranks' ``socket.gethostname()``.
+dot) matches a listed name's, or the script lists ``localhost`` (one machine). The names are
+compared as the ranks' ``socket.gethostname()``.
 """
 
 from __future__ import annotations
@@ -54,10 +55,15 @@ def parse_slots(text: str) -> int:
     return sum(parse_hosts(text).values())
 
 
+_LOOPBACK = ("localhost", "localhost.localdomain", "127.0.0.1", "::1")
+
+
 def listed(host: str, hosts) -> bool:
-    """Whether ``host`` (a rank's hostname) is among ``hosts`` (names from the script)."""
+    """Whether ``host`` (a rank's hostname) is among ``hosts`` (names from the script). A
+    loopback name (``localhost:4``, the usual output for one machine) lists every host."""
     short = host.split(".")[0]
-    return host in hosts or any(h.split(".")[0] == short for h in hosts)
+    return (host in hosts or any(h.split(".")[0] == short for h in hosts)
+            or any(h in _LOOPBACK for h in hosts))
 
 
 def removed_hosts(job_hosts, found: dict) -> list:
