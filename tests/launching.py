@@ -19,3 +19,35 @@ def retry_if_launcher_did_not_start(run, attempts: int = 2):
             break
         result = run()
     return result
+
+
+def run_with_event(cmd: list, log, ranks_up: int, event, timeout: float, *, cwd=None,
+                   env: dict | None = None, settle: float = 1.0):
+    """Runs the job ``cmd`` with its output in ``log``; once ``ranks_up`` "UP rank" lines are
+    in it (and ``settle`` s more), calls ``event()``; waits ``timeout`` s for the end.
+    Returns (returncode, output, monotonic time of the event). A job that does not end in
+    time is killed (its process group) and fails the test with the output's tail."""
+    import os
+    import subprocess
+    import time
+
+    import pytest
+
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline = time.monotonic() + 120
+        while log.read_text().count("UP rank") < ranks_up and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        time.sleep(settle)
+        at = time.monotonic()
+        event()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            pytest.fail(f"no end within {timeout:.0f} s of the event:\n" + log.read_text()[-6000:])
+    return proc.returncode, log.read_text(errors="replace"), at

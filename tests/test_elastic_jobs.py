@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launching import retry_if_launcher_did_not_start
+from launching import retry_if_launcher_did_not_start, run_with_event
 
 from horovodlite._extension import load
 
@@ -97,22 +97,12 @@ def test_growing_from_2_to_3_ranks_with_host_discovery(tmp_path):
     script = tmp_path / "discover.sh"
     script.write_text(f"#!/bin/sh\ncat {slots}\n")
     script.chmod(0o755)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "horovodlite.runner.launch", "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", str(script), "-np", "2", sys.executable, SCRIPT,
            "--compare", "ranks", "--step-seconds", "0.1", "--epochs", "6"]
-    log = tmp_path / "job.log"
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while log.read_text().count("UP rank") < 2 and time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.2)
-        time.sleep(1)
-        slots.write_text("localhost:3\n")
-        proc.wait(timeout=120)
-    out = log.read_text(errors="replace")
-    assert proc.returncode == 0, out
+    rc, out, _ = run_with_event(cmd, tmp_path / "job.log", 2,
+                                lambda: slots.write_text("localhost:3\n"), 120, cwd=ROOT)
+    assert rc == 0, out
     assert sorted(re.findall(r"FINAL rank (\d) size 3 epochs 6 agree", out)) == ["0", "1", "2"], out
     assert "hvd.elastic: started 1 new rank (host discovery): ranks 2..2" in out, out
     assert re.search(r"hvd.elastic: continuing from commit \d+ with 2 -> 3 ranks", out), out

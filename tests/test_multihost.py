@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from hosts.fixture import HOSTCTL, hosts_fixture
-from launching import retry_if_launcher_did_not_start
+from launching import retry_if_launcher_did_not_start, run_with_event
 from test_parallel import run_parallel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -391,28 +391,11 @@ def test_elastic_a_whole_host_lost_ends_the_job_with_an_error_not_a_hang(hosts, 
     (PRRTE 3.0) ends the whole job when it loses a daemon, whatever the MPI could survive -
     the survivors cannot go on, but the job must end quickly and say so."""
     spec, slots = LAYOUTS["2x2"]
-    log = tmp_path / "job.log"
     cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", "4",
            *_launch_args(spec, "--elastic"), *ELASTIC, "--step-seconds", "0.2", "--epochs", "12"]
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"),
-                                start_new_session=True)
-        deadline = time.monotonic() + 120
-        while log.read_text().count("UP rank") < 4 and time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.2)
-        time.sleep(2)
-        lost_at = time.monotonic()
-        _kill_host("hvdl-host1")
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            pytest.fail("no end within 90 s of losing the host:\n" + log.read_text()[-6000:])
-    out = log.read_text(errors="replace")
-    assert proc.returncode != 0, out
+    rc, out, lost_at = run_with_event(cmd, tmp_path / "job.log", 4,
+                                      lambda: _kill_host("hvdl-host1"), 90, cwd=ROOT, settle=2)
+    assert rc != 0, out
     assert "horovodliterun: lost hvdl-host1 (ranks 2, 3)" in out, out
     assert "the elastic job did not complete" in out, out
     assert time.monotonic() - lost_at < 60, out
@@ -432,29 +415,13 @@ def test_elastic_a_host_left_out_by_discovery_retires_its_ranks(hosts, tmp_path)
     script = tmp_path / "discover.sh"
     script.write_text(f"#!/bin/sh\ncat {listing}\n")
     script.chmod(0o755)
-    log = tmp_path / "job.log"
     cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", "3",
            *_launch_args("hvdl-host0:2,hvdl-host1:1", "--host-discovery-script", str(script)),
            *ELASTIC, "--retired", "--step-seconds", "0.1", "--epochs", "4"]
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-                                         HVDL_DISCOVERY_INTERVAL="0.2"),
-                                start_new_session=True)
-        deadline = time.monotonic() + 120
-        while log.read_text().count("UP rank") < 3 and time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.2)
-        time.sleep(1)
-        listing.write_text("hvdl-host0:2\n")
-        try:
-            proc.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            pytest.fail("no end within 180 s:\n" + log.read_text()[-6000:])
-    out = log.read_text(errors="replace")
-    assert proc.returncode == 0, out
+    rc, out, _ = run_with_event(cmd, tmp_path / "job.log", 3,
+                                lambda: listing.write_text("hvdl-host0:2\n"), 180, cwd=ROOT,
+                                env={"HVDL_DISCOVERY_INTERVAL": "0.2"})
+    assert rc == 0, out
     finals = re.findall(r"FINAL rank (\d) size (\d) epochs 4", out)
     assert sorted(finals) == [("0", "2"), ("1", "2")], out
     assert "rank 2 retires: its host hvdl-host1 is no longer in the host discovery output" in out
