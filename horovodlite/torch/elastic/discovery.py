@@ -8,8 +8,9 @@ counts as one slot) every ``HVDL_DISCOVERY_INTERVAL`` seconds on a background th
 - **retire**: hosts that run ranks of the job but are no longer listed. ``commit`` raises
   ``HostsUpdatedInterrupt``; the reset in ``hvd.elastic.run`` syncs the state once more with
   every rank (so what the leaving ranks processed counts), then the ranks on those hosts leave
-  the job (they exit with status 0, not as failures) and the others continue as a smaller job.
-  An output listing none of the job's hosts is taken for a broken script and ignored.
+  the job (they exit; horovodliterun reports them as retired, not failed) and the others
+  continue as a smaller job. An output listing none of the job's hosts is taken for a broken
+  script and ignored. Not with ``hvd.init(comm=...)``: the ranks leave the job's communicator.
 - **grow**, when nothing retires: the slots listed, capped at ``--max-np`` (default ``-np``)
   and at the slots of ``-H``, minus the current size. If positive, ``commit`` raises
   ``HostsUpdatedInterrupt`` and the reset starts the new ranks (MPI_Comm_spawn, placed by
@@ -122,7 +123,9 @@ def updates_agreed() -> tuple:
                 if os.environ.get(v, "").isdigit()]
         found = _poller.hosts
         if found is not None:
-            gone = removed_hosts(_job_hosts, found)
+            # retiring splits the job's communicator: not for init(comm=...) on a subset of it
+            whole_job = basics._init_args[0] is None
+            gone = removed_hosts(_job_hosts, found) if whole_job else []
             if not gone:
                 add = max(0, min([sum(found.values()), *caps]) - basics.size())
     add, gone = broadcast_object((add, gone), 0, name="elastic.host_updates")
@@ -147,11 +150,6 @@ def take_retirement() -> list:
     global _retiring
     gone, _retiring = _retiring, []
     return gone
-
-
-def job_hosts() -> list | None:
-    """Every rank's host in the current job, if gathered (rank order)."""
-    return None if _job_hosts is None else list(_job_hosts)
 
 
 def forget_job() -> None:

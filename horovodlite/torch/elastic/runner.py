@@ -12,7 +12,7 @@ Protocol of one call ``train(state, *args)`` (every rank runs it):
    discovery script no longer lists (discovery.py), ``state.sync()`` runs once more first, with
    every rank still there, so that what the leaving ranks processed counts.
 4. Re-initialise horovodlite: ``shutdown()`` then ``init()`` with the arguments of the last
-   ``init`` (after the ranks of retired hosts left: they exit with status 0 here). This
+   ``init`` (after the ranks of retired hosts left: they exit here). This
    discards whatever the failure left behind (ops some ranks submitted and others never will,
    auto-name counters that diverged, handles) so the retry starts clean.
 5. ``state.on_reset()`` (the registered reset callbacks).
@@ -61,10 +61,8 @@ def _log(message: str, who: str | None = None) -> None:
 def _retire(hosts: list, old_rank: int | None, old_size: int | None) -> None:
     """The ranks of ``hosts`` leave the job; this process exits if it is one of them.
     Collective over the job, horovodlite shut down."""
-    from horovodlite.torch.elastic import discovery
-
     me = socket.gethostname()
-    leaving = discovery.listed(me, hosts)
+    leaving = me in hosts  # the names were gathered from the ranks' own gethostname()
     new_rank = basics._C.retire(leaving)
     gone = [r for r, n in enumerate(new_rank) if n < 0]
     names = ", ".join(hosts)
