@@ -430,3 +430,27 @@ def test_elastic_a_host_left_out_by_discovery_retires_its_ranks(hosts, tmp_path)
     assert re.search(r"LOSSES rank 0 \[\(\d, \d+, \[2\]\)\]", out), out
     assert "lost rank" not in out and "did not complete" not in out, out
     assert "rank 2 on hvdl-host1 retired: its host left the host discovery output" in out, out
+
+
+@pytest.mark.skipif(not _ulfm(), reason="this build's MPI has no ULFM")
+def test_elastic_grows_onto_a_host_outside_h(hosts, tmp_path):
+    """-H hvdl-host0:2, --max-np 3; the discovery script lists hvdl-host0:2, then also
+    hvdl-host1:1, a host mpirun was never given: at the next commit MPI adds it to the job and
+    a third rank starts there, receives the state by the sync, and the three finish with
+    identical weights."""
+    listing = tmp_path / "hosts"
+    listing.write_text("hvdl-host0:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listing}\n")
+    script.chmod(0o755)
+    cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", "2",
+           *_launch_args("hvdl-host0:2", "--max-np", "3", "--host-discovery-script", str(script)),
+           *ELASTIC, "--compare", "ranks", "--step-seconds", "0.1", "--epochs", "6"]
+    rc, out, _ = run_with_event(cmd, tmp_path / "job.log", 2,
+                                lambda: listing.write_text("hvdl-host0:2\nhvdl-host1:1\n"), 180,
+                                cwd=ROOT, env={"HVDL_DISCOVERY_INTERVAL": "0.2"})
+    assert rc == 0, out
+    assert sorted(re.findall(r"FINAL rank (\d) size 3 epochs 6 agree", out)) == ["0", "1", "2"]
+    assert ("hvd.elastic: started 1 new rank on hvdl-host1, added to the job (host discovery): "
+            "ranks 2..2") in out, out
+    assert re.search(r"continuing from commit \d+ with 2 -> 3 ranks", out), out

@@ -131,7 +131,8 @@ int Recoveries() {
 }
 
 #if !HVDL_WITH_MPI
-void RequestGrowth(int, const std::string&, const std::vector<std::string>&) {}
+void RequestGrowth(int, const std::string&, const std::vector<std::string>&,
+                   const std::string&) {}
 int Grown() { return 0; }
 bool Spawned() { return false; }
 Status Retire(bool, std::vector<int>*) {

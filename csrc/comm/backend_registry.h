@@ -77,7 +77,8 @@ std::vector<int> LastRecoveryMap();
 int Recoveries();
 // Elastic growth (MpiWorld's): spawn `count` ranks at the next init; how many so far; whether
 // this process is one of them.
-void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv);
+void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv,
+                   const std::string& host);
 int Grown();
 bool Spawned();
 // Elastic retirement (MpiWorld's Retire): see there.

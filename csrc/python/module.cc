@@ -149,7 +149,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("last_recovery_map", [] { return LastRecoveryMap(); });
   m.def("recoveries", [] { return Recoveries(); });
   m.def("request_growth", &RequestGrowth, py::arg("count"), py::arg("command"),
-        py::arg("argv"));
+        py::arg("argv"), py::arg("host") = "");
   m.def("grown", [] { return Grown(); });
   m.def("retire", [](bool leaving) {
     if (Runtime::Get().context() != nullptr) {

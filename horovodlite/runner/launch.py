@@ -80,8 +80,9 @@ def _parser() -> argparse.ArgumentParser:
                         "also at most the slots given)")
     p.add_argument("--host-discovery-script",
                    help="elastic: an executable printing host:slots lines; the job grows to the "
-                        "slots it lists (up to --max-np), new ranks placed by mpirun on the "
-                        "job's hosts")
+                        "slots it lists (up to --max-np), onto the -H hosts first, then onto "
+                        "hosts it lists beyond them; the ranks of a host it stops listing "
+                        "retire")
     p.add_argument("--mpi-args", default="", help="extra arguments passed to mpirun verbatim")
     p.add_argument("--verbose", action="store_true", help="print the mpirun command")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program each rank runs")
@@ -289,8 +290,9 @@ def main(argv: list | None = None) -> int:
         env["HVDL_ELASTIC"] = "1"
         env["HVDL_ELASTIC_MIN_NP"] = str(args.min_np or 1)
         env["HVDL_ELASTIC_MAX_NP"] = str(args.max_np or args.num_proc)
-        if args.hosts:  # mpirun can place new ranks only on the slots it was given
+        if args.hosts:  # mpirun places new ranks itself only on the slots it was given
             env["HVDL_ELASTIC_SLOTS"] = str(sum(n for _, n in host_slots(args.hosts)))
+            env["HVDL_ELASTIC_HOSTS"] = ",".join(h for h, _ in host_slots(args.hosts))
         if args.host_discovery_script:
             env["HVDL_DISCOVERY_SCRIPT"] = args.host_discovery_script
     reports = None

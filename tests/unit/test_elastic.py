@@ -289,3 +289,14 @@ def test_removed_hosts_are_the_job_hosts_no_longer_listed(capsys):
     discovery._warned_unlisted = False
     assert discovery.removed_hosts(job, {"10.0.0.5": 4}) == []
     assert "lists none of the job's hosts" in capsys.readouterr().err
+
+
+def test_growth_beyond_the_allocation_picks_the_first_new_host():
+    from horovodlite.torch.elastic.discovery import new_host
+
+    found = {"a": 2, "b": 1, "c": 4}
+    assert new_host(found, {"a"}, 3) == ("b", 1)       # as many as its slots
+    assert new_host(found, {"a", "b"}, 3) == ("c", 3)  # up to the room left
+    assert new_host(found, {"a", "b", "c"}, 3) == ("", 0)
+    assert new_host(found, {"a"}, 0) == ("", 0)        # at --max-np already
+    assert new_host({"localhost": 4}, {"a"}, 2) == ("", 0)  # one machine: mpirun places

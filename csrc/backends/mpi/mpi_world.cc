@@ -23,6 +23,7 @@ struct Growth {
   int count = 0;
   std::string command;
   std::vector<std::string> argv;
+  std::string host;  // a host outside the job's allocation to start them on ("": mpirun places)
 } g_growth;
 int g_grown = 0;  // ranks this process's job has spawned, in total
 // This process left the job (Retire): MPI_Finalize would wait in its fence for the ranks that
@@ -108,8 +109,21 @@ Status MpiWorld::Build(const MpiWorldOptions& options) {
     argv.push_back(nullptr);
     MPI_Comm inter = MPI_COMM_NULL, merged = MPI_COMM_NULL;
     std::vector<int> codes(static_cast<size_t>(growth.count));
-    HVDL_MPI(MPI_Comm_spawn(growth.command.data(), argv.data(), growth.count, MPI_INFO_NULL, 0,
-                            base, &inter, codes.data()));
+    MPI_Info info = MPI_INFO_NULL;
+    if (!growth.host.empty()) {
+      // PRRTE (Open MPI 5.0.11) adds the host to the job's allocation, starting a daemon there
+      // through the job's rsh agent, and places the ranks on it. Measured: the slot count
+      // belongs in PMIX_ADD_HOST only - "host:N" in PMIX_HOST crashed PRRTE's mapper; several
+      // hosts in one MPI_Comm_spawn_multiple left the new ranks unable to reach each other.
+      MPI_Info_create(&info);
+      const std::string add = growth.host + ":" + std::to_string(growth.count);
+      MPI_Info_set(info, "PMIX_ADD_HOST", add.c_str());
+      MPI_Info_set(info, "PMIX_HOST", growth.host.c_str());
+    }
+    const int rc = MPI_Comm_spawn(growth.command.data(), argv.data(), growth.count, info, 0, base,
+                                  &inter, codes.data());
+    if (info != MPI_INFO_NULL) MPI_Info_free(&info);
+    if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Comm_spawn");
     MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
     HVDL_MPI(MPI_Intercomm_merge(inter, 0, &merged));
     g_intercomms.push_back(inter);
@@ -258,10 +272,12 @@ void FinalizeMpiIfOwned() {
   MPI_Finalize();
 }
 
-void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv) {
+void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv,
+                   const std::string& host) {
   g_growth.count = count;
   g_growth.command = command;
   g_growth.argv = argv;
+  g_growth.host = host;
 }
 
 int Grown() { return g_grown; }

@@ -98,8 +98,10 @@ void FinalizeMpiIfOwned();
 
 // Elastic growth: the next Create first starts `count` new processes running `command argv`
 // (MPI_Comm_spawn, collective over the job) and merges them into the job, after its ranks.
-// Main thread, on every rank of the job, before that Create.
-void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv);
+// `host` non-empty: on that host, added to the job's allocation first (a host outside -H);
+// empty: where mpirun places them. Main thread, on every rank of the job, before that Create.
+void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv,
+                   const std::string& host);
 int Grown();     // ranks the job spawned so far (as seen by this process)
 // Elastic shrinking on purpose (the ranks of hosts a discovery script no longer lists): every
 // rank of the job calls it, no runtime running, `leaving` true on the ranks that go. Collective

@@ -15,7 +15,10 @@ counts as one slot) every ``HVDL_DISCOVERY_INTERVAL`` seconds on a background th
   and at the slots of ``-H``, minus the current size. If positive, ``commit`` raises
   ``HostsUpdatedInterrupt`` and the reset starts the new ranks (MPI_Comm_spawn, placed by
   mpirun on the job's hosts) and merges them into the job; they receive the state by the sync
-  that follows.
+  that follows. When that is 0 but the job is below ``--max-np`` and the script lists a host
+  outside the job's allocation (not in ``-H``, running none of its ranks, not added before),
+  the new ranks go to the first such host - as many as it has slots, up to ``--max-np`` - which
+  MPI adds to the job (one such host per commit).
 
 A job's host is "listed" when the script gives its hostname, or its short name (before the first
 dot) matches a listed name's, or the script lists ``localhost`` (one machine). The names are
@@ -37,6 +40,8 @@ _requested = 0  # ranks to add, as agreed at the last check
 _retiring: list = []  # hosts whose ranks leave at the next reset, as agreed at the last check
 _job_hosts: list | None = None  # every rank's host in the current job (gathered once per job)
 _warned_unlisted = False
+_placement = ""  # the host outside the allocation the agreed growth goes to ("": mpirun places)
+_added: set = set()  # hosts this job grew onto beyond -H (now part of its allocation)
 
 
 def parse_hosts(text: str) -> dict:
@@ -106,15 +111,27 @@ def active() -> bool:
     return bool(os.environ.get("HVDL_DISCOVERY_SCRIPT")) and basics.is_initialized()
 
 
+def new_host(found: dict, allocation, room: int) -> tuple:
+    """(host, ranks) for growth beyond the allocation: the first listed host outside it, as many
+    ranks as its slots up to ``room``; ("", 0) if none or no room."""
+    if room <= 0:
+        return "", 0
+    for host, slots in found.items():
+        if host in _LOOPBACK or slots <= 0 or listed(host, allocation):
+            continue
+        return host, min(slots, room)
+    return "", 0
+
+
 def updates_agreed() -> tuple:
     """Collective when discovery is active: (ranks to add, hosts whose ranks retire), the same
     on every rank. At most one of the two is non-empty."""
-    global _poller, _requested, _retiring, _job_hosts
+    global _poller, _requested, _retiring, _job_hosts, _placement
     from horovodlite.torch.functions import allgather_object, broadcast_object
 
     if _job_hosts is None:
         _job_hosts = allgather_object(socket.gethostname(), name="elastic.hosts")
-    add, gone = 0, []
+    add, gone, host = 0, [], ""
     if basics.rank() == 0:
         if _poller is None:
             _poller = _Poller(os.environ["HVDL_DISCOVERY_SCRIPT"],
@@ -128,16 +145,24 @@ def updates_agreed() -> tuple:
             gone = removed_hosts(_job_hosts, found) if whole_job else []
             if not gone:
                 add = max(0, min([sum(found.values()), *caps]) - basics.size())
-    add, gone = broadcast_object((add, gone), 0, name="elastic.host_updates")
-    _requested, _retiring = int(add), list(gone)
+            if not gone and add == 0:
+                allocation = {h for h in os.environ.get("HVDL_ELASTIC_HOSTS", "").split(",")
+                              if h} | set(_job_hosts) | _added
+                room = int(os.environ.get("HVDL_ELASTIC_MAX_NP", "0") or 0) - basics.size()
+                host, add = new_host(found, allocation, room)
+    add, gone, host = broadcast_object((add, gone, host), 0, name="elastic.host_updates")
+    _requested, _retiring, _placement = int(add), list(gone), str(host)
     return _requested, _retiring
 
 
-def take_request() -> int:
-    """The growth agreed at the last check, once (the reset that acts on it calls this)."""
-    global _requested
-    add, _requested = _requested, 0
-    return add
+def take_request() -> tuple:
+    """The growth agreed at the last check, once (the reset that acts on it calls this):
+    (ranks to add, the host outside the allocation to start them on or "")."""
+    global _requested, _placement
+    add, host, _requested, _placement = _requested, _placement, 0, ""
+    if add and host:
+        _added.add(host)
+    return add, host
 
 
 def retiring() -> list:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import socket
 import sys
 
@@ -56,6 +57,18 @@ def _log(message: str, who: str | None = None) -> None:
         who = "rank ?"
     sys.stderr.write(f"[horovodlite {who} {where}] hvd.elastic: {message}\n")
     sys.stderr.flush()
+
+
+def _job_environment() -> list:
+    """VAR=value of what horovodliterun passes to every rank (its -x variables), for new ranks
+    on a host added to the job: the daemons mpirun started hand the job's environment to the
+    ranks spawned on their hosts, the added host's daemon does not. (MPI_Comm_spawn's "env"
+    info key cannot carry it: info values are limited to 256 bytes.)"""
+    from horovodlite.runner.launch import _FORWARD
+
+    return [f"{k}={v}" for k, v in sorted(os.environ.items())
+            if (k.startswith(("HOROVOD_", "HVDL_")) or k in _FORWARD)
+            and k != "HVDL_NOTICE_FD" and "\n" not in v]
 
 
 def _retire(hosts: list, old_rank: int | None, old_size: int | None) -> None:
@@ -93,12 +106,17 @@ def _reinit(error: BaseException) -> None:
     retire = discovery.take_retirement() if updated else []
     if retire:
         _retire(retire, old_rank, old_size)
-    add = discovery.take_request() if updated else 0
+    add, host = discovery.take_request() if updated else (0, "")
     if add:  # the new ranks run this program too, and join at their hvd.init()
-        basics._C.request_growth(add, sys.executable, list(sys.orig_argv[1:]))
+        command, argv = sys.executable, list(sys.orig_argv[1:])
+        if host:  # through env(1): that host's MPI daemon has no copy of the job's environment
+            command, argv = shutil.which("env") or "/usr/bin/env", [*_job_environment(),
+                                                                     command, *argv]
+        basics._C.request_growth(add, command, argv, host)
     basics._init_again()
     if add and basics.rank() == 0:
-        _log(f"started {add} new rank{'s' if add > 1 else ''} (host discovery): "
+        where = f" on {host}, added to the job" if host else ""
+        _log(f"started {add} new rank{'s' if add > 1 else ''}{where} (host discovery): "
              f"ranks {basics.size() - add}..{basics.size() - 1}")
     _check_min_np(error)
 
