@@ -51,3 +51,14 @@ def run_with_event(cmd: list, log, ranks_up: int, event, timeout: float, *, cwd=
             proc.wait()
             pytest.fail(f"no end within {timeout:.0f} s of the event:\n" + log.read_text()[-6000:])
     return proc.returncode, log.read_text(errors="replace"), at
+
+
+def discovery_script(folder, hosts: str):
+    """A host discovery script in ``folder`` printing the file it returns, which holds
+    ``hosts`` (``host:slots`` lines) until the test rewrites it. Returns (listing, script)."""
+    listing = folder / "hosts"
+    listing.write_text(hosts)
+    script = folder / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listing}\n")
+    script.chmod(0o755)
+    return listing, script

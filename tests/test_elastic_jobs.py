@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launching import retry_if_launcher_did_not_start, run_with_event
+from launching import discovery_script, retry_if_launcher_did_not_start, run_with_event
 
 from horovodlite._extension import load
 
@@ -92,11 +92,7 @@ def test_growing_from_2_to_3_ranks_with_host_discovery(tmp_path):
     """The discovery script lists 2 slots, then 3 while the job trains: at its next commit
     every rank sees HostsUpdatedInterrupt, a third rank is spawned and merged into the job, it
     receives the state by the sync, and all three finish with identical weights."""
-    slots = tmp_path / "slots"
-    slots.write_text("localhost:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {slots}\n")
-    script.chmod(0o755)
+    slots, script = discovery_script(tmp_path, "localhost:2\n")
     cmd = [sys.executable, "-m", "horovodlite.runner.launch", "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", str(script), "-np", "2", sys.executable, SCRIPT,
            "--compare", "ranks", "--step-seconds", "0.1", "--epochs", "6"]

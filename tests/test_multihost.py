@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from hosts.fixture import HOSTCTL, hosts_fixture
-from launching import retry_if_launcher_did_not_start, run_with_event
+from launching import discovery_script, retry_if_launcher_did_not_start, run_with_event
 from test_parallel import run_parallel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -410,11 +410,7 @@ def test_elastic_a_host_left_out_by_discovery_retires_its_ranks(hosts, tmp_path)
     hvdl-host1 leaves the job (exit status 0: not a failure, nobody is revoked or shrunk) and
     ranks 0-1 continue from that commit; their final weights equal the reference that trained
     with 3 ranks up to it and 2 after it."""
-    listing = tmp_path / "hosts"
-    listing.write_text("hvdl-host0:2\nhvdl-host1:1\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {listing}\n")
-    script.chmod(0o755)
+    listing, script = discovery_script(tmp_path, "hvdl-host0:2\nhvdl-host1:1\n")
     cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", "3",
            *_launch_args("hvdl-host0:2,hvdl-host1:1", "--host-discovery-script", str(script)),
            *ELASTIC, "--retired", "--step-seconds", "0.1", "--epochs", "4"]
@@ -438,11 +434,7 @@ def test_elastic_grows_onto_a_host_outside_h(hosts, tmp_path):
     hvdl-host1:1, a host mpirun was never given: at the next commit MPI adds it to the job and
     a third rank starts there, receives the state by the sync, and the three finish with
     identical weights."""
-    listing = tmp_path / "hosts"
-    listing.write_text("hvdl-host0:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {listing}\n")
-    script.chmod(0o755)
+    listing, script = discovery_script(tmp_path, "hvdl-host0:2\n")
     cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", "2",
            *_launch_args("hvdl-host0:2", "--max-np", "3", "--host-discovery-script", str(script)),
            *ELASTIC, "--compare", "ranks", "--step-seconds", "0.1", "--epochs", "6"]
