@@ -180,7 +180,8 @@ void BackgroundLoop::WaitBeforeCycle(bool progressed, bool others_pending) {
 
 Status BackgroundLoop::RunCycle(CycleResult* result, bool others_pending) {
   if (d_.timeline != nullptr) d_.timeline->CycleStart();
-  d_.controller->Submit(d_.queue->PopRequests());
+  d_.queue->PopRequests(&popped_);
+  d_.controller->Submit(popped_);
   if (shutdown_requested_) {
     std::lock_guard<std::mutex> lock(mu_);
     d_.controller->RequestShutdown(shutdown_reason_);

@@ -90,6 +90,7 @@ class BackgroundLoop {
   Status Recover(const Status& failure);
 
   LoopDeps d_;
+  std::vector<Request> popped_;  // the requests of this cycle (see TensorQueue::PopRequests)
   CycleHook hook_;
   std::thread thread_;
   std::atomic<bool> running_{false};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -282,9 +283,11 @@ void Context::OnCycle(const CycleResult& result) {
 Status Context::Submit(std::vector<TensorEntry> entries, std::vector<Request> requests,
                        std::shared_ptr<void> payload, int* handle) {
   std::string what;  // for the error when the job loses ranks meanwhile (Abort)
-  if (!entries.empty()) {
-    what = std::string(OpTypeName(entries[0].op)) + " '" + entries[0].name + "'";
-    if (entries.size() > 1) what += " and " + std::to_string(entries.size() - 1) + " more";
+  if (!entries.empty()) {  // one allocation at most: this runs for every gradient
+    const char* op = OpTypeName(entries[0].op);
+    what.reserve(std::strlen(op) + entries[0].name.size() + 24);
+    what.append(op).append(" '").append(entries[0].name).append("'");
+    if (entries.size() > 1) what.append(" and ").append(std::to_string(entries.size() - 1)).append(" more");
   }
   const int h = handles_->Allocate(static_cast<int>(entries.size()), std::move(payload),
                                    std::move(what));

@@ -25,14 +25,16 @@ Controller::Controller(ControlPlane* cp, ProcessSetTable* sets, size_t cache_cap
       stall_seconds_(stall_seconds),
       inspector_(stall_seconds, stall_shutdown_seconds) {}
 
-void Controller::Submit(std::vector<Request> requests) {
+void Controller::Submit(std::vector<Request>& requests) {
+  if (requests.empty()) return;
   const TimePoint now = std::chrono::steady_clock::now();
+  const Request& last = requests.back();  // only the newest is reported (copied once, not per request)
+  last_ = PendingInfo{last.name, last.op, last.process_set, last.site, 0};
+  last_time_ = now;
   for (Request& r : requests) {
     r.rank = cp_->rank();
     since_[r.Key()] = now;
     TraceStart(r);
-    last_ = PendingInfo{r.name, r.op, r.process_set, r.site, 0};
-    last_time_ = now;
     Classify(std::move(r));
   }
 }

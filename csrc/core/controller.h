@@ -74,8 +74,9 @@ class Controller {
   Controller(ControlPlane* cp, ProcessSetTable* sets, size_t cache_capacity,
              double stall_seconds = 0, double stall_shutdown_seconds = 0);
 
-  // Adds this rank's new requests (background thread). Their rank field is filled in here.
-  void Submit(std::vector<Request> requests);
+  // Adds this rank's new requests (background thread), moving each out of `requests` (the list
+  // keeps its storage for the queue's next ones). Their rank field is filled in here.
+  void Submit(std::vector<Request>& requests);
   // Asks every rank to stop at the end of the next cycle; `reason` reaches every rank.
   void RequestShutdown(const std::string& reason);
   void set_coordinator_hook(CoordinatorHook hook) { hook_ = std::move(hook); }

@@ -40,11 +40,10 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> r
   return Status::Ok();
 }
 
-std::vector<Request> TensorQueue::PopRequests() {
+void TensorQueue::PopRequests(std::vector<Request>* out) {
+  out->clear();
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<Request> out;
-  out.swap(new_requests_);
-  return out;
+  out->swap(new_requests_);
 }
 
 bool TensorQueue::Take(const std::string& key, TensorEntry* out) {

@@ -49,8 +49,11 @@ class TensorQueue {
  public:
   // Adds entries and their requests atomically (a grouped op adds several).
   Status Add(std::vector<TensorEntry> entries, std::vector<Request> requests);
-  // Moves out every request added since the last call. Background thread.
-  std::vector<Request> PopRequests();
+  // Moves every request added since the last call into `*out` (emptied first), whose storage the
+  // queue keeps for the next ones: regrowing the list from empty for every batch of submissions
+  // (200 requests: nine reallocations, moving each request up to eight times) was ~4% of a
+  // submitting thread's time. Background thread.
+  void PopRequests(std::vector<Request>* out);
   // Removes and returns the entry for `key` (TensorKey of name and process set); false if none.
   bool Take(const std::string& key, TensorEntry* out);
   // Fails every pending entry with `status` and refuses further Adds with it.

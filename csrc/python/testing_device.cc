@@ -133,7 +133,8 @@ HostDeviceOpsCounters RunRank(int rank, bool joined, bool staging, int64_t thres
     if (joined) continue;
     queue.Add({ToEntry(specs[i], rank, &(*results)[i])}, {ToRequest(specs[i], rank)});
   }
-  queue.PopRequests();
+  std::vector<Request> popped;
+  queue.PopRequests(&popped);
   ExecutorDeps deps;
   deps.queue = &queue;
   deps.sets = &sets;

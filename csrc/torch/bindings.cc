@@ -51,6 +51,76 @@ void CheckMembership(Context& ctx, int ps, OpType op, const std::string& name) {
   }
 }
 
+// Adds tensor `i` of an op: its entry (output `out`, or allocated by the background thread when
+// null) and its request.
+void AddTensor(const OpSpec& spec, const std::shared_ptr<TorchPayload>& payload,
+               const std::shared_ptr<DeviceEvent>& ready, const at::Tensor& in,
+               const at::Tensor* out, size_t i, std::string name, std::string site,
+               std::vector<TensorEntry>* entries, std::vector<Request>* requests) {
+  DataType dtype;
+  ThrowIfError(ToDataType(in, &dtype));
+  TensorEntry e;
+  e.name = name;
+  e.op = spec.op;
+  e.input = ToRef(in, dtype);
+  e.process_set = spec.process_set;
+  if (ready) {
+    e.ready = ready;
+    e.device_done = [payload](const std::shared_ptr<DeviceEvent>& finished) {
+      if (payload->finished.empty() || payload->finished.back() != finished) {
+        payload->finished.push_back(finished);
+      }
+    };
+  }
+  if (out == nullptr && ready) {
+    at::TensorOptions options = in.options();
+    e.allocate = [payload, i, options, dtype, ready](const Shape& shape, TensorRef* o) {
+      try {
+        HVDL_RETURN_IF_ERROR(AllocateAfter(ready, shape, options, &payload->outputs[i]));
+      } catch (const std::exception& ex) {  // e.g. CUDA out of memory: never throw here
+        return Status::Internal("allocating the " + DescribeTensor(dtype, shape) + " output on " +
+                                options.device().str() + " failed: " + ex.what());
+      }
+      *o = ToRef(payload->outputs[i], dtype);
+      return Status::Ok();
+    };
+  } else if (out == nullptr) {
+    at::TensorOptions options = in.options();
+    e.allocate = [payload, i, options, dtype](const Shape& shape, TensorRef* o) {
+      payload->outputs[i] = at::empty(shape, options);
+      *o = ToRef(payload->outputs[i], dtype);
+      return Status::Ok();
+    };
+  } else {
+    e.output = out->is_same(in) ? e.input : ToRef(*out, dtype);
+  }
+  e.done = [payload](const Status& s, const std::vector<int64_t>& extra) {
+    if (s.ok() && !extra.empty()) payload->extra = extra;
+  };
+  Request q;
+  q.op = spec.op;
+  q.name = std::move(name);
+  q.dtype = dtype;
+  q.shape = e.input.shape;
+  q.reduce_op = spec.reduce_op;
+  q.prescale = spec.prescale;
+  q.postscale = spec.postscale;
+  q.root = spec.root;
+  q.device = e.input.device;
+  q.process_set = spec.process_set;
+  q.splits = spec.splits;
+  q.site = std::move(site);
+  entries->push_back(std::move(e));
+  requests->push_back(std::move(q));
+}
+
+// CUDA: one ready event for the op (CheckSameDevice: all its tensors share a device).
+std::shared_ptr<DeviceEvent> ReadyEvent(const at::Tensor& first) {
+  std::shared_ptr<DeviceEvent> ready;
+  if (first.is_cuda()) ThrowIfError(MarkCallerStream(first.get_device(), &ready));
+  return ready;
+}
+
 int Submit(Context& ctx, const OpSpec& spec, const std::vector<at::Tensor>& inputs,
            const std::vector<at::Tensor>& outputs, const std::vector<std::string>& names,
            const std::vector<std::string>& sites) {
@@ -60,66 +130,12 @@ int Submit(Context& ctx, const OpSpec& spec, const std::vector<at::Tensor>& inpu
   payload->outputs.resize(inputs.size());
   std::vector<TensorEntry> entries;
   std::vector<Request> requests;
-  // CUDA: one ready event for the op (CheckSameDevice: all its tensors share a device).
-  std::shared_ptr<DeviceEvent> ready;
-  if (inputs[0].is_cuda()) ThrowIfError(MarkCallerStream(inputs[0].get_device(), &ready));
+  entries.reserve(inputs.size());
+  requests.reserve(inputs.size());
+  const std::shared_ptr<DeviceEvent> ready = ReadyEvent(inputs[0]);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const at::Tensor& in = inputs[i];
-    DataType dtype;
-    ThrowIfError(ToDataType(in, &dtype));
-    TensorEntry e;
-    e.name = names[i];
-    e.op = spec.op;
-    e.input = ToRef(in, dtype);
-    e.process_set = spec.process_set;
-    if (ready) {
-      e.ready = ready;
-      e.device_done = [payload](const std::shared_ptr<DeviceEvent>& finished) {
-        if (payload->finished.empty() || payload->finished.back() != finished) {
-          payload->finished.push_back(finished);
-        }
-      };
-    }
-    if (outputs.empty() && ready) {
-      at::TensorOptions options = in.options();
-      e.allocate = [payload, i, options, dtype, ready](const Shape& shape, TensorRef* out) {
-        try {
-          HVDL_RETURN_IF_ERROR(AllocateAfter(ready, shape, options, &payload->outputs[i]));
-        } catch (const std::exception& ex) {  // e.g. CUDA out of memory: never throw here
-          return Status::Internal("allocating the " + DescribeTensor(dtype, shape) + " output on " +
-                                  options.device().str() + " failed: " + ex.what());
-        }
-        *out = ToRef(payload->outputs[i], dtype);
-        return Status::Ok();
-      };
-    } else if (outputs.empty()) {
-      at::TensorOptions options = in.options();
-      e.allocate = [payload, i, options, dtype](const Shape& shape, TensorRef* out) {
-        payload->outputs[i] = at::empty(shape, options);
-        *out = ToRef(payload->outputs[i], dtype);
-        return Status::Ok();
-      };
-    } else {
-      e.output = ToRef(outputs[i], dtype);
-    }
-    e.done = [payload](const Status& s, const std::vector<int64_t>& extra) {
-      if (s.ok() && !extra.empty()) payload->extra = extra;
-    };
-    Request q;
-    q.op = spec.op;
-    q.name = names[i];
-    q.dtype = dtype;
-    q.shape = e.input.shape;
-    q.reduce_op = spec.reduce_op;
-    q.prescale = spec.prescale;
-    q.postscale = spec.postscale;
-    q.root = spec.root;
-    q.device = e.input.device;
-    q.process_set = spec.process_set;
-    q.splits = spec.splits;
-    q.site = i < sites.size() ? sites[i] : std::string();
-    entries.push_back(std::move(e));
-    requests.push_back(std::move(q));
+    AddTensor(spec, payload, ready, inputs[i], outputs.empty() ? nullptr : &outputs[i], i,
+              names[i], i < sites.size() ? sites[i] : std::string(), &entries, &requests);
   }
   int handle = 0;
   ThrowIfError(ctx.Submit(std::move(entries), std::move(requests), payload, &handle));
@@ -159,40 +175,61 @@ void CheckOutputs(OpType op, const std::vector<at::Tensor>& inputs,
   }
 }
 
-int EnqueueAllreduce(std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs,
-                     std::vector<std::string> names, int op, double prescale, double postscale,
-                     int ps, std::vector<std::string> sites) {
-  Context& ctx = Ctx();
-  CheckLists(OpType::kAllreduce, inputs, names);
-  CheckOutputs(OpType::kAllreduce, inputs, outputs, names);
+// ValueError unless `op` can reduce `t` here (Adasum is handled in Python).
+void CheckAllreduceOp(int op, const at::Tensor& t, const std::string& name) {
   if (!IsValidReduceOp(op) || static_cast<ReduceOp>(op) == ReduceOp::kAdasum) {
-    ThrowIfError(Status::InvalidArgument(What(OpType::kAllreduce, names[0]) + ": op " +
+    ThrowIfError(Status::InvalidArgument(What(OpType::kAllreduce, name) + ": op " +
                                          std::to_string(op) + " is not one of Average, Sum, Min, "
                                          "Max, Product here (Adasum is handled in Python)."));
   }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].scalar_type() == at::kBool && static_cast<ReduceOp>(op) == ReduceOp::kAverage) {
-      ThrowIfError(Status::InvalidArgument(What(OpType::kAllreduce, names[i]) +
-                                           ": Average is undefined for bool tensors; use Min "
-                                           "(logical and) or Max (logical or)."));
-    }
+  if (t.scalar_type() == at::kBool && static_cast<ReduceOp>(op) == ReduceOp::kAverage) {
+    ThrowIfError(Status::InvalidArgument(What(OpType::kAllreduce, name) +
+                                         ": Average is undefined for bool tensors; use Min "
+                                         "(logical and) or Max (logical or)."));
   }
-  CheckMembership(ctx, ps, OpType::kAllreduce, names[0]);
+}
+
+OpSpec AllreduceSpec(int op, double prescale, double postscale, int ps) {
   OpSpec spec;
   spec.op = OpType::kAllreduce;
   spec.reduce_op = static_cast<ReduceOp>(op);
   spec.prescale = prescale;
   spec.postscale = postscale;
   spec.process_set = ps;
-  return Submit(ctx, spec, inputs, outputs, names, sites);
+  return spec;
 }
 
-// allreduce_async_ of one tensor, in place: the path of every DistributedOptimizer gradient. The
-// same checks and entry as enqueue_allreduce without converting three Python lists.
+int EnqueueAllreduce(std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs,
+                     std::vector<std::string> names, int op, double prescale, double postscale,
+                     int ps, std::vector<std::string> sites) {
+  Context& ctx = Ctx();
+  CheckLists(OpType::kAllreduce, inputs, names);
+  CheckOutputs(OpType::kAllreduce, inputs, outputs, names);
+  for (size_t i = 0; i < inputs.size(); ++i) CheckAllreduceOp(op, inputs[i], names[i]);
+  CheckMembership(ctx, ps, OpType::kAllreduce, names[0]);
+  return Submit(ctx, AllreduceSpec(op, prescale, postscale, ps), inputs, outputs, names, sites);
+}
+
+// allreduce_async_ of one tensor, in place: the path of every DistributedOptimizer gradient.
+// enqueue_allreduce's checks and entry without the one-element lists (one list per argument, a
+// copy of each, per gradient): the name and the call site are moved, not copied.
 int EnqueueAllreduceInplace(const at::Tensor& tensor, std::string name, int op, double prescale,
                             double postscale, int ps, std::string site) {
-  return EnqueueAllreduce({tensor}, {tensor}, {std::move(name)}, op, prescale, postscale, ps,
-                          {std::move(site)});
+  Context& ctx = Ctx();
+  ThrowIfError(CheckTensor(tensor, OpTypeName(OpType::kAllreduce), name));
+  CheckAllreduceOp(op, tensor, name);
+  CheckMembership(ctx, ps, OpType::kAllreduce, name);
+  auto payload = std::make_shared<TorchPayload>();
+  payload->outputs.push_back(tensor);  // wait() returns it (Adasum's finish reads it)
+  std::vector<TensorEntry> entries;
+  std::vector<Request> requests;
+  entries.reserve(1);
+  requests.reserve(1);
+  AddTensor(AllreduceSpec(op, prescale, postscale, ps), payload, ReadyEvent(tensor), tensor,
+            &tensor, 0, std::move(name), std::move(site), &entries, &requests);
+  int handle = 0;
+  ThrowIfError(ctx.Submit(std::move(entries), std::move(requests), payload, &handle));
+  return handle;
 }
 
 int EnqueueAllgather(std::vector<at::Tensor> inputs, std::vector<std::string> names, int ps,
@@ -305,17 +342,31 @@ int EnqueueControl(OpType op, const std::string& name, int ps, std::vector<int64
   return handle;
 }
 
-py::tuple Wait(int handle) {
+// Blocks (GIL released) until `handle` completes; raises its error; makes the caller's CUDA
+// stream wait for the outputs.
+std::shared_ptr<TorchPayload> WaitPayload(int handle) {
   Status status, op_status;
   std::shared_ptr<void> payload;
-  {
+  HandleTable& handles = Runtime::Get().handles();
+  bool done = false;
+  status = handles.Poll(handle, &done);
+  if (status.ok() && done) {
+    // Already complete (all but the first of a fused batch synchronized in a row): Wait returns
+    // at once, so the GIL is kept - releasing and retaking it cost more than the rest of wait().
+    status = handles.Wait(handle, &op_status, &payload);
+  } else if (status.ok()) {
     py::gil_scoped_release nogil;
-    status = Runtime::Get().handles().Wait(handle, &op_status, &payload);
+    status = handles.Wait(handle, &op_status, &payload);
   }
   ThrowIfError(status);
   ThrowIfError(op_status);
   auto p = std::static_pointer_cast<TorchPayload>(payload);
   for (const auto& finished : p->finished) ThrowIfError(WaitOnCallerStream(finished));
+  return p;
+}
+
+py::tuple Wait(int handle) {
+  auto p = WaitPayload(handle);
   return py::make_tuple(p->outputs, p->extra);
 }
 
@@ -350,6 +401,8 @@ void RegisterTorchOps(py::module_& m) {
                           0, {id});
   }, py::arg("id"));
   m.def("wait", &Wait, py::arg("handle"));
+  // wait() for ops whose result Python already holds (in place): no lists built
+  m.def("wait_done", [](int handle) { WaitPayload(handle); }, py::arg("handle"));
   m.def("process_set_ranks", [](int id) {
     auto members = Ctx().process_sets().Members(id);
     if (!members) ThrowIfError(Status::InvalidArgument("process set " + std::to_string(id) + " does not exist."));
