@@ -104,12 +104,46 @@ def test_growing_from_2_to_3_ranks_with_host_discovery(tmp_path):
     assert re.search(r"hvd.elastic: continuing from commit \d+ with 2 -> 3 ranks", out), out
 
 
+def test_a_host_that_lost_a_rank_is_blacklisted_and_the_job_does_not_regrow_there(tmp_path):
+    """The discovery script keeps listing 3 slots on this machine. Rank 2 dies: without the
+    blacklist the next commit would start a replacement there (and a rank that keeps dying
+    would cycle fail-shrink-regrow until reset_limit); with it, the two survivors finish alone
+    and match the reference."""
+    _, script = discovery_script(tmp_path, "localhost:3\n")
+    rc, out, took = run_elastic(3, "--kill", "2:0:3", launcher=(
+        "--max-np", "3", "--host-discovery-script", str(script)))
+    assert rc == 0, out
+    assert set(finals(out)) == {0, 1} and {s for s, _, _ in finals(out).values()} == {2}, out
+    assert re.search(r"hvd.elastic: host \S+ blacklisted for the rest of the job: the job lost "
+                     r"ranks there \(1 time\); no new ranks start there", out), out
+    assert "hvd.elastic: started" not in out, out  # no replacement
+    assert took < 60, f"{took:.0f} s\n{out}"
+
+
+def test_with_a_cooldown_the_blacklisted_host_gets_ranks_again(tmp_path):
+    """--blacklist-cooldown-range 2 2: two seconds after rank 2 died, this machine's slot counts
+    again and the job grows back to 3 ranks, which finish with identical weights."""
+    _, script = discovery_script(tmp_path, "localhost:3\n")
+    rc, out, _ = run_elastic(3, "--kill", "2:0:3", "--compare", "ranks", "--step-seconds", "0.1",
+                             "--epochs", "6", launcher=(
+                                 "--max-np", "3", "--host-discovery-script", str(script),
+                                 "--blacklist-cooldown-range", "2", "2"))
+    assert rc == 0, out
+    assert re.search(r"hvd.elastic: host \S+ blacklisted for 2 s \(--blacklist-cooldown-range\)",
+                     out), out
+    assert "hvd.elastic: started 1 new rank (host discovery): ranks 2..2" in out, out
+    assert sorted(re.findall(r"FINAL rank (\d) size 3 epochs 6 agree", out)) == ["0", "1", "2"], out
+
+
 def test_launcher_checks_the_elastic_flags(tmp_path):
     for extra, says in [(("--max-np", "4"), "needs --host-discovery-script"),
                         (("--max-np", "1"), "below -np"),
                         (("--host-discovery-script", str(tmp_path / "none.sh")),
                          "is not an executable file"),
-                        (("--min-np", "3"), "must be between 1 and -np")]:
+                        (("--min-np", "3"), "must be between 1 and -np"),
+                        (("--blacklist-cooldown-range", "5", "1"), "need 0 < MIN <= MAX"),
+                        (("--blacklist-cooldown-range", "1", "5"),
+                         "needs --host-discovery-script")]:
         p = subprocess.run([sys.executable, "-m", "horovodlite.runner.launch", "-np", "2",
                             *extra, "true"], capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and says in p.stderr, (extra, p.stderr)

@@ -130,6 +130,14 @@ int Recoveries() {
 #endif
 }
 
+std::vector<std::string> LostHosts() {
+#if HVDL_WITH_MPI
+  return MpiWorld::LostHosts();
+#else
+  return {};
+#endif
+}
+
 #if !HVDL_WITH_MPI
 void RequestGrowth(int, const std::string&, const std::vector<std::string>&,
                    const std::string&) {}

@@ -75,6 +75,9 @@ bool FaultToleranceBuilt();
 // After a recovery: old rank -> rank among the survivors (-1: lost). Empty before any.
 std::vector<int> LastRecoveryMap();
 int Recoveries();
+// The host of every rank this process saw lost (recoveries), in the order lost; elastic jobs
+// blacklist hosts from it.
+std::vector<std::string> LostHosts();
 // Elastic growth (MpiWorld's): spawn `count` ranks at the next init; how many so far; whether
 // this process is one of them.
 void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv,

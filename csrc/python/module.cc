@@ -148,6 +148,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("fault_tolerance_built", [] { return FaultToleranceBuilt(); });
   m.def("last_recovery_map", [] { return LastRecoveryMap(); });
   m.def("recoveries", [] { return Recoveries(); });
+  m.def("lost_hosts", [] { return LostHosts(); });
   m.def("request_growth", &RequestGrowth, py::arg("count"), py::arg("command"),
         py::arg("argv"), py::arg("host") = "");
   m.def("grown", [] { return Grown(); });

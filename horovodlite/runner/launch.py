@@ -83,6 +83,10 @@ def _parser() -> argparse.ArgumentParser:
                         "slots it lists (up to --max-np), onto the -H hosts first, then onto "
                         "hosts it lists beyond them; the ranks of a host it stops listing "
                         "retire")
+    p.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
+                   help="elastic: a host where ranks were lost gets no new ranks for MIN "
+                        "seconds, doubling with each further failure up to MAX (default: for "
+                        "the rest of the job)")
     p.add_argument("--mpi-args", default="", help="extra arguments passed to mpirun verbatim")
     p.add_argument("--verbose", action="store_true", help="print the mpirun command")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program each rank runs")
@@ -232,6 +236,13 @@ def build_command(args, mpirun: str, flavor: str, env: dict, openmpi_major: int 
 def _check_elastic(args) -> None:
     if args.min_np is not None or args.max_np is not None or args.host_discovery_script:
         args.elastic = True
+    if args.blacklist_cooldown_range is not None:
+        low, high = args.blacklist_cooldown_range
+        if not 0 < low <= high:
+            _parser().error(f"--blacklist-cooldown-range {low:g} {high:g}: need 0 < MIN <= MAX")
+        if not args.host_discovery_script:
+            _parser().error("--blacklist-cooldown-range needs --host-discovery-script (it "
+                            "decides where new ranks start)")
     if not args.elastic:
         return
     if args.max_np is not None and args.max_np < args.num_proc:
@@ -295,6 +306,9 @@ def main(argv: list | None = None) -> int:
             env["HVDL_ELASTIC_HOSTS"] = ",".join(h for h, _ in host_slots(args.hosts))
         if args.host_discovery_script:
             env["HVDL_DISCOVERY_SCRIPT"] = args.host_discovery_script
+        if args.blacklist_cooldown_range is not None:
+            env["HVDL_BLACKLIST_COOLDOWN"] = ",".join(f"{v:g}" for v in
+                                                      args.blacklist_cooldown_range)
     reports = None
     if not args.no_rank_reports:
         reports = ReportServer(on_lost=_say_lost, tell_survivors=not args.elastic)

@@ -300,3 +300,51 @@ def test_growth_beyond_the_allocation_picks_the_first_new_host():
     assert new_host(found, {"a", "b", "c"}, 3) == ("", 0)
     assert new_host(found, {"a"}, 0) == ("", 0)        # at --max-np already
     assert new_host({"localhost": 4}, {"a"}, 2) == ("", 0)  # one machine: mpirun places
+
+
+@pytest.fixture
+def fresh_blacklist(monkeypatch):
+    from horovodlite.torch.elastic import discovery
+
+    monkeypatch.setattr(discovery, "_failures", {})
+    monkeypatch.setattr(discovery, "_blocked_until", {})
+    monkeypatch.delenv("HVDL_BLACKLIST_COOLDOWN", raising=False)
+    return discovery
+
+
+def test_a_host_that_lost_ranks_gets_no_new_ones_for_the_rest_of_the_job(fresh_blacklist):
+    d = fresh_blacklist
+    found = {"a": 2, "b.cluster": 2, "c": 1}
+    assert d.usable(found) == found
+    # two ranks of b lost in one recovery: one failure of b
+    assert d.note_lost(["b", "b"], now=0.0) == [("b", float("inf"))]
+    assert d._failures == {"b": 1}
+    assert d.blacklisted(now=1e9) == ["b"]
+    assert d.usable(found, now=1e9) == {"a": 2, "c": 1}  # short names match
+    # one machine: blacklisting its host blacklists "localhost" (it lists every host)
+    assert d.usable({"localhost": 3}, now=0.0) == {}
+    # growth beyond the allocation skips it too
+    assert d.new_host(d.usable(found, now=0.0), {"a"}, 4) == ("c", 1)
+
+
+def test_cooldown_doubles_per_failure_up_to_the_maximum(fresh_blacklist, monkeypatch):
+    d = fresh_blacklist
+    monkeypatch.setenv("HVDL_BLACKLIST_COOLDOWN", "10,25")
+    assert d.cooldown_range() == (10.0, 25.0)
+    assert d.note_lost(["h"], now=100.0) == [("h", 10.0)]
+    assert d.blacklisted(now=109.9) == ["h"] and d.blacklisted(now=110.0) == []
+    assert d.usable({"h": 2}, now=110.0) == {"h": 2}  # back after the cooldown
+    assert d.note_lost(["h"], now=200.0) == [("h", 20.0)]
+    assert d.note_lost(["h"], now=300.0) == [("h", 25.0)]  # 40 capped at MAX
+
+
+def test_runtime_losses_are_counted_once(fresh_blacklist, monkeypatch):
+    d = fresh_blacklist
+    lost = ["x"]
+    monkeypatch.setattr(d.basics, "_C", type("C", (), {"lost_hosts": staticmethod(lambda: lost)}))
+    monkeypatch.setattr(d, "_lost_seen", 0)
+    assert [h for h, _ in d.note_runtime_losses()] == ["x"]
+    assert d.note_runtime_losses() == []  # nothing new since
+    lost.append("y")
+    assert [h for h, _ in d.note_runtime_losses()] == ["y"]
+    assert d._failures == {"x": 1, "y": 1}

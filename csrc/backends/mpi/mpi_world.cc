@@ -30,8 +30,9 @@ int g_grown = 0;  // ranks this process's job has spawned, in total
 // stayed, until the job ends, so it is skipped; ULFM's launcher lets such a process go.
 bool g_retired = false;
 std::vector<int> g_recovery_map;
-std::mutex g_recovery_mu;  // guards g_recovery_map and g_recoveries (read by Python any time)
+std::mutex g_recovery_mu;  // guards the three below (read by Python any time)
 int g_recoveries = 0;
+std::vector<std::string> g_lost_hosts;  // the host of every rank lost, in the order lost
 
 Status EnsureMpi(int* level) {
   int initialized = 0;
@@ -196,6 +197,8 @@ Status MpiWorld::Recover(std::string* what) {
     if (n == MPI_UNDEFINED) n = -1;
     if (n >= 0) continue;
     lost += (nlost++ ? ", " : "") + std::to_string(r) + " (host " + host(r) + ")";
+    std::lock_guard<std::mutex> lock(g_recovery_mu);
+    g_lost_hosts.push_back(host(r));
   }
   int remain = 0;
   MPI_Comm_size(survivors, &remain);
@@ -224,6 +227,11 @@ std::vector<int> MpiWorld::LastRecoveryMap() {
 int MpiWorld::Recoveries() {
   std::lock_guard<std::mutex> lock(g_recovery_mu);
   return g_recoveries;
+}
+
+std::vector<std::string> MpiWorld::LostHosts() {
+  std::lock_guard<std::mutex> lock(g_recovery_mu);
+  return g_lost_hosts;
 }
 
 bool UlfmBuilt() { return HVDL_HAVE_ULFM != 0; }

@@ -74,6 +74,7 @@ class MpiWorld {
   // The last Recover's survivors, as (old rank -> new rank, -1 if lost); empty if none.
   static std::vector<int> LastRecoveryMap();
   static int Recoveries();  // how many Recover calls succeeded in this process
+  static std::vector<std::string> LostHosts();  // the host of each rank Recover found lost
 
  private:
   MpiWorld() = default;

@@ -23,6 +23,14 @@ counts as one slot) every ``HVDL_DISCOVERY_INTERVAL`` seconds on a background th
 A job's host is "listed" when the script gives its hostname, or its short name (before the first
 dot) matches a listed name's, or the script lists ``localhost`` (one machine). The names are
 compared as the ranks' ``socket.gethostname()``.
+
+**Blacklist**: a host on which the job lost ranks (their processes died: a crash, an OOM kill)
+gets no new ranks - its slots no longer count for growth - so a host whose ranks keep failing
+does not make the job fail, shrink and regrow until ``reset_limit``. As on Horovod, for the rest
+of the job by default; with ``horovodliterun --blacklist-cooldown-range MIN MAX`` a host comes
+back after MIN seconds, then 2 x MIN, 4 x MIN... for each further failure, at most MAX. Its
+ranks that still run keep running (retiring is for hosts the script stops listing). Every rank
+keeps the same blacklist (they all see the same losses); rank 0's decides.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 from horovodlite.common import basics
 
@@ -42,6 +51,9 @@ _job_hosts: list | None = None  # every rank's host in the current job (gathered
 _warned_unlisted = False
 _placement = ""  # the host outside the allocation the agreed growth goes to ("": mpirun places)
 _added: set = set()  # hosts this job grew onto beyond -H (now part of its allocation)
+_failures: dict = {}  # host -> how many times the job lost ranks on it
+_blocked_until: dict = {}  # blacklisted host -> time.monotonic() it comes back (inf: never)
+_lost_seen = 0  # entries of the runtime's lost-host record already counted
 
 
 def parse_hosts(text: str) -> dict:
@@ -107,6 +119,56 @@ class _Poller:
             self._stop.wait(self.interval)
 
 
+def cooldown_range() -> tuple | None:
+    """(min, max) seconds from ``--blacklist-cooldown-range`` (HVDL_BLACKLIST_COOLDOWN), or None
+    (blacklisted for the rest of the job)."""
+    value = os.environ.get("HVDL_BLACKLIST_COOLDOWN", "")
+    if not value:
+        return None
+    low, _, high = value.partition(",")
+    return float(low), float(high)
+
+
+def note_lost(hosts, now: float | None = None) -> list:
+    """Counts a failure for each host in ``hosts`` (the hosts of ranks just lost; one failure
+    per host per call) and blacklists it; returns the hosts blacklisted by this call with how
+    long (seconds, inf: for the rest of the job)."""
+    now = time.monotonic() if now is None else now
+    cooldown = cooldown_range()
+    out = []
+    for host in sorted(set(hosts)):
+        _failures[host] = _failures.get(host, 0) + 1
+        seconds = float("inf")
+        if cooldown is not None:
+            seconds = min(cooldown[1], cooldown[0] * 2 ** (_failures[host] - 1))
+        _blocked_until[host] = now + seconds
+        out.append((host, seconds))
+    return out
+
+
+def note_runtime_losses() -> list:
+    """note_lost for the ranks the runtime lost since the last call (every rank calls this after
+    a recovery, so every rank keeps the same blacklist)."""
+    global _lost_seen
+    lost = list(basics._C.lost_hosts())
+    new, _lost_seen = lost[_lost_seen:], len(lost)
+    return note_lost(new) if new else []
+
+
+def blacklisted(now: float | None = None) -> list:
+    """The hosts blacklisted now."""
+    now = time.monotonic() if now is None else now
+    return sorted(h for h, until in _blocked_until.items() if until > now)
+
+
+def usable(found: dict, now: float | None = None) -> dict:
+    """``found`` without the names that list a blacklisted host (a loopback name lists every
+    host: blacklisting the one machine blacklists ``localhost`` too)."""
+    blocked = blacklisted(now)
+    return {name: slots for name, slots in found.items()
+            if not any(listed(host, [name]) for host in blocked)}
+
+
 def active() -> bool:
     return bool(os.environ.get("HVDL_DISCOVERY_SCRIPT")) and basics.is_initialized()
 
@@ -143,13 +205,14 @@ def updates_agreed() -> tuple:
             # retiring splits the job's communicator: not for init(comm=...) on a subset of it
             whole_job = basics._init_args[0] is None
             gone = removed_hosts(_job_hosts, found) if whole_job else []
+            growable = usable(found)  # blacklisted hosts get no new ranks
             if not gone:
-                add = max(0, min([sum(found.values()), *caps]) - basics.size())
+                add = max(0, min([sum(growable.values()), *caps]) - basics.size())
             if not gone and add == 0:
                 allocation = {h for h in os.environ.get("HVDL_ELASTIC_HOSTS", "").split(",")
                               if h} | set(_job_hosts) | _added
                 room = int(os.environ.get("HVDL_ELASTIC_MAX_NP", "0") or 0) - basics.size()
-                host, add = new_host(found, allocation, room)
+                host, add = new_host(growable, allocation, room)
     add, gone, host = broadcast_object((add, gone, host), 0, name="elastic.host_updates")
     _requested, _retiring, _placement = int(add), list(gone), str(host)
     return _requested, _retiring
