@@ -4,6 +4,21 @@
 #include <cmath>
 #include <cstring>
 
+// The element-wise loops that move most bytes (the ring's fold, scaling) are compiled twice, for
+// AVX2 and for the baseline, and the loader picks the AVX2 one where the CPU has it. The
+// operations and their order are the same, so are the bits (no FMA: "avx2" alone does not
+// enable it). Memory-bound as they are, the wider loop still kept more cache lines in flight:
+// adding 6.25 MiB into 200 separate 64 KiB tensors took 0.30 ms against 0.47 ms from memory,
+// 0.11 against 0.13 ms from L3, on this machine (AMD EPYC, best of 7).
+#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define HVDL_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef HVDL_VECTOR_CLONES
+#define HVDL_VECTOR_CLONES
+#endif
+
 namespace hvdl {
 
 float HalfToFloat(uint16_t h) {
@@ -93,7 +108,7 @@ T Apply(T a, T b, ReduceOp op) {
 
 // Separate loops per op so each one vectorises.
 template <typename T>
-void ReduceTyped(T* dst, const T* src, int64_t n, ReduceOp op) {
+HVDL_VECTOR_CLONES void ReduceTyped(T* dst, const T* src, int64_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::kMin:
       for (int64_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
@@ -125,7 +140,7 @@ void ReduceBool(uint8_t* dst, const uint8_t* src, int64_t n, ReduceOp op) {
 }
 
 template <typename T>
-void ScaleCopyFloat(T* dst, const T* src, int64_t n, double factor) {
+HVDL_VECTOR_CLONES void ScaleCopyFloat(T* dst, const T* src, int64_t n, double factor) {
   const T f = static_cast<T>(factor);
   for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * f;
 }
@@ -217,7 +232,7 @@ namespace {
 // (dst + src) * f in one pass: the sum is rounded to T before the product, exactly as a
 // ReduceInto followed by a Scale rounds it, so the bits are the same.
 template <typename T>
-void SumScaleTyped(T* dst, const T* src, int64_t n, double factor) {
+HVDL_VECTOR_CLONES void SumScaleTyped(T* dst, const T* src, int64_t n, double factor) {
   const T f = static_cast<T>(factor);
   for (int64_t i = 0; i < n; ++i) {
     const T sum = static_cast<T>(dst[i] + src[i]);
