@@ -317,7 +317,7 @@ def test_a_host_that_lost_ranks_gets_no_new_ones_for_the_rest_of_the_job(fresh_b
     found = {"a": 2, "b.cluster": 2, "c": 1}
     assert d.usable(found) == found
     # two ranks of b lost in one recovery: one failure of b
-    assert d.note_lost(["b", "b"], now=0.0) == [("b", float("inf"))]
+    assert d.note_lost(["b", "b"], now=0.0) == [("b", float("inf"), 1)]
     assert d._failures == {"b": 1}
     assert d.blacklisted(now=1e9) == ["b"]
     assert d.usable(found, now=1e9) == {"a": 2, "c": 1}  # short names match
@@ -331,11 +331,11 @@ def test_cooldown_doubles_per_failure_up_to_the_maximum(fresh_blacklist, monkeyp
     d = fresh_blacklist
     monkeypatch.setenv("HVDL_BLACKLIST_COOLDOWN", "10,25")
     assert d.cooldown_range() == (10.0, 25.0)
-    assert d.note_lost(["h"], now=100.0) == [("h", 10.0)]
+    assert d.note_lost(["h"], now=100.0) == [("h", 10.0, 1)]
     assert d.blacklisted(now=109.9) == ["h"] and d.blacklisted(now=110.0) == []
     assert d.usable({"h": 2}, now=110.0) == {"h": 2}  # back after the cooldown
-    assert d.note_lost(["h"], now=200.0) == [("h", 20.0)]
-    assert d.note_lost(["h"], now=300.0) == [("h", 25.0)]  # 40 capped at MAX
+    assert d.note_lost(["h"], now=200.0) == [("h", 20.0, 2)]
+    assert d.note_lost(["h"], now=300.0) == [("h", 25.0, 3)]  # 40 capped at MAX
 
 
 def test_runtime_losses_are_counted_once(fresh_blacklist, monkeypatch):
@@ -343,8 +343,8 @@ def test_runtime_losses_are_counted_once(fresh_blacklist, monkeypatch):
     lost = ["x"]
     monkeypatch.setattr(d.basics, "_C", type("C", (), {"lost_hosts": staticmethod(lambda: lost)}))
     monkeypatch.setattr(d, "_lost_seen", 0)
-    assert [h for h, _ in d.note_runtime_losses()] == ["x"]
+    assert [h for h, _, _ in d.note_runtime_losses()] == ["x"]
     assert d.note_runtime_losses() == []  # nothing new since
     lost.append("y")
-    assert [h for h, _ in d.note_runtime_losses()] == ["y"]
+    assert [h for h, _, _ in d.note_runtime_losses()] == ["y"]
     assert d._failures == {"x": 1, "y": 1}

@@ -131,8 +131,8 @@ def cooldown_range() -> tuple | None:
 
 def note_lost(hosts, now: float | None = None) -> list:
     """Counts a failure for each host in ``hosts`` (the hosts of ranks just lost; one failure
-    per host per call) and blacklists it; returns the hosts blacklisted by this call with how
-    long (seconds, inf: for the rest of the job)."""
+    per host per call) and blacklists it; returns (host, seconds blacklisted - inf: for the rest
+    of the job - and its failures so far) for each."""
     now = time.monotonic() if now is None else now
     cooldown = cooldown_range()
     out = []
@@ -142,7 +142,7 @@ def note_lost(hosts, now: float | None = None) -> list:
         if cooldown is not None:
             seconds = min(cooldown[1], cooldown[0] * 2 ** (_failures[host] - 1))
         _blocked_until[host] = now + seconds
-        out.append((host, seconds))
+        out.append((host, seconds, _failures[host]))
     return out
 
 

@@ -116,12 +116,11 @@ def _reinit(error: BaseException) -> None:
     basics._init_again()
     blocked = discovery.note_runtime_losses()  # every rank: the same losses, the same blacklist
     if blocked and basics.rank() == 0 and discovery.active():
-        for name, seconds in blocked:
+        for name, seconds, failures in blocked:
             until = ("for the rest of the job" if seconds == float("inf")
                      else f"for {seconds:g} s (--blacklist-cooldown-range)")
-            _log(f"host {name} blacklisted {until}: the job lost ranks there "
-                 f"({discovery._failures[name]} time{'s' if discovery._failures[name] > 1 else ''})"
-                 "; no new ranks start there")
+            _log(f"host {name} blacklisted {until}: the job lost ranks there ({failures} "
+                 f"time{'s' if failures > 1 else ''}); no new ranks start there")
     if add and basics.rank() == 0:
         where = f" on {host}, added to the job" if host else ""
         _log(f"started {add} new rank{'s' if add > 1 else ''}{where} (host discovery): "
