@@ -135,6 +135,22 @@ def test_with_a_cooldown_the_blacklisted_host_gets_ranks_again(tmp_path):
     assert sorted(re.findall(r"FINAL rank (\d) size 3 epochs 6 agree", out)) == ["0", "1", "2"], out
 
 
+def test_the_launcher_names_a_rank_added_while_training_that_died(tmp_path):
+    """Rank 2 dies, the job grows back after the cooldown (the new rank runs under
+    horovodliterun's wrapper, as --added-as 2), and the added rank dies too: the launcher names
+    both, the added one as such, and the job completes with the others."""
+    _, script = discovery_script(tmp_path, "localhost:3\n")
+    rc, out, _ = run_elastic(3, "--kill", "2:0:3", "--kill", "2:6:0", "--compare", "ranks",
+                             "--step-seconds", "0.1", "--epochs", "8", launcher=(
+                                 "--max-np", "3", "--host-discovery-script", str(script),
+                                 "--blacklist-cooldown-range", "2", "2"))
+    assert rc == 0, out
+    assert "hvd.elastic: started 1 new rank (host discovery): ranks 2..2" in out, out
+    assert re.search(r"the elastic job completed without:\n  rank 2 on \S+ exited with signal 9\n"
+                     r"  rank 2 \(added while training\) on \S+ exited with signal 9", out), out
+    assert {"0", "1"} <= set(re.findall(r"FINAL rank (\d) size \d epochs 8 agree", out)), out
+
+
 def test_launcher_checks_the_elastic_flags(tmp_path):
     for extra, says in [(("--max-np", "4"), "needs --host-discovery-script"),
                         (("--max-np", "1"), "below -np"),

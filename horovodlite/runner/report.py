@@ -48,6 +48,10 @@ class Rank:
     lost: str | None = None         # why it is considered lost
     connected: bool = True          # its report connection is open
     last_heard: float = field(default_factory=time.monotonic)
+    added: bool = False             # started by an elastic job growing (not by mpirun)
+
+    def label(self) -> str:
+        return f"rank {self.rank}" + (" (added while training)" if self.added else "")
 
 
 class ReportServer:
@@ -154,7 +158,8 @@ class ReportServer:
         if rank is None:
             if msg.get("token") != self.token or msg.get("event") != "started":
                 return False
-            rank = Rank(msg.get("rank"), str(msg.get("host")), int(msg.get("pid", 0)))
+            rank = Rank(msg.get("rank"), str(msg.get("host")), int(msg.get("pid", 0)),
+                        added=bool(msg.get("added", False)))
             state[1] = rank
             with self._lock:
                 self.ranks.append(rank)
@@ -214,7 +219,8 @@ class ReportServer:
         """Every rank reported its exit or was lost: nothing of the job runs any more."""
         with self._lock:
             done = {r.rank for r in self.ranks if r.status is not None or r.lost is not None}
-        return len(done) >= size
+            running = any(r.status is None and r.lost is None for r in self.ranks)
+        return len(done) >= size and not running  # (ranks added while training included)
 
     def wait_for_exits(self, timeout: float) -> None:
         """Once mpirun has ended: waits up to `timeout` s for the ranks still connected to report
@@ -256,25 +262,28 @@ class ReportServer:
         ends the job only when too few ranks finished."""
         with self._lock:
             ranks = list(self.ranks)
-        finished = sorted(r.rank for r in ranks if r.status == 0 and not r.lost and not r.retired)
+        # a rank number may be on two records: a rank lost, then one added under its number
+        finished = [r for r in ranks if r.status == 0 and not r.lost and not r.retired]
         departures = []
-        for r in sorted(ranks, key=lambda r: r.rank):
-            if r.rank in finished:
+        for r in sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0, r.added)):
+            if any(r is f for f in finished):
                 continue
             if r.retired:
-                departures.append(f"rank {r.rank} on {r.host} retired: its host left the host "
+                departures.append(f"{r.label()} on {r.host} retired: its host left the host "
                                   "discovery output")
             elif r.lost:
-                departures.append(f"rank {r.rank} on {r.host} was lost: {r.lost}")
+                departures.append(f"{r.label()} on {r.host} was lost: {r.lost}")
             elif r.status is not None:
                 how = f"signal {-r.status}" if r.status < 0 else f"status {r.status}"
-                departures.append(f"rank {r.rank} on {r.host} exited with {how}")
+                departures.append(f"{r.label()} on {r.host} exited with {how}")
             else:
-                departures.append(f"rank {r.rank} on {r.host} ended without reporting its exit "
+                departures.append(f"{r.label()} on {r.host} ended without reporting its exit "
                                   "status")
         problems = []
         if len(finished) < min_np:
-            problems = [f"only {len(finished)} of {size} ranks finished, fewer than --min-np "
+            added = sum(r.added for r in ranks)
+            total = f"{size}" + (f" (and {added} added while training)" if added else "")
+            problems = [f"only {len(finished)} of {total} ranks finished, fewer than --min-np "
                         f"{min_np}"] + departures
         return problems, departures
 

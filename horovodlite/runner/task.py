@@ -1,6 +1,11 @@
 """What horovodliterun starts on every rank: the user's command, plus a line back to the launcher.
 
     python -m horovodlite.runner.task -- python train.py ...
+    python -m horovodlite.runner.task --added-as N -- python train.py ...
+
+(The second form starts the ranks an elastic job adds while training, which become ranks N,
+N+1, ... of the grown job: MPI_Comm_spawn runs it, not mpirun, and the launcher lists them as
+"added while training".)
 
 mpirun's own exit status does not prove that a job completed: measured with Open MPI 5, a job
 whose second host died ("lost communication with a remote daemon") ended with status 0. So each
@@ -163,17 +168,22 @@ def watch(child: subprocess.Popen, reporter: Reporter, rank, parent: int, done: 
 
 def main(argv: list | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    added_as = None  # an added rank: the first rank number of its spawn
+    if len(argv) >= 2 and argv[0] == "--added-as" and argv[1].isdigit():
+        added_as, argv = int(argv[1]), argv[2:]
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
-        sys.stderr.write("usage: python -m horovodlite.runner.task -- COMMAND...\n")
+        sys.stderr.write("usage: python -m horovodlite.runner.task [--added-as N] -- COMMAND...\n")
         return 2
-    rank = rank_from_env()
+    rank = rank_from_env()  # an added rank's is its rank among the ranks spawned with it
+    if added_as is not None and rank is not None:
+        rank += added_as
     sock = None
     report_to = os.environ.get("HVDL_REPORT_TO")
     if report_to:
         hello = {"event": "started", "rank": rank, "host": socket.gethostname(),
-                 "pid": os.getpid()}
+                 "pid": os.getpid(), "added": added_as is not None}
         sock = connect(parse_report_to(report_to), os.environ.get("HVDL_REPORT_TOKEN", ""), hello)
         if sock is None:
             sys.stderr.write(f"horovodlite: rank {rank} on {socket.gethostname()} cannot reach "

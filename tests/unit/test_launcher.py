@@ -228,3 +228,45 @@ def test_a_retired_rank_is_a_departure_not_a_finished_rank():
         for s in socks:
             s.close()
         server.close()
+
+
+def test_a_rank_added_while_training_is_told_apart_from_the_one_whose_number_it_took():
+    """Rank 2 died; the job grew back and the rank added under number 2 finished, then another
+    added one failed: each record is judged on its own."""
+    from horovodlite.runner import report, task
+    server = report.ReportServer(bind="127.0.0.1", tell_survivors=False)
+    records = ((0, False, 0), (1, False, 0), (2, False, -9), (2, True, 0), (3, True, 3))
+    try:
+        socks = [task.connect([("127.0.0.1", server.port)], server.token,
+                              {"event": "started", "rank": r, "host": "h", "pid": 10 + i,
+                               "added": added})
+                 for i, (r, added, _) in enumerate(records)]
+        for s, (_, _, status) in zip(socks, records):
+            s.sendall(f'{{"event": "exited", "status": {status}}}\n'.encode())
+        deadline = time.monotonic() + 10
+        while not server.all_accounted_for(4) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        problems, departures = server.elastic_outcome(3, 1)
+        assert problems == [] and departures == [
+            "rank 2 on h exited with signal 9",
+            "rank 3 (added while training) on h exited with status 3"], departures
+        problems, _ = server.elastic_outcome(3, 4)
+        assert problems[0] == ("only 3 of 3 (and 2 added while training) ranks finished, fewer "
+                               "than --min-np 4"), problems
+    finally:
+        for s in socks:
+            s.close()
+        server.close()
+
+
+def test_the_wrapper_numbers_an_added_rank_from_its_spawn(monkeypatch):
+    """`task --added-as N`: the rank says it is N + its rank among the ranks spawned with it."""
+    from horovodlite.runner import task
+    hellos = []
+    monkeypatch.setenv("HVDL_REPORT_TO", "127.0.0.1:1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setattr(task, "connect", lambda addrs, token, hello: hellos.append(hello))
+    assert task.main(["--added-as", "3", "--", sys.executable, "-c", "pass"]) == 0
+    assert hellos[0]["rank"] == 4 and hellos[0]["added"] is True
+    assert task.main(["--", sys.executable, "-c", "pass"]) == 0
+    assert hellos[1]["rank"] == 1 and hellos[1]["added"] is False

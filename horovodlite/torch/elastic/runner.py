@@ -109,6 +109,12 @@ def _reinit(error: BaseException) -> None:
     add, host = discovery.take_request() if updated else (0, "")
     if add:  # the new ranks run this program too, and join at their hvd.init()
         command, argv = sys.executable, list(sys.orig_argv[1:])
+        if os.environ.get("HVDL_REPORT_TO") and old_size is not None:
+            # under horovodliterun's wrapper, as the ranks mpirun started: the launcher then
+            # knows them ("rank 3 (added while training) ... exited with signal 9"); they
+            # become ranks old_size.. of the grown job
+            argv = ["-m", "horovodlite.runner.task", "--added-as", str(old_size), "--",
+                    command, *argv]
         if host:  # through env(1): that host's MPI daemon has no copy of the job's environment
             command, argv = shutil.which("env") or "/usr/bin/env", [*_job_environment(),
                                                                      command, *argv]
