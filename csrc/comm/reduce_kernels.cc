@@ -10,7 +10,8 @@
 // enable it). Memory-bound as they are, the wider loop still kept more cache lines in flight:
 // adding 6.25 MiB into 200 separate 64 KiB tensors took 0.30 ms against 0.47 ms from memory,
 // 0.11 against 0.13 ms from L3, on this machine (AMD EPYC, best of 7).
-#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
+// (glibc only: the loader's choice is an ifunc.)
+#if defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define HVDL_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #endif
