@@ -287,7 +287,9 @@ Status Context::Submit(std::vector<TensorEntry> entries, std::vector<Request> re
     const char* op = OpTypeName(entries[0].op);
     what.reserve(std::strlen(op) + entries[0].name.size() + 24);
     what.append(op).append(" '").append(entries[0].name).append("'");
-    if (entries.size() > 1) what.append(" and ").append(std::to_string(entries.size() - 1)).append(" more");
+    if (entries.size() > 1) {
+      what.append(" and ").append(std::to_string(entries.size() - 1)).append(" more");
+    }
   }
   const int h = handles_->Allocate(static_cast<int>(entries.size()), std::move(payload),
                                    std::move(what));

@@ -28,7 +28,8 @@ Controller::Controller(ControlPlane* cp, ProcessSetTable* sets, size_t cache_cap
 void Controller::Submit(std::vector<Request>& requests) {
   if (requests.empty()) return;
   const TimePoint now = std::chrono::steady_clock::now();
-  const Request& last = requests.back();  // only the newest is reported (copied once, not per request)
+  // only the newest is reported: copied once, not for every request
+  const Request& last = requests.back();
   last_ = PendingInfo{last.name, last.op, last.process_set, last.site, 0};
   last_time_ = now;
   for (Request& r : requests) {
