@@ -140,10 +140,12 @@ def test_the_launcher_names_a_rank_added_while_training_that_died(tmp_path):
     horovodliterun's wrapper, as --added-as 2), and the added rank dies too: the launcher names
     both, the added one as such, and the job completes with the others."""
     _, script = discovery_script(tmp_path, "localhost:3\n")
-    rc, out, _ = run_elastic(3, "--kill", "2:0:3", "--kill", "2:6:0", "--compare", "ranks",
-                             "--step-seconds", "0.1", "--epochs", "8", launcher=(
+    # 0.2 s steps: the added rank is there well before epoch 5 (it joins 1 s of cooldown plus a
+    # recovery and a spawn after the first loss, at epoch 1-3 here, later under load)
+    rc, out, _ = run_elastic(3, "--kill", "2:0:3", "--kill", "2:5:0", "--compare", "ranks",
+                             "--step-seconds", "0.2", "--epochs", "8", launcher=(
                                  "--max-np", "3", "--host-discovery-script", str(script),
-                                 "--blacklist-cooldown-range", "2", "2"))
+                                 "--blacklist-cooldown-range", "1", "2"))
     assert rc == 0, out
     assert "hvd.elastic: started 1 new rank (host discovery): ranks 2..2" in out, out
     assert re.search(r"the elastic job completed without:\n  rank 2 on \S+ exited with signal 9\n"
