@@ -36,6 +36,9 @@ bool MpiIsPeerFailure(int rc);
 // it after every cycle, since data-plane errors reach only the handles of their operation.
 bool MpiPeerFailureSeen();
 void MpiClearPeerFailure();
+// The job's communicator, which MpiStatus asks (ULFM: MPIX_Comm_get_failed) whether processes
+// failed when an error does not say so itself; MPI_COMM_NULL: none (no world).
+void MpiSetFailureProbe(MPI_Comm comm);
 
 #define HVDL_MPI(call)                                             \
   do {                                                             \

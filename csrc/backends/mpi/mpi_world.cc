@@ -138,6 +138,7 @@ Status MpiWorld::Build(const MpiWorldOptions& options) {
   if (created != MPI_COMM_NULL) MPI_Comm_free(&created);
   MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(data, MPI_ERRORS_RETURN);
+  MpiSetFailureProbe(control_);
   data_[0] = data;
   MPI_Comm_rank(control_, &rank_);
   MPI_Comm_size(control_, &size_);
@@ -237,6 +238,7 @@ std::vector<std::string> MpiWorld::LostHosts() {
 bool UlfmBuilt() { return HVDL_HAVE_ULFM != 0; }
 
 MpiWorld::~MpiWorld() {
+  MpiSetFailureProbe(MPI_COMM_NULL);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
