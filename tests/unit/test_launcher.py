@@ -270,3 +270,21 @@ def test_the_wrapper_numbers_an_added_rank_from_its_spawn(monkeypatch):
     assert hellos[0]["rank"] == 4 and hellos[0]["added"] is True
     assert task.main(["--", sys.executable, "-c", "pass"]) == 0
     assert hellos[1]["rank"] == 1 and hellos[1]["added"] is False
+
+
+def test_an_elastic_job_whose_ranks_all_exited_is_ended_if_mpirun_lingers(monkeypatch, capsys):
+    """PRRTE 3.0 once hung in its teardown after every rank of an elastic job had exited: the
+    launcher ends mpirun then, instead of waiting forever."""
+    monkeypatch.setattr(launch, "ELASTIC_DONE_GRACE", 0.5)
+
+    class AllExited:
+        lost_hosts: dict = {}
+
+        def all_accounted_for(self, size):
+            return True
+
+    start = time.monotonic()
+    status = launch._run([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ),
+                         AllExited(), 2, elastic=True)
+    assert time.monotonic() - start < 20 and status != 0
+    assert "mpirun has not ended the job; sending it SIGTERM" in capsys.readouterr().err
