@@ -117,8 +117,7 @@ def _submit(kind: str, op: str, names, ps_id: int, enqueue, *objects) -> int:
     ``objects[0]``, when given, is the op's input tensor (or list of them): CUDA builds check its
     GPU placement first (device_check)."""
     if _CUDA_BUILT and objects:
-        _device_check.note(objects[0], op, _submit_pinning_check)
-        _poll_pinning_check()
+        _check_device(objects[0], op)
     for name in names:
         if (ps_id, name) in _reserved:
             _claim(op, ps_id, name)
@@ -130,14 +129,24 @@ def _submit(kind: str, op: str, names, ps_id: int, enqueue, *objects) -> int:
     return handle
 
 
-def _release(handle: int) -> None:
-    """Frees the names ``handle`` holds; the handle itself stays synchronizable."""
-    kind, objects, keys = _handles.get(handle, _UNKNOWN)
+def _free_names(handle: int, keys) -> None:
     for key in keys:
         if _reserved.get(key) == handle:
             del _reserved[key]
+
+
+def _release(handle: int) -> None:
+    """Frees the names ``handle`` holds; the handle itself stays synchronizable."""
+    kind, objects, keys = _handles.get(handle, _UNKNOWN)
+    _free_names(handle, keys)
     if keys:
         _handles[handle] = (kind, objects, ())
+
+
+def _check_device(obj, op: str) -> None:
+    """CUDA builds: device_check's GPU placement check of an op's input (tensor or list)."""
+    _device_check.note(obj, op, _submit_pinning_check)
+    _poll_pinning_check()
 
 
 def _submit_pinning_check(record) -> int:
@@ -179,9 +188,7 @@ def synchronize(handle: int):
     if _device_check._pending is not None and _device_check._pending != handle:
         _poll_pinning_check()
     kind, objects, keys = _handles.pop(handle, _UNKNOWN)
-    for key in keys:  # the names are free again (as _release, without storing the entry back)
-        if _reserved.get(key) == handle:
-            del _reserved[key]
+    _free_names(handle, keys)
     if kind in _IN_PLACE:  # the result is the input: no outputs to convert
         _C.wait_done(handle)
         return objects[0]
@@ -260,8 +267,7 @@ def _allreduce_inplace(tensor, name: str, op: int, prescale: float, postscale: f
     if key in _reserved:
         _claim("allreduce", ps_id, name)
     if _CUDA_BUILT:
-        _device_check.note(tensor, "allreduce", _submit_pinning_check)
-        _poll_pinning_check()
+        _check_device(tensor, "allreduce")
     handle = _C.enqueue_allreduce_(tensor, name, op, prescale, postscale, ps_id, site)
     _reserved[key] = handle
     _handles[handle] = ("allreduce_", (tensor,), (key,))

@@ -192,14 +192,14 @@ Status MpiWorld::Recover(std::string* what) {
   MPI_Group_free(&old_group);
   MPI_Group_free(&new_group);
   std::string lost;
+  std::vector<std::string> lost_hosts;
   int nlost = 0;
   for (int r = 0; r < size_; ++r) {
     int& n = new_ranks[static_cast<size_t>(r)];
     if (n == MPI_UNDEFINED) n = -1;
     if (n >= 0) continue;
     lost += (nlost++ ? ", " : "") + std::to_string(r) + " (host " + host(r) + ")";
-    std::lock_guard<std::mutex> lock(g_recovery_mu);
-    g_lost_hosts.push_back(host(r));
+    lost_hosts.push_back(host(r));
   }
   int remain = 0;
   MPI_Comm_size(survivors, &remain);
@@ -211,6 +211,7 @@ Status MpiWorld::Recover(std::string* what) {
     std::lock_guard<std::mutex> lock(g_recovery_mu);
     g_recovery_map = std::move(new_ranks);
     ++g_recoveries;
+    g_lost_hosts.insert(g_lost_hosts.end(), lost_hosts.begin(), lost_hosts.end());
   }
   MpiClearPeerFailure();
   return Status::Ok();
