@@ -294,14 +294,17 @@ Status Context::Submit(std::vector<TensorEntry> entries, std::vector<Request> re
   const int h = handles_->Allocate(static_cast<int>(entries.size()), std::move(payload),
                                    std::move(what));
   HandleTable* handles = handles_;
+  TensorQueue* queue = queue_.get();
   for (TensorEntry& e : entries) {
     auto user_done = std::move(e.done);
-    e.done = [handles, h, user_done](const Status& s, const std::vector<int64_t>& extra) {
+    e.done = [handles, queue, h, user_done, key = TensorKey(e.name, e.process_set)](
+                 const Status& s, const std::vector<int64_t>& extra) {
       if (user_done) user_done(s, extra);
+      queue->Release(key);  // before the handle reports done: its caller may reuse the name next
       handles->MarkDone(h, s);
     };
   }
-  Status s = queue_->Add(std::move(entries), std::move(requests));
+  Status s = queue_->Add(std::move(entries), std::move(requests), h);
   if (!s.ok()) {
     handles_->Release(h);
     return s;

@@ -5,7 +5,8 @@
 
 namespace hvdl {
 
-Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> requests) {
+Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> requests,
+                        int handle) {
   std::vector<std::string> keys;
   keys.reserve(entries.size());
   for (const TensorEntry& e : entries) keys.push_back(TensorKey(e.name, e.process_set));
@@ -16,16 +17,22 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> r
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return closed_status_;
     for (size_t i = 0; i < entries.size(); ++i) {
-      bool repeated = entries_.count(keys[i]) != 0;
-      if (!repeated && keys.size() > 1) repeated = !batch.insert(keys[i]).second;
-      if (repeated) {
+      auto holder = taken_.find(keys[i]);
+      if (holder != taken_.end()) {
         return Status::InvalidArgument(
             std::string(OpTypeName(entries[i].op)) + " '" + entries[i].name +
-            "': a collective with this name is still pending on this rank; synchronize() it "
-            "before reusing the name, or pass a different name.");
+            "': a collective with this name is still pending on this rank (handle " +
+            std::to_string(holder->second) + ", not completed yet); synchronize() it before " +
+            "reusing the name, or pass a different name.");
+      }
+      if (keys.size() > 1 && !batch.insert(keys[i]).second) {
+        return Status::InvalidArgument(std::string(OpTypeName(entries[i].op)) + " '" +
+                                       entries[i].name + "': the same name twice in one " +
+                                       "grouped call; give each tensor its own name.");
       }
     }
-    auto now = std::chrono::steady_clock::now();
+    for (const std::string& k : keys) taken_.emplace(k, handle);
+  auto now = std::chrono::steady_clock::now();
     for (size_t i = 0; i < entries.size(); ++i) {
       entries[i].enqueued = now;
       entries_.emplace(std::move(keys[i]), std::move(entries[i]));
@@ -38,6 +45,11 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> r
   // submission waking it would cost two context switches on a core the training needs.
   if (notify) cv_.notify_one();
   return Status::Ok();
+}
+
+void TensorQueue::Release(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  taken_.erase(key);
 }
 
 void TensorQueue::PopRequests(std::vector<Request>* out) {

@@ -36,7 +36,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
     """Concatenates every rank's ``tensor`` along dim 0 (first dims may differ)."""
     name = _auto_name("allgather", name)
     ps, site = _id_of(process_set), [_site()]
-    return _submit("allgather", "allgather", [name], ps,
+    return _submit("allgather", "allgather",
                    lambda: _C.enqueue_allgather([tensor], [name], ps, site), tensor)
 
 
@@ -44,7 +44,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
     tensors = list(tensors)
     names = _group_names("grouped_allgather", name, len(tensors))
     ps, sites = _id_of(process_set), [_site()] * len(tensors)
-    return _submit("grouped_allgather", "allgather", names, ps,
+    return _submit("grouped_allgather", "allgather",
                    lambda: _C.enqueue_allgather(tensors, names, ps, sites), tensors)
 
 
@@ -116,7 +116,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     name = _auto_name("broadcast", name)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     ps, site = _id_of(process_set), [_site()]
-    return _submit("broadcast", "broadcast", [name], ps, lambda: _C.enqueue_broadcast(
+    return _submit("broadcast", "broadcast", lambda: _C.enqueue_broadcast(
         [tensor], [output], [name], int(root_rank), ps, site), tensor, output)
 
 
@@ -124,7 +124,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
     """In-place broadcast from global rank ``root_rank``."""
     name = _auto_name("broadcast", name)
     ps, site = _id_of(process_set), [_site()]
-    return _submit("broadcast_", "broadcast", [name], ps, lambda: _C.enqueue_broadcast(
+    return _submit("broadcast_", "broadcast", lambda: _C.enqueue_broadcast(
         [tensor], [tensor], [name], int(root_rank), ps, site), tensor)
 
 
@@ -177,7 +177,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     ``(output, received_splits)``."""
     name = _auto_name("alltoall", name)
     ps, site, split_list = _id_of(process_set), _site(), _splits_list(splits)
-    return _submit("alltoall", "alltoall", [name], ps,
+    return _submit("alltoall", "alltoall",
                    lambda: _C.enqueue_alltoall(tensor, split_list, name, ps, site), tensor)
 
 
@@ -223,7 +223,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     op = _check_rs_op(op)
     name = _auto_name("reducescatter", name)
     ps, site = _id_of(process_set), [_site()]
-    return _submit("reducescatter", "reducescatter", [name], ps, lambda: _C.enqueue_reducescatter(
+    return _submit("reducescatter", "reducescatter", lambda: _C.enqueue_reducescatter(
         [tensor], [name], op, float(prescale_factor), float(postscale_factor), ps, site), tensor)
 
 
@@ -233,7 +233,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     tensors = list(tensors)
     names = _group_names("grouped_reducescatter", name, len(tensors))
     ps, sites = _id_of(process_set), [_site()] * len(tensors)
-    return _submit("grouped_reducescatter", "reducescatter", names, ps,
+    return _submit("grouped_reducescatter", "reducescatter",
                    lambda: _C.enqueue_reducescatter(tensors, names, op, float(prescale_factor),
                                                     float(postscale_factor), ps, sites), tensors)
 
@@ -301,14 +301,14 @@ def barrier(process_set=global_process_set) -> None:
     count = _barrier_counts.get(ps_id, 0)
     _barrier_counts[ps_id] = count + 1
     name = f"barrier.{ps_id}.{count}"
-    synchronize(_submit("barrier", "barrier", [name], ps_id,
+    synchronize(_submit("barrier", "barrier",
                         lambda: _C.enqueue_barrier(name, ps_id)))
 
 
 def join(device=-1) -> int:
     """This rank has no more data: serve other ranks' allreduces with zeros until every rank
     has joined. Returns the last rank to join (the same on every rank)."""
-    return synchronize(_submit("join", "join", ["join"], 0, _C.enqueue_join))
+    return synchronize(_submit("join", "join", _C.enqueue_join))
 
 
 def _reset() -> None:
