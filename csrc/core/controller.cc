@@ -34,25 +34,22 @@ void Controller::Submit(std::vector<Request>& requests) {
   last_time_ = now;
   for (Request& r : requests) {
     r.rank = cp_->rank();
-    since_[r.Key()] = now;
     TraceStart(r);
-    Classify(std::move(r));
+    Classify(std::move(r), now);
   }
 }
 
 // True at most once per check period, when this rank's oldest request has waited too long.
 bool Controller::StallCheckDue() {
-  if (stall_seconds_ <= 0 || since_.empty()) return false;
+  if (stall_seconds_ <= 0 || (since_.empty() && cached_pending_.empty())) return false;
   const TimePoint now = std::chrono::steady_clock::now();
   const auto period = std::chrono::duration<double>(stall_seconds_);
   if (now - last_check_ < period) return false;
-  for (const auto& kv : since_) {
-    if (now - kv.second >= period) {
-      last_check_ = now;
-      return true;
-    }
-  }
-  return false;
+  bool due = false;
+  for (const auto& kv : since_) due = due || now - kv.second >= period;
+  for (const auto& kv : cached_pending_) due = due || now - kv.second.since >= period;
+  if (due) last_check_ = now;
+  return due;
 }
 
 RankMessage Controller::ReportPending(std::vector<Request> requests) const {
@@ -60,15 +57,15 @@ RankMessage Controller::ReportPending(std::vector<Request> requests) const {
   m.requests = std::move(requests);
   m.has_report = true;
   const TimePoint now = std::chrono::steady_clock::now();
-  auto age = [&](const std::string& key) {
-    auto it = since_.find(key);
-    return it == since_.end() ? 0.0 : std::chrono::duration<double>(now - it->second).count();
+  auto add = [&](const Request& q, TimePoint since) {
+    const double age = std::chrono::duration<double>(now - since).count();
+    m.pending.push_back(PendingInfo{q.name, q.op, q.process_set, q.site, age});
   };
-  auto add = [&](const Request& q) {
-    m.pending.push_back(PendingInfo{q.name, q.op, q.process_set, q.site, age(q.Key())});
-  };
-  for (const auto& kv : sent_) add(kv.second);
-  for (const auto& kv : cached_pending_) add(kv.second);
+  for (const auto& kv : sent_) {
+    auto it = since_.find(kv.first);
+    add(kv.second, it == since_.end() ? now : it->second);
+  }
+  for (const auto& kv : cached_pending_) add(kv.second.request, kv.second.since);
   m.last = last_;
   if (!last_.name.empty()) {
     m.last.age_seconds = std::chrono::duration<double>(now - last_time_).count();
@@ -77,13 +74,15 @@ RankMessage Controller::ReportPending(std::vector<Request> requests) const {
 }
 
 // Agreement reached: account this rank's wait and close the negotiation span on the timeline.
+// (Cached responses were accounted in CollectCachedReady.)
 void Controller::Forget(const Response& response, bool cached) {
-  const std::string key = response.Key();
-  auto it = since_.find(key);
-  if (it != since_.end()) {
-    stats_.wait_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - it->second).count();
-    since_.erase(it);
+  if (!cached) {
+    auto it = since_.find(response.Key());
+    if (it != since_.end()) {
+      stats_.wait_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - it->second).count();
+      since_.erase(it);
+    }
   }
   if (timeline_ != nullptr && timeline_->enabled()) {
     timeline_->NegotiateEnd(response.name, response.process_set, response.op, cached);
@@ -98,7 +97,7 @@ void Controller::TraceStart(const Request& q) {
   timeline_->NegotiateStart(q.name, q.process_set, q.op, q.dtype, q.shape);
 }
 
-void Controller::Classify(Request request) {
+void Controller::Classify(Request request, TimePoint now) {
   if (request.op == OpType::kJoin) joined_ = true;
   uint32_t slot = 0;
   ResponseCache::Lookup found = ResponseCache::Lookup::kMiss;
@@ -112,16 +111,16 @@ void Controller::Classify(Request request) {
   }
   switch (found) {
     case ResponseCache::Lookup::kHit:
-      cached_pending_[slot] = std::move(request);
-      break;
+      cached_pending_[slot] = CachedPending{std::move(request), now};
+      return;
     case ResponseCache::Lookup::kInvalid:
       invalid_.insert(slot);
-      unsent_.push_back(std::move(request));
       break;
     case ResponseCache::Lookup::kMiss:
-      unsent_.push_back(std::move(request));
       break;
   }
+  since_[request.Key()] = now;
+  unsent_.push_back(std::move(request));
 }
 
 void Controller::PublishParams(const TunedParams& params) {
@@ -142,7 +141,7 @@ size_t Controller::num_pending() const {
 std::vector<std::string> Controller::PendingNames() const {
   std::vector<std::string> names;
   for (const Request& r : unsent_) names.push_back(r.name);
-  for (const auto& kv : cached_pending_) names.push_back(kv.second.name);
+  for (const auto& kv : cached_pending_) names.push_back(kv.second.request.name);
   for (const auto& kv : sent_) names.push_back(kv.second.name);
   return names;
 }
@@ -179,7 +178,8 @@ Status Controller::TestCycle(bool* done) { return cp_->TestBitwiseOr(done); }
 void Controller::Requeue(uint32_t slot) {
   auto it = cached_pending_.find(slot);
   if (it == cached_pending_.end()) return;
-  unsent_.push_back(std::move(it->second));
+  since_[it->second.request.Key()] = it->second.since;
+  unsent_.push_back(std::move(it->second.request));
   cached_pending_.erase(it);
 }
 
@@ -207,16 +207,23 @@ void Controller::CollectCachedReady(size_t w, CycleResult* out) {
     return;
   }
   const std::vector<uint64_t>& occupied = cache_.occupied_mask();
+  const TimePoint now = std::chrono::steady_clock::now();
+  double waited = 0;
   for (size_t i = 0; i < w && i < occupied.size(); ++i) {
     for (uint64_t bits = ~words_[1 + w + i] & occupied[i]; bits != 0; bits &= bits - 1) {
       uint32_t slot = static_cast<uint32_t>(i * 64 + __builtin_ctzll(bits));
       if (slot >= slots_in_cycle_) continue;
       out->responses.push_back(cache_.Get(slot));
-      cached_pending_.erase(slot);
+      auto it = cached_pending_.find(slot);
+      if (it != cached_pending_.end()) {
+        waited += std::chrono::duration<double>(now - it->second.since).count();
+        cached_pending_.erase(it);
+      }
       cache_.Touch(slot);
       ++out->cache_hits;
     }
   }
+  stats_.wait_seconds += waited;
 }
 
 Status Controller::FinishCycle(CycleResult* out) {
