@@ -110,7 +110,7 @@ Status Context::Init(const InitOptions& options) {
   }
   timeline_ = std::make_unique<Timeline>();
   observer_ = std::make_unique<Observer>(this);
-  queue_ = std::make_unique<TensorQueue>();
+  queue_ = std::make_unique<TensorQueue>(handles_);
   fusion_ = std::make_unique<FusionBuffer>();
   const double stall = config_.stall_check_disable ? 0.0 : config_.stall_check_seconds;
   controller_ = std::make_unique<Controller>(comm_.control.get(), sets_.get(),
@@ -293,18 +293,8 @@ Status Context::Submit(std::vector<TensorEntry> entries, std::vector<Request> re
   }
   const int h = handles_->Allocate(static_cast<int>(entries.size()), std::move(payload),
                                    std::move(what));
-  HandleTable* handles = handles_;
-  TensorQueue* queue = queue_.get();
-  for (TensorEntry& e : entries) {
-    auto user_done = std::move(e.done);
-    e.done = [handles, queue, h, user_done, key = TensorKey(e.name, e.process_set)](
-                 const Status& s, const std::vector<int64_t>& extra) {
-      if (user_done) user_done(s, extra);
-      queue->Release(key);  // before the handle reports done: its caller may reuse the name next
-      handles->MarkDone(h, s);
-    };
-  }
-  Status s = queue_->Add(std::move(entries), std::move(requests), h);
+  for (TensorEntry& e : entries) e.handle = h;  // TensorQueue::Complete marks it done
+  Status s = queue_->Add(std::move(entries), std::move(requests));
   if (!s.ok()) {
     handles_->Release(h);
     return s;

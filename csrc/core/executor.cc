@@ -143,7 +143,7 @@ void Executor::Finish(Items& items, const Status& status, const std::vector<int6
       s = Status(s.code(), std::string(OpTypeName(it.response->op)) + " '" + it.response->name +
                                "': " + s.message());
     }
-    it.entry.done(s, extra);
+    d_.queue->Complete(&it.entry, s, extra);
   }
 }
 

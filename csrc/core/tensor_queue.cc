@@ -1,12 +1,13 @@
 #include "core/tensor_queue.h"
 
+#include "core/handle_table.h"
+
 #include <string_view>
 #include <unordered_set>
 
 namespace hvdl {
 
-Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> requests,
-                        int handle) {
+Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> requests) {
   std::vector<std::string> keys;
   keys.reserve(entries.size());
   for (const TensorEntry& e : entries) keys.push_back(TensorKey(e.name, e.process_set));
@@ -17,13 +18,13 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> r
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return closed_status_;
     for (size_t i = 0; i < entries.size(); ++i) {
-      auto holder = taken_.find(keys[i]);
-      if (holder != taken_.end()) {
+      auto holder = names_.find(keys[i]);
+      if (holder != names_.end()) {
         return Status::InvalidArgument(
             std::string(OpTypeName(entries[i].op)) + " '" + entries[i].name +
             "': a collective with this name is still pending on this rank (handle " +
-            std::to_string(holder->second) + ", not completed yet); synchronize() it before " +
-            "reusing the name, or pass a different name.");
+            std::to_string(holder->second.handle) + ", not completed yet); synchronize() it " +
+            "before reusing the name, or pass a different name.");
       }
       if (keys.size() > 1 && !batch.insert(keys[i]).second) {
         return Status::InvalidArgument(std::string(OpTypeName(entries[i].op)) + " '" +
@@ -31,12 +32,16 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> r
                                        "grouped call; give each tensor its own name.");
       }
     }
-    for (const std::string& k : keys) taken_.emplace(k, handle);
-  auto now = std::chrono::steady_clock::now();
+    batch.clear();  // views of keys about to move
+    const auto now = std::chrono::steady_clock::now();
     for (size_t i = 0; i < entries.size(); ++i) {
-      entries[i].enqueued = now;
-      entries_.emplace(std::move(keys[i]), std::move(entries[i]));
+      TensorEntry& e = entries[i];
+      e.enqueued = now;
+      const int handle = e.handle;
+      auto it = names_.emplace(std::move(keys[i]), Slot{std::move(e), true, handle}).first;
+      it->second.entry.key = &it->first;  // node keys stay put (rehashing moves no node)
     }
+    queued_ += entries.size();
     for (Request& r : requests) new_requests_.push_back(std::move(r));
     arrivals_ += requests.size();
     notify = arrival_waiter_;
@@ -47,9 +52,17 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> r
   return Status::Ok();
 }
 
-void TensorQueue::Release(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
-  taken_.erase(key);
+void TensorQueue::Complete(TensorEntry* e, const Status& status,
+                           const std::vector<int64_t>& extra) {
+  if (e->done) e->done(status, extra);
+  if (e->key != nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = names_.find(*e->key);
+    if (it != names_.end() && !it->second.queued) names_.erase(it);
+    e->key = nullptr;
+  }
+  e->keepalive.reset();
+  if (handles_ != nullptr && e->handle >= 0) handles_->MarkDone(e->handle, status);
 }
 
 void TensorQueue::PopRequests(std::vector<Request>* out) {
@@ -60,26 +73,36 @@ void TensorQueue::PopRequests(std::vector<Request>* out) {
 
 bool TensorQueue::Take(const std::string& key, TensorEntry* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = entries_.find(key);
-  if (it == entries_.end()) return false;
-  *out = std::move(it->second);
-  entries_.erase(it);
+  auto it = names_.find(key);
+  if (it == names_.end() || !it->second.queued) return false;
+  *out = std::move(it->second.entry);
+  it->second.queued = false;
+  --queued_;
   return true;
 }
 
 void TensorQueue::Close(const Status& status) {
-  std::unordered_map<std::string, TensorEntry> failed;
+  std::vector<TensorEntry> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
     closed_status_ = status;
-    failed.swap(entries_);
+    for (auto it = names_.begin(); it != names_.end();) {
+      if (it->second.queued) {
+        failed.push_back(std::move(it->second.entry));
+        failed.back().key = nullptr;  // its slot goes now
+        it = names_.erase(it);
+      } else {
+        ++it;  // in flight: its Complete frees it
+      }
+    }
+    queued_ = 0;
     new_requests_.clear();
   }
-  for (auto& kv : failed) {
-    Status s(status.code(), std::string(OpTypeName(kv.second.op)) + " '" + kv.second.name +
+  for (TensorEntry& e : failed) {
+    Status s(status.code(), std::string(OpTypeName(e.op)) + " '" + e.name +
                                 "' did not complete: " + status.message());
-    kv.second.done(s, {});
+    Complete(&e, s, {});
   }
 }
 
@@ -132,7 +155,7 @@ uint64_t TensorQueue::arrivals() const {
 
 size_t TensorQueue::num_pending() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return entries_.size();
+  return queued_;
 }
 
 }  // namespace hvdl

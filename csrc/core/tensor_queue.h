@@ -2,13 +2,13 @@
 //
 // User threads call Add (never blocks on communication). The background thread drains new
 // requests with PopRequests, later takes an entry back by name once its response is agreed, and
-// runs the entry's callback. A name is taken from Add until its collective has completed on this
-// rank (Release, called by the entry's callback before its handle reports done): a second Add
-// under a taken name fails with kInvalidArgument and enqueues nothing. As on Horovod, the name is
-// free again once the collective completed, whether or not its handle was synchronized. (This
-// rule lived in Python, as a dictionary of reserved names per handle: keeping it here, where the
-// queue already looks every name up, took ~0.3 us per allreduce_async_/synchronize pair off the
-// training thread.) Thread-safe.
+// completes it with Complete: the entry's callback, then its name freed, then its handle marked
+// done. A name is taken from Add until Complete: a second Add under a taken name fails with
+// kInvalidArgument and enqueues nothing. As on Horovod, the name is free again once the
+// collective completed, whether or not its handle was synchronized. (This rule lived in Python,
+// as a dictionary of reserved names per handle: keeping it here, where the queue already looks
+// every name up, took ~0.3 us per allreduce_async_/synchronize pair off the training thread.)
+// Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -37,8 +37,8 @@ struct TensorEntry {
   // Allocates the output for `shape` (background thread). Set for ops whose output size is known
   // only after negotiation.
   std::function<Status(const Shape& shape, TensorRef* out)> allocate;
-  // Runs exactly once on the background thread. `extra` carries op-specific results: alltoall's
-  // received splits, join's last rank.
+  // Optional; runs once, on the background thread (TensorQueue::Complete). `extra` carries
+  // op-specific results: alltoall's received splits, join's last rank.
   std::function<void(const Status& status, const std::vector<int64_t>& extra)> done;
   // Device tensors only (unset for CPU tensors), see core/device_executor.h:
   // `ready` marks the work the caller queued on its stream before the op (the adapter re-records
@@ -48,23 +48,32 @@ struct TensorEntry {
   std::shared_ptr<DeviceEvent> ready;
   std::function<void(const std::shared_ptr<DeviceEvent>& finished)> device_done;
   std::chrono::steady_clock::time_point enqueued;
+  int handle = -1;                  // the HandleTable handle Complete marks (-1: none)
+  std::shared_ptr<void> keepalive;  // owner of the tensors, held until the entry completes
+  const std::string* key = nullptr;  // TensorQueue: the name's slot, from Add until Complete
 };
+
+class HandleTable;
 
 class TensorQueue {
  public:
-  // Adds entries and their requests atomically (a grouped op adds several); `handle` is the
-  // handle they complete (named in the error a later Add of a taken name gets).
-  Status Add(std::vector<TensorEntry> entries, std::vector<Request> requests, int handle = -1);
-  // Frees `key` (TensorKey of name and process set) for reuse. Any thread.
-  void Release(const std::string& key);
+  // `handles`: where Complete marks each entry's handle done (none when null).
+  explicit TensorQueue(HandleTable* handles = nullptr) : handles_(handles) {}
+  // Adds entries and their requests atomically (a grouped op adds several).
+  Status Add(std::vector<TensorEntry> entries, std::vector<Request> requests);
+  // Completes an entry Take returned: runs its callback, frees its name, then marks its handle
+  // done (in that order: the handle's owner may reuse the name as soon as it sees it done).
+  // Background thread.
+  void Complete(TensorEntry* entry, const Status& status, const std::vector<int64_t>& extra);
   // Moves every request added since the last call into `*out` (emptied first), whose storage the
   // queue keeps for the next ones: regrowing the list from empty for every batch of submissions
   // (200 requests: nine reallocations, moving each request up to eight times) was ~4% of a
   // submitting thread's time. Background thread.
   void PopRequests(std::vector<Request>* out);
-  // Removes and returns the entry for `key` (TensorKey of name and process set); false if none.
+  // Removes and returns the queued entry for `key` (TensorKey of name and process set); false if
+  // none. Its name stays taken until Complete.
   bool Take(const std::string& key, TensorEntry* out);
-  // Fails every pending entry with `status` and refuses further Adds with it.
+  // Fails (completes) every queued entry with `status` and refuses further Adds with it.
   void Close(const Status& status);
   // Any thread: later Adds fail with `status`; what is queued stays for Close (whose callbacks
   // must run on the background thread).
@@ -84,8 +93,16 @@ class TensorQueue {
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::unordered_map<std::string, TensorEntry> entries_;  // by TensorKey, until Take
-  std::unordered_map<std::string, int> taken_;  // TensorKey -> handle, until Release
+  struct Slot {
+    TensorEntry entry;  // until Take
+    bool queued = true;
+    int handle = -1;
+  };
+  HandleTable* handles_;
+  // By TensorKey, from Add until Complete. One node per name for both uses (queued, taken):
+  // a second map for taken names cost an allocation and a key copy per tensor per step.
+  std::unordered_map<std::string, Slot> names_;
+  size_t queued_ = 0;
   std::vector<Request> new_requests_;
   uint64_t arrivals_ = 0;
   bool woken_ = false;

@@ -94,9 +94,12 @@ void AddTensor(const OpSpec& spec, const std::shared_ptr<TorchPayload>& payload,
   } else {
     e.output = out->is_same(in) ? e.input : ToRef(*out, dtype);
   }
-  e.done = [payload](const Status& s, const std::vector<int64_t>& extra) {
-    if (s.ok() && !extra.empty()) payload->extra = extra;
-  };
+  e.keepalive = payload;  // the tensors stay alive until the op completes, handle or not
+  if (spec.op == OpType::kAlltoall) {  // the only op here with extra results: received splits
+    e.done = [payload](const Status& s, const std::vector<int64_t>& extra) {
+      if (s.ok() && !extra.empty()) payload->extra = extra;
+    };
+  }
   Request q;
   q.op = spec.op;
   q.name = std::move(name);
