@@ -209,6 +209,7 @@ void Controller::CollectCachedReady(size_t w, CycleResult* out) {
   const std::vector<uint64_t>& occupied = cache_.occupied_mask();
   const TimePoint now = std::chrono::steady_clock::now();
   double waited = 0;
+  out->responses.reserve(out->responses.size() + cached_pending_.size());
   for (size_t i = 0; i < w && i < occupied.size(); ++i) {
     for (uint64_t bits = ~words_[1 + w + i] & occupied[i]; bits != 0; bits &= bits - 1) {
       uint32_t slot = static_cast<uint32_t>(i * 64 + __builtin_ctzll(bits));
