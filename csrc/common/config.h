@@ -47,6 +47,7 @@ struct Config {
   bool ring_single_copy = true;
   bool malloc_tuning = true;
   Toggle hold_until_wait = Toggle::kAuto;
+  Toggle bind_ranks = Toggle::kOff;
   Toggle hierarchical_allreduce = Toggle::kAuto;
   Toggle hierarchical_allgather = Toggle::kAuto;
   GpuOperations gpu_operations = GpuOperations::kNccl;

@@ -15,6 +15,7 @@
 #endif
 
 #include "common/logging.h"
+#include "core/affinity.h"
 #include "core/launcher_watch.h"
 
 namespace hvdl {
@@ -139,6 +140,9 @@ Status Context::Init(const InitOptions& options) {
   loop_deps.hold_until_wait = config_.hold_until_wait == Toggle::kOn ||
                               (config_.hold_until_wait == Toggle::kAuto &&
                                t.local_size >= UsableCpus());
+  // Before the background thread starts: it inherits the pinning.
+  const int cpu = BindCallingThread(config_.bind_ranks, t.local_rank, t.local_size);
+  if (cpu >= 0) HVDL_LOG(Debug) << "pinned to CPU " << cpu << " (HOROVOD_BIND_RANKS)";
   loop_ = std::make_unique<BackgroundLoop>(loop_deps);
   loop_->set_cycle_hook([this](const CycleResult& r) { OnCycle(r); });
   stats_.params = TunedParams{true, config_.fusion_threshold_bytes, config_.cycle_time_ms,

@@ -14,6 +14,7 @@
 #include "comm/ring.h"
 #include "comm/single_copy.h"
 #include "common/config.h"
+#include "core/affinity.h"
 #include "core/controller.h"
 #include "core/fusion.h"
 #include "core/message.h"
@@ -295,6 +296,11 @@ py::bytes SingleCopyRead(const std::string& payload, const std::vector<int64_t>&
 
 void RegisterTesting(py::module_& parent) {
   py::module_ m = parent.def_submodule("_testing", "core pieces for unit tests (no MPI)");
+  m.def("choose_rank_cpu", [](const std::string& mode, const std::vector<int>& allowed,
+                              int local_rank, int local_size) {
+    Toggle t = mode == "auto" ? Toggle::kAuto : mode == "1" ? Toggle::kOn : Toggle::kOff;
+    return ChooseRankCpu(t, allowed, local_rank, local_size);
+  });
   m.def("negotiate", &Negotiate, py::arg("nranks"), py::arg("script"),
         py::arg("cache_capacity") = 1024, py::arg("process_sets") = std::vector<std::vector<int>>());
   m.def("ring_allreduce", &Ring, py::arg("inputs"), py::arg("dtype"), py::arg("op"),

@@ -210,3 +210,34 @@ def test_held_work_is_sent_within_the_hold_limit():
             waited = time.monotonic() - start
             assert waited < 0.6, f"rank {hvd.rank()} waited {waited:.2f} s for held work"
         assert torch.equal(t, torch.full((4,), float(hvd.size())))
+
+
+def _cpus_of_thread(name: str) -> set:
+    """The CPUs of this process's thread `name` (a new thread names itself once it runs)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == name:
+                    return os.sched_getaffinity(int(tid))
+        time.sleep(0.01)
+    raise AssertionError(f"no thread named {name}")
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux CPU affinity")
+def test_ranks_are_pinned_one_per_cpu_only_when_asked():
+    """horovodliterun starts ranks unbound, so each may use every CPU. By default a rank stays
+    so; HOROVOD_BIND_RANKS=auto pins it (and its background thread) to the local-rank-th CPU when
+    the host has as many ranks as CPUs, =1 always; back to the default restores the CPUs."""
+    every = set(os.sched_getaffinity(int(open("/proc/self/stat").read().split()[3])))
+    cpus = sorted(every)
+    assert os.sched_getaffinity(0) == every and _cpus_of_thread("hvdl-bg") == every
+    with runtime(HOROVOD_BIND_RANKS="auto"):
+        expected = {cpus[hvd.local_rank()]} if hvd.local_size() == len(cpus) else every
+        assert os.sched_getaffinity(0) == expected
+        assert _cpus_of_thread("hvdl-bg") == expected
+        assert torch.all(hvd.allreduce(torch.ones(3), name="pinned", op=hvd.Sum) == hvd.size())
+    with runtime(HOROVOD_BIND_RANKS=1):
+        pinned = {cpus[hvd.local_rank() % len(cpus)]}
+        assert os.sched_getaffinity(0) == pinned and _cpus_of_thread("hvdl-bg") == pinned
+    assert os.sched_getaffinity(0) == every and _cpus_of_thread("hvdl-bg") == every

@@ -57,3 +57,25 @@ def test_readme_documents_every_knob():
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     missing = [name for name, _, _ in C.knobs() if f"`{name}`" not in readme]
     assert not missing, f"README configuration table lacks {missing}"
+
+
+@pytest.mark.parametrize("mode,allowed,local_rank,local_size,cpu", [
+    ("auto", [0, 1], 0, 2, 0),
+    ("auto", [0, 1], 1, 2, 1),
+    ("auto", [2, 5], 1, 2, 5),         # the CPUs the process may use, in order
+    ("auto", [0, 1], 0, 1, -1),        # fewer ranks than CPUs: threads may spread
+    ("auto", [0, 1], 2, 3, -1),        # more ranks than CPUs: nothing sensible to pin to
+    ("auto", [0, 1, 2, 3], 1, 2, -1),
+    ("1", [0, 1], 2, 3, 0),            # always: local rank modulo the CPUs
+    ("1", [0, 1, 2, 3], 1, 2, 1),
+    ("0", [0, 1], 1, 2, -1),
+    ("auto", [], 0, 1, -1),
+])
+def test_bind_ranks_chooses_one_cpu_per_rank_only_when_they_fill_the_host(
+        mode, allowed, local_rank, local_size, cpu):
+    assert T.choose_rank_cpu(mode, allowed, local_rank, local_size) == cpu
+
+
+def test_bind_ranks_is_a_toggle():
+    with pytest.raises(ValueError, match="invalid value for HOROVOD_BIND_RANKS: 'core'"):
+        T.parse_config({"HOROVOD_BIND_RANKS": "core"})
