@@ -1,5 +1,6 @@
 #include "core/controller.h"
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "common/logging.h"
@@ -45,9 +46,11 @@ bool Controller::StallCheckDue() {
   const TimePoint now = std::chrono::steady_clock::now();
   const auto period = std::chrono::duration<double>(stall_seconds_);
   if (now - last_check_ < period) return false;
-  bool due = false;
-  for (const auto& kv : since_) due = due || now - kv.second >= period;
-  for (const auto& kv : cached_pending_) due = due || now - kv.second.since >= period;
+  const bool due =
+      std::any_of(since_.begin(), since_.end(),
+                  [&](const auto& kv) { return now - kv.second >= period; }) ||
+      std::any_of(cached_pending_.begin(), cached_pending_.end(),
+                  [&](const auto& kv) { return now - kv.second.since >= period; });
   if (due) last_check_ = now;
   return due;
 }
