@@ -85,21 +85,21 @@ int UsableCpus() {
 
 }  // namespace
 
-Context::Context(const InitOptions& options) : handles_(options.handles) {}
+Context::Context(const Config& config, CommRuntime comm, const InitOptions& options)
+    : config_(config), comm_(std::move(comm)), handles_(options.handles) {}
 
-Status Context::Create(const InitOptions& options, std::unique_ptr<Context>* out) {
-  std::unique_ptr<Context> ctx(new Context(options));
+Status Context::Create(const Config& config, CommRuntime comm, const InitOptions& options,
+                       std::unique_ptr<Context>* out) {
+  std::unique_ptr<Context> ctx(new Context(config, std::move(comm), options));
   HVDL_RETURN_IF_ERROR(ctx->Init(options));
   *out = std::move(ctx);
   return Status::Ok();
 }
 
 Status Context::Init(const InitOptions& options) {
-  HVDL_RETURN_IF_ERROR(ParseConfig(ProcessEnv(), &config_));
   if (config_.malloc_tuning) TuneAllocator();
   dynamic_sets_ = options.dynamic_process_sets < 0 ? config_.dynamic_process_sets
                                                    : options.dynamic_process_sets != 0;
-  HVDL_RETURN_IF_ERROR(BuildCommRuntime(options.comm, config_, &comm_));
   const Topology& t = comm_.topology;
   ConfigureLogging(t.rank, t.size, config_.log_level, config_.log_hide_time);
   WatchLauncher(t.rank);

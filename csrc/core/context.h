@@ -1,5 +1,6 @@
-// Context: the one owned runtime object. It builds, in order, the configuration, the
-// communication runtime (control plane + data backends), the process-set table, the tensor queue,
+// Context: the one owned runtime object. It takes the configuration and the communication
+// runtime (control plane + data backends, built by csrc/runtime for the launch) and builds, in
+// order, the process-set table, the tensor queue,
 // the controller, the fusion buffer, the executor and the background loop, and destroys them in
 // reverse. shutdown() destroys the Context; init() builds a new one in the same process.
 //
@@ -13,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/backend_registry.h"
+#include "comm/comm_runtime.h"
 #include "core/autotuner.h"
 #include "common/config.h"
 #include "core/background_loop.h"
@@ -29,7 +30,6 @@
 namespace hvdl {
 
 struct InitOptions {
-  CommOptions comm;
   std::vector<std::vector<int>> process_sets;  // static sets; they get ids 1, 2, ... in order
   int dynamic_process_sets = -1;               // -1: HOROVOD_DYNAMIC_PROCESS_SETS decides
   HandleTable* handles = nullptr;              // required
@@ -63,8 +63,10 @@ struct RuntimeStats {
 
 class Context {
  public:
-  // Main thread; collective over the job.
-  static Status Create(const InitOptions& options, std::unique_ptr<Context>* out);
+  // Main thread; collective over the job. `comm` is the communication runtime the composition
+  // root (csrc/runtime) built for this launch; the Context owns it from here on.
+  static Status Create(const Config& config, CommRuntime comm, const InitOptions& options,
+                       std::unique_ptr<Context>* out);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -99,7 +101,7 @@ class Context {
   void StopTimeline();
 
  private:
-  explicit Context(const InitOptions& options);
+  Context(const Config& config, CommRuntime comm, const InitOptions& options);
   Status Init(const InitOptions& options);
   void OnCycle(const CycleResult& result);
   void Apply(const TunedParams& params);

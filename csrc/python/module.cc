@@ -4,14 +4,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "comm/backend_registry.h"
 #include "python/runtime.h"
+#include "runtime/build_info.h"
+#include "runtime/job_control.h"
+#include "runtime/launch.h"
 #include "torch/bindings.h"
 
 namespace py = pybind11;
 
 namespace hvdl {
-void RegisterTesting(py::module_& parent);  // python/testing.cc
 namespace {
 
 void Init(std::optional<int> comm_f2c, std::vector<int> ranks,
@@ -25,15 +26,16 @@ void Init(std::optional<int> comm_f2c, std::vector<int> ranks,
     throw InternalError("horovodlite cannot start again in this process: the job lost ranks, "
                         "and MPI still counts them");
   }
+  LaunchOptions launch;
+  launch.has_comm = comm_f2c.has_value();
+  launch.comm_f2c = comm_f2c.value_or(0);
+  launch.ranks = std::move(ranks);
   InitOptions options;
-  options.comm.has_comm = comm_f2c.has_value();
-  options.comm.comm_f2c = comm_f2c.value_or(0);
-  options.comm.ranks = std::move(ranks);
   options.process_sets = std::move(process_sets);
   options.dynamic_process_sets = dynamic;
   options.handles = &rt.handles();
   std::unique_ptr<Context> ctx;
-  Status s = Context::Create(options, &ctx);
+  Status s = StartContext(launch, options, &ctx);
   if (!s.ok()) {
     py::gil_scoped_acquire gil;
     ThrowIfError(s);
@@ -193,6 +195,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("config", &ConfigDict);
   m.def("knobs", &KnobTable);
   m.def("stop_reason", [] { return Runtime::Get().RequireContext().stop_reason(); });
-  RegisterTorchOps(m);
-  RegisterTesting(m);
+  RegisterTorchOps(m, TorchOpsHost{[]() -> Context& { return Runtime::Get().RequireContext(); },
+                                    &Runtime::Get().handles()});
 }

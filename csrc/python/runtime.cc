@@ -2,12 +2,6 @@
 
 namespace hvdl {
 
-void ThrowIfError(const Status& status) {
-  if (status.ok()) return;
-  if (status.code() == StatusCode::kInvalidArgument) throw ArgumentError(status.message());
-  throw InternalError(status.message());
-}
-
 Runtime& Runtime::Get() {
   // Leaked on purpose: handles and the context must stay valid during interpreter teardown.
   static Runtime* runtime = new Runtime();

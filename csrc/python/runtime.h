@@ -1,34 +1,15 @@
 // Runtime: what the Python module keeps for the life of the process: the current Context (if
-// initialised) and the HandleTable it lends to each Context. Plus the error mapping every binding
-// uses: kInvalidArgument -> HorovodArgumentError (a ValueError and a RuntimeError: Horovod code
-// catches either), everything else -> HorovodInternalError.
+// initialised) and the HandleTable it lends to each Context.
 #pragma once
-
-#include <pybind11/pybind11.h>
 
 #include <atomic>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
-#include <string>
 
+#include "common/errors.h"
 #include "core/context.h"
 
 namespace hvdl {
-
-class InternalError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// A bad argument, found before anything was enqueued (Python: HorovodArgumentError).
-class ArgumentError : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
-
-// Throws the Python-facing exception for a non-ok status.
-void ThrowIfError(const Status& status);
 
 class Runtime {
  public:

@@ -1,6 +1,6 @@
 #include "torch/adapter.h"
 
-#include "comm/backend_registry.h"
+#include "runtime/build_info.h"
 
 namespace hvdl {
 namespace {

@@ -9,7 +9,7 @@
 
 #include <algorithm>
 
-#include "python/runtime.h"
+#include "common/errors.h"
 #include "torch/adapter.h"
 #include "torch/stream_sync.h"
 
@@ -28,7 +28,10 @@ struct OpSpec {
   std::vector<int64_t> splits;
 };
 
-Context& Ctx() { return Runtime::Get().RequireContext(); }
+// Set once by RegisterTorchOps, before any binding can run.
+TorchOpsHost g_host;
+
+Context& Ctx() { return g_host.context(); }
 
 std::string What(OpType op, const std::string& name) {
   return std::string(OpTypeName(op)) + " '" + name + "'";
@@ -350,7 +353,7 @@ int EnqueueControl(OpType op, const std::string& name, int ps, std::vector<int64
 std::shared_ptr<TorchPayload> WaitPayload(int handle) {
   Status status, op_status;
   std::shared_ptr<void> payload;
-  HandleTable& handles = Runtime::Get().handles();
+  HandleTable& handles = *g_host.handles;
   bool done = false;
   status = handles.Poll(handle, &done);
   if (status.ok() && done) {
@@ -375,7 +378,8 @@ py::tuple Wait(int handle) {
 
 }  // namespace
 
-void RegisterTorchOps(py::module_& m) {
+void RegisterTorchOps(py::module_& m, TorchOpsHost host) {
+  g_host = std::move(host);
   m.def("enqueue_allreduce", &EnqueueAllreduce, py::arg("inputs"), py::arg("outputs"),
         py::arg("names"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
         py::arg("process_set"), py::arg("sites"));

@@ -5,11 +5,12 @@ import re
 from pathlib import Path
 
 import pytest
+from cpp_testing import load_testing_module
 
 from horovodlite._extension import load
 
 C = load()
-T = C._testing
+T = load_testing_module()
 
 
 def test_defaults():

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cpp_testing import load_testing_module
 
 import horovodlite.torch as hvd
-from horovodlite._extension import load
 
-T = load()._testing
+T = load_testing_module()
 
 pytestmark = [
     pytest.mark.gpu,

@@ -13,10 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from cpp_testing import load_testing_module
 
-from horovodlite._extension import load
-
-T = load()._testing
+T = load_testing_module()
 
 DTYPE_CODE = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
               torch.float16: 5, torch.bfloat16: 6, torch.float32: 7, torch.float64: 8,

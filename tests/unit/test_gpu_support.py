@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from cpp_testing import load_testing_module
 
 import horovodlite.torch as hvd
-from horovodlite._extension import load
 from horovodlite.torch import device_check
 
 ROOT = Path(__file__).parents[2]
-T = load()._testing
+T = load_testing_module()
 
 
 class FakeCuda(torch.Tensor):

@@ -5,13 +5,12 @@ depend only on each element's chunk (fusion-independent), integers equal to the 
 import numpy as np
 import pytest
 import torch
+from cpp_testing import load_testing_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_kernels_and_ring import DT, OPS, from_bytes, make, reference, to_bytes, tolerance
 
-from horovodlite._extension import load
-
-T = load()._testing
+T = load_testing_module()
 GRIDS = [(1, 1), (1, 3), (3, 1), (2, 2), (2, 3), (3, 2)]  # hosts x ranks per host
 
 

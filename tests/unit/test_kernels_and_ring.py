@@ -4,12 +4,11 @@ allreduce over the in-process transport against NumPy, for every dtype, op and o
 import numpy as np
 import pytest
 import torch
+from cpp_testing import load_testing_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from horovodlite._extension import load
-
-T = load()._testing
+T = load_testing_module()
 DT = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
       torch.float16: 5, torch.bfloat16: 6, torch.float32: 7, torch.float64: 8}
 OPS = {"Sum": 1, "Min": 3, "Max": 4, "Product": 5}

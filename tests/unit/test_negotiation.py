@@ -3,10 +3,9 @@ plane (no MPI): readiness, ordering, validation messages, response cache hits, i
 eviction, process sets and join."""
 
 import pytest
+from cpp_testing import load_testing_module
 
-from horovodlite._extension import load
-
-T = load()._testing
+T = load_testing_module()
 ALLREDUCE, ALLGATHER, BROADCAST, BARRIER, JOIN = 0, 1, 2, 5, 6
 FLOAT32, FLOAT64 = 7, 8
 

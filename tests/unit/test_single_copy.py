@@ -4,12 +4,11 @@ straight into pieces of ours with process_vm_readv, here read from this very pro
 import os
 
 import pytest
+from cpp_testing import load_testing_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from horovodlite import _C
-
-T = _C._testing
+T = load_testing_module()
 pytestmark = pytest.mark.skipif(not T.single_copy_built(), reason="Linux only")
 
 

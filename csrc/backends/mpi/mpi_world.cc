@@ -283,19 +283,19 @@ void FinalizeMpiIfOwned() {
   MPI_Finalize();
 }
 
-void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv,
-                   const std::string& host) {
+void MpiRequestGrowth(int count, const std::string& command,
+                      const std::vector<std::string>& argv, const std::string& host) {
   g_growth.count = count;
   g_growth.command = command;
   g_growth.argv = argv;
   g_growth.host = host;
 }
 
-int Grown() { return g_grown; }
+int MpiGrown() { return g_grown; }
 
-bool Retired() { return g_retired; }
+bool MpiRetired() { return g_retired; }
 
-Status Retire(bool leaving, std::vector<int>* map) {
+Status MpiRetire(bool leaving, std::vector<int>* map) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized || g_retired) {
@@ -327,6 +327,6 @@ Status Retire(bool leaving, std::vector<int>* map) {
   return Status::Ok();
 }
 
-bool Spawned() { return g_parent_merged; }
+bool MpiSpawned() { return g_parent_merged; }
 
 }  // namespace hvdl

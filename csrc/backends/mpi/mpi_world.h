@@ -101,17 +101,17 @@ void FinalizeMpiIfOwned();
 // (MPI_Comm_spawn, collective over the job) and merges them into the job, after its ranks.
 // `host` non-empty: on that host, added to the job's allocation first (a host outside -H);
 // empty: where mpirun places them. Main thread, on every rank of the job, before that Create.
-void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv,
-                   const std::string& host);
-int Grown();     // ranks the job spawned so far (as seen by this process)
+void MpiRequestGrowth(int count, const std::string& command,
+                      const std::vector<std::string>& argv, const std::string& host);
+int MpiGrown();  // ranks the job spawned so far (as seen by this process)
 // Elastic shrinking on purpose (the ranks of hosts a discovery script no longer lists): every
 // rank of the job calls it, no runtime running, `leaving` true on the ranks that go. Collective
 // over the job. *map: old rank -> new rank, -1 for the ones that left. The ranks that stay
 // continue on a job of their own (the next Create builds on it; LastRecoveryMap/Recoveries
 // report it as they report a recovery); a leaving rank must not use MPI again and is not
 // finalised (MPI_Finalize would wait for the whole job): it exits.
-Status Retire(bool leaving, std::vector<int>* map);
-bool Retired();  // this process left its job (Retire with leaving)
-bool Spawned();  // this process was started by a growing job and joined it
+Status MpiRetire(bool leaving, std::vector<int>* map);
+bool MpiRetired();  // this process left its job (Retire with leaving)
+bool MpiSpawned();  // this process was started by a growing job and joined it
 
 }  // namespace hvdl

@@ -1,4 +1,4 @@
-#include "comm/local_control_plane.h"
+#include "testing/local_control_plane.h"
 
 namespace hvdl {
 

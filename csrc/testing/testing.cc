@@ -1,4 +1,6 @@
-// _C._testing: bindings that exercise core pieces without MPI, for tests/unit. The negotiation
+// horovodlite._testing: bindings that exercise core pieces without MPI, for tests/unit only. It is
+// its own extension module, built on demand for the tests (CMake target _testing, not part of
+// the default build or of a wheel; tests/cpp.py builds and imports it). The negotiation
 // and the ring run N ranks as threads over the in-process control plane and transport.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -7,23 +9,23 @@
 
 #include <unistd.h>
 
-#include "comm/local_control_plane.h"
 #include "comm/hierarchical.h"
-#include "comm/local_transport.h"
 #include "comm/reduce_kernels.h"
 #include "comm/ring.h"
 #include "comm/single_copy.h"
 #include "common/config.h"
+#include "common/errors.h"
 #include "core/affinity.h"
 #include "core/controller.h"
 #include "core/fusion.h"
 #include "core/message.h"
-#include "python/runtime.h"
+#include "testing/local_control_plane.h"
+#include "testing/local_transport.h"
 
 namespace py = pybind11;
 
 namespace hvdl {
-void RegisterDeviceTesting(py::module_& m);  // python/testing_device.cc
+void RegisterDeviceTesting(py::module_& m);  // testing/testing_device.cc
 namespace {
 
 template <typename T>
@@ -294,8 +296,25 @@ py::bytes SingleCopyRead(const std::string& payload, const std::vector<int64_t>&
 
 }  // namespace
 
-void RegisterTesting(py::module_& parent) {
-  py::module_ m = parent.def_submodule("_testing", "core pieces for unit tests (no MPI)");
+// HorovodArgumentError / HorovodInternalError are _C's classes: the tests catch them as they
+// catch the runtime's.
+void RegisterErrors() {
+  py::module_ c = py::module_::import("horovodlite._C");
+  static py::object argument_error = c.attr("HorovodArgumentError");
+  static py::object internal_error = c.attr("HorovodInternalError");
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ArgumentError& e) {
+      PyErr_SetString(argument_error.ptr(), e.what());
+    } catch (const InternalError& e) {
+      PyErr_SetString(internal_error.ptr(), e.what());
+    }
+  });
+}
+
+void RegisterTesting(py::module_& m) {
+  RegisterErrors();
   m.def("choose_rank_cpu", [](const std::string& mode, const std::vector<int>& allowed,
                               int local_rank, int local_size) {
     Toggle t = mode == "auto" ? Toggle::kAuto : mode == "1" ? Toggle::kOn : Toggle::kOff;
@@ -325,3 +344,8 @@ void RegisterTesting(py::module_& parent) {
 }
 
 }  // namespace hvdl
+
+PYBIND11_MODULE(_testing, m) {
+  m.doc() = "horovodlite core pieces for unit tests (no MPI)";
+  hvdl::RegisterTesting(m);
+}

@@ -1,4 +1,4 @@
-// _C._testing, device part: the executor's device path without a GPU.
+// horovodlite._testing, device part: the executor's device path without a GPU.
 //
 // HostDeviceOps stands in for CUDA (its ScaleCopy walks the kernel's tiles, comm/batch_copy.h),
 // ThreadBackend for NCCL or MPI with N ranks as threads. run_device_ops drives the real Executor
@@ -13,10 +13,11 @@
 #include "comm/batch_copy.h"
 #include "comm/host_device_ops.h"
 #include "comm/host_staging.h"
+#include "common/errors.h"
 #include "core/executor.h"
 #include "core/response_builder.h"
-#include "python/runtime.h"
-#include "python/thread_backend.h"
+#include "runtime/build_info.h"
+#include "testing/thread_backend.h"
 
 namespace py = pybind11;
 

@@ -1,4 +1,4 @@
-#include "comm/local_transport.h"
+#include "testing/local_transport.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "python/thread_backend.h"
+#include "testing/thread_backend.h"
 
 #include <cstring>
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_device_ops.h"
-#include "comm/backend_registry.h"
+#include "runtime/build_info.h"
 #include "comm/host_device_ops.h"
 #include "comm/reduce_kernels.h"
 #include "core/context.h"

@@ -1,0 +1,35 @@
+// The composition root: the one place that knows which transports, control planes and device
+// backends this build has, picks them for a launch, and hands them to the core.
+//
+// StartContext parses the configuration, builds the communication runtime (today: the MPI
+// world's control plane, the MPI data backend and its ring transports; in CUDA builds the CUDA
+// device operations, NCCL and host staging) and creates the Context on it. Everything below
+// csrc/runtime sees interfaces only (comm/*.h); #if HVDL_WITH_* lives here, in the backends' own
+// folders and in CMake.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "common/config.h"
+#include "comm/comm_runtime.h"
+#include "core/context.h"
+
+namespace hvdl {
+
+// What the launch gives horovodlite to run on.
+struct LaunchOptions {
+  bool has_comm = false;  // an mpi4py communicator, as its Fortran handle
+  int comm_f2c = 0;
+  std::vector<int> ranks;  // or a list of MPI_COMM_WORLD ranks
+};
+
+// Builds the runtime on the calling (main) thread; collective over the job.
+Status BuildCommRuntime(const LaunchOptions& launch, const Config& config, CommRuntime* out);
+
+// Parses the configuration (HOROVOD_* from the environment), builds the communication runtime
+// and creates the Context on it. Main thread; collective over the job.
+Status StartContext(const LaunchOptions& launch, const InitOptions& options,
+                    std::unique_ptr<Context>* out);
+
+}  // namespace hvdl
