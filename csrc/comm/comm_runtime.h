@@ -7,9 +7,11 @@
 #include <memory>
 #include <string>
 
+#include "comm/allreduce_planner.h"
 #include "comm/backend_registry.h"
 #include "comm/control_plane.h"
 #include "comm/device_ops.h"
+#include "comm/fabric.h"
 
 namespace hvdl {
 
@@ -19,12 +21,18 @@ struct Topology {
   bool homogeneous = true;  // every node runs local_size ranks
 };
 
+// Members are destroyed in reverse order: the world last, the planner first.
 struct CommRuntime {
   Topology topology;
-  std::unique_ptr<ControlPlane> control;
-  std::unique_ptr<DeviceOps> device_ops;  // device builds; declared first: outlives the backends
-  BackendRegistry backends;
   std::shared_ptr<void> owner;  // keeps the transport's world (communicators) alive
+  std::unique_ptr<ControlPlane> control;
+  std::unique_ptr<Fabric> fabric;  // the transports per process set (null: none)
+  std::unique_ptr<DataBackend> natives;  // the transport family's own collectives (null: none)
+  std::unique_ptr<DeviceOps> device_ops;  // device builds; outlives the backends
+  // Behind a pointer: the planner and the backends point at it and at each other, and the runtime
+  // moves into the Context.
+  std::unique_ptr<BackendRegistry> backends = std::make_unique<BackendRegistry>();
+  std::unique_ptr<AllreducePlanner> planner;
   // Fault tolerance (a transport that survives lost ranks; both empty otherwise). Background
   // thread. `peer_failed`: a communication call reported failed ranks. `recover`: agree with
   // the survivors on who is left and keep them for the next init; *what says who was lost, in

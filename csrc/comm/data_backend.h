@@ -1,11 +1,15 @@
-// DataBackend: moves tensor bytes between the members of a process set.
+// DataBackend: runs the collectives of a process set on buffers.
 //
-// The registry picks, per operation, the first backend whose Supports() is true. Every method is
-// called from the background thread only and blocks until the data is in place on this rank.
-// Buffers are caller-owned; counts are elements of `dtype`; `ps` is the process set id and every
-// rank index is set-relative. Reductions here are elementwise Sum/Min/Max/Product: averaging and
-// scaling are done by the caller (the executor) so every backend shares one definition.
-// Failures return a Status naming the call; nothing throws.
+// Implementations: the host collectives (comm/host_collectives: every algorithm over a Fabric's
+// transports, plus a transport family's native collectives where it has them - MPI's), NCCL
+// (device buffers) and host staging (device buffers through the host collectives). The registry
+// picks, per operation, the first backend whose Supports() is true; the allreduce planner
+// (comm/allreduce_planner) picks the allreduce's algorithm. Every method is called from the
+// background thread only and blocks until the data is in place on this rank. Buffers are
+// caller-owned; counts are elements of `dtype`; `ps` is the process set id and every rank index
+// is set-relative. Reductions here are elementwise Sum/Min/Max/Product: the planner turns Average
+// into Sum and a postscale, so every backend shares one definition. Failures return a Status
+// naming the call; nothing throws.
 //
 // Device buffers (device >= 0; see comm/device_ops.h): a backend that supports them queues its
 // work on the current device's horovodlite stream and returns once it is queued ("in place" then
@@ -24,6 +28,8 @@
 
 namespace hvdl {
 
+struct AllreducePlan;  // comm/allreduce_planner.h
+
 struct AllreduceArgs {
   void* buf = nullptr;  // in place: this rank's contribution in, the reduction out
   int64_t count = 0;
@@ -31,9 +37,11 @@ struct AllreduceArgs {
   ReduceOp op = ReduceOp::kSum;
   int ps = 0;
   double postscale = 1.0;  // applied to the result by the backend
-  // Ring only: the data as spans per ring chunk (tensors reduced in place, no fusion buffer).
-  // When set, `buf` is unused; `count` is the total.
+  // Ring and hierarchical plans: the data as spans per ring chunk (tensors reduced in place, no
+  // fusion buffer). When set, `buf` is unused; `count` is the total.
   std::vector<std::vector<Span>> chunks;
+  // The planner's decision; null: the backend asks the planner itself (host staging's buffer).
+  const AllreducePlan* plan = nullptr;
 };
 
 class DataBackend {
@@ -48,15 +56,13 @@ class DataBackend {
   virtual Status RemoveProcessSet(int ps) = 0;
 
   virtual Status Allreduce(const AllreduceArgs& args) = 0;
-  // True if an allreduce of `bytes` made of `tensors` tensors would run as a ring. The executor
-  // then hands the tensors over as spans (no fusion buffer) laid out chunk-major (see ring.h).
-  virtual bool UsesRing(int64_t bytes, int tensors, DataType dtype, ReduceOp op, int ps) const {
-    return false;
-  }
   // Number of members of process set `ps` as this backend sees them.
   virtual int SetSize(int ps) const = 0;
-  // Background thread, in the agreed order (autotune): which allreduce algorithm to use.
-  virtual void SetAllreduceAlgorithm(AllreduceAlgorithm algo) {}
+  // The backend runs horovodlite's algorithms over transports (ring, hierarchical), so the
+  // planner may choose them for it.
+  virtual bool runs_algorithms() const { return false; }
+  // The backend's collectives run natively on device memory (NCCL), not through the host.
+  virtual bool native_device() const { return false; }
   // Ring transports (one per process set used so far) that copy straight from peer memory.
   virtual int single_copy_transports() const { return 0; }
   // Summed over those transports: members this rank exchanges with by single copy (the others,

@@ -64,6 +64,7 @@ Status HostStagingBackend::Allreduce(const AllreduceArgs& args) {
   HVDL_RETURN_IF_ERROR(ops_->Synchronize());
   AllreduceArgs on_host = args;
   on_host.buf = host;
+  on_host.plan = nullptr;  // the device plan chose this backend; the host part plans itself
   HVDL_RETURN_IF_ERROR(host_->Allreduce(on_host));
   return ops_->CopyToDevice(args.buf, host, bytes);
 }

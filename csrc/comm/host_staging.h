@@ -4,7 +4,8 @@
 // CUDA tensors. Each call:
 //   1. queues copies of the device inputs into one page-locked staging buffer (DeviceOps),
 //   2. waits for the device stream (the copies, and everything the executor queued before them),
-//   3. runs the same collective on the staging buffer with the host backend (MPI),
+//   3. runs the same collective on the staging buffer with the host backend (the host
+//      collectives, which plan the allreduce's algorithm for the host buffer),
 //   4. queues the copy of the result back into device memory.
 // Step 4 is ordered before any later work on the stream, so the executor's unpack sees the result.
 // The staging buffer is reused across calls; it grows (after a stream wait, so no pending copy

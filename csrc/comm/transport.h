@@ -1,8 +1,14 @@
-// Transport: non-blocking point-to-point byte transfer between members of one group.
+// Transport: non-blocking point-to-point byte transfer between the members of one group.
 //
-// The ring algorithm depends only on this, so MPI point-to-point (backends/mpi/mpi_transport) and
-// the in-process test transport (comm/local_transport) share one implementation of the algorithm.
-// Background thread only. Buffers stay owned by the caller and must stay valid until Wait returns.
+// Every algorithm above it (comm/ring, comm/hierarchical, comm/transport_collectives) depends on
+// this interface only, so MPI point-to-point (backends/mpi/mpi_transport), single copy inside a
+// host (comm/single_copy_transport, a layer over any transport) and the in-process test transport
+// (testing/local_transport) share one implementation of every algorithm. A transport moves bytes
+// and decides nothing.
+//
+// Contract: background thread only (not thread-safe). Buffers stay owned by the caller and must
+// stay valid until Wait returns. Failures return a Status naming the call and the peer; nothing
+// throws.
 #pragma once
 
 #include <cstddef>
@@ -15,22 +21,42 @@ namespace hvdl {
 
 class Transport {
  public:
+  // Channels: messages on different tags never match each other.
+  static constexpr int kTags = 4;
+
   virtual ~Transport() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Post a send/receive of `bytes` to/from member `peer`; `*request` identifies it for Wait.
-  // Messages between one pair of members are received in the order they were sent.
-  virtual Status Isend(const void* buf, size_t bytes, int peer, int* request) = 0;
-  virtual Status Irecv(void* buf, size_t bytes, int peer, int* request) = 0;
-  // One message made of (or landing in) several spans of `esize`-byte elements, in order: a
-  // fused batch travels without being packed by us. The peer may use the other form (a single
-  // buffer of the same total size) for the matching operation.
-  virtual Status IsendSpans(const std::vector<Span>& spans, size_t esize, int peer,
-                            int* request) = 0;
-  virtual Status IrecvSpans(const std::vector<Span>& spans, size_t esize, int peer,
-                            int* request) = 0;
-  // Blocks until the request completed and releases it.
+  // Posts the send to (receive from) member `peer` of ONE message made of `spans` of
+  // `esize`-byte elements, in order, on channel `tag` (0 <= tag < kTags); `*request` identifies
+  // it for Wait. The peer may describe the message by other spans of the same total size (a
+  // fused batch travels without being packed). Messages between one pair on one tag are
+  // received in the order they were sent. A receive may be larger than the message it matches
+  // (single copy's descriptors are): the rest of its spans is left as it was.
+  virtual Status PostSend(const std::vector<Span>& spans, size_t esize, int peer, int tag,
+                          int* request) = 0;
+  virtual Status PostRecv(const std::vector<Span>& spans, size_t esize, int peer, int tag,
+                          int* request) = 0;
+  // Blocks until the request completed and releases it. Receives from one peer on one tag are
+  // waited for in the order they were posted.
   virtual Status Wait(int request) = 0;
+  // Members whose messages travel by single copy (read straight from their memory).
+  virtual int single_copy_peers() const { return 0; }
+
+  // Tag 0, the channel every algorithm uses.
+  Status IsendSpans(const std::vector<Span>& spans, size_t esize, int peer, int* request) {
+    return PostSend(spans, esize, peer, 0, request);
+  }
+  Status IrecvSpans(const std::vector<Span>& spans, size_t esize, int peer, int* request) {
+    return PostRecv(spans, esize, peer, 0, request);
+  }
+  Status Isend(const void* buf, size_t bytes, int peer, int* request) {
+    return PostSend({Span{const_cast<void*>(buf), static_cast<int64_t>(bytes)}}, 1, peer, 0,
+                    request);
+  }
+  Status Irecv(void* buf, size_t bytes, int peer, int* request) {
+    return PostRecv({Span{buf, static_cast<int64_t>(bytes)}}, 1, peer, 0, request);
+  }
 };
 
 }  // namespace hvdl

@@ -106,7 +106,7 @@ Status Context::Init(const InitOptions& options) {
   sets_ = std::make_unique<ProcessSetTable>(t.size);
   for (const std::vector<int>& ranks : options.process_sets) {
     int id = sets_->NextId();
-    HVDL_RETURN_IF_ERROR(comm_.backends.AddProcessSet(id, ranks));
+    HVDL_RETURN_IF_ERROR(comm_.backends->AddProcessSet(id, ranks));
     sets_->Add(id, ranks);
   }
   timeline_ = std::make_unique<Timeline>();
@@ -121,8 +121,9 @@ Status Context::Init(const InitOptions& options) {
   ExecutorDeps deps;
   deps.queue = queue_.get();
   deps.sets = sets_.get();
-  deps.backends = &comm_.backends;
+  deps.backends = comm_.backends.get();
   deps.fusion = fusion_.get();
+  deps.planner = comm_.planner.get();
   deps.rank = t.rank;
   deps.device_ops = comm_.device_ops.get();
   executor_ = std::make_unique<Executor>(deps);
@@ -234,7 +235,7 @@ void Context::Abort(const std::string& why) {
 void Context::Apply(const TunedParams& p) {
   executor_->set_fusion_threshold(p.fusion_threshold_bytes);
   loop_->set_cycle_time_ms(p.cycle_time_ms);
-  for (DataBackend* b : comm_.backends.all()) b->SetAllreduceAlgorithm(p.algorithm);
+  comm_.planner->set_algorithm(p.algorithm);
   HVDL_LOG(Debug) << "parameters now: fusion threshold " << p.fusion_threshold_bytes
                   << " B, cycle time " << p.cycle_time_ms << " ms, algorithm "
                   << AllreduceAlgorithmName(p.algorithm);
@@ -276,7 +277,7 @@ void Context::OnCycle(const CycleResult& result) {
   stats_.single_copy_peers = 0;
   stats_.hierarchical_allreduces = 0;
   stats_.hierarchical_allgathers = 0;
-  for (DataBackend* b : comm_.backends.all()) {
+  for (DataBackend* b : comm_.backends->all()) {
     stats_.single_copy_transports += b->single_copy_transports();
     stats_.single_copy_peers += b->single_copy_peers();
     stats_.hierarchical_allreduces += b->hierarchical_allreduces();

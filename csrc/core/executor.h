@@ -2,9 +2,10 @@
 //
 // Background thread only. For each response it takes this rank's entry back from the TensorQueue
 // (a rank outside the response's process set skips it; a joined rank contributes zeros to
-// allreduces), plans fusion (core/fusion), packs, runs the collective, unpacks, applies scale
-// factors and finally calls every entry's `done` exactly once, with the error (prefixed with the
-// op and tensor name) if the collective failed.
+// allreduces), plans fusion (core/fusion), runs each batch - data collectives through the per-op
+// code of core/batch_ops, in host or device memory (core/batch_memory); barriers, joins and
+// process-set changes here - and finally calls every entry's `done` exactly once, with the error
+// (prefixed with the op and tensor name) if the collective failed.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "comm/allreduce_planner.h"
 #include "comm/backend_registry.h"
 #include "comm/device_ops.h"
-#include "core/device_executor.h"
+#include "core/batch_memory.h"
+#include "core/batch_ops.h"
 #include "core/fusion.h"
 #include "core/message.h"
 #include "core/process_set.h"
@@ -48,9 +51,10 @@ struct ExecutorDeps {
   ProcessSetTable* sets = nullptr;
   BackendRegistry* backends = nullptr;
   FusionBuffer* fusion = nullptr;
+  const AllreducePlanner* planner = nullptr;
   int rank = 0;
-  // Device tensors (CUDA builds): batches whose response is on a device run through a
-  // DeviceExecutor over these ops; nullptr in a CPU-only build.
+  // Device tensors (CUDA builds): batches whose response is on a device run in DeviceMemory
+  // over these ops; nullptr in a CPU-only build.
   DeviceOps* device_ops = nullptr;
 };
 
@@ -68,24 +72,11 @@ class Executor {
   int64_t last_batch_bytes() const { return last_batch_bytes_; }
 
  private:
-  struct Item {
-    const Response* response;
-    TensorEntry entry;
-    bool has_entry = false;
-  };
-  using Items = std::vector<Item>;
+  using Items = BatchItems;
 
   void RunBatch(Items& items);
-  Status RunAllreduce(Items& items, DataBackend* be);
-  Status RunFusedRing(Items& items, DataBackend* be, AllreduceArgs* args,
-                      const std::vector<int64_t>& counts, int n);
-  Status OutOfMemory(int64_t bytes) const;
-  Status RunAllgather(Items& items, DataBackend* be);
-  Status RunReducescatter(Items& items, DataBackend* be);
-  Status RunBroadcast(Items& items, DataBackend* be);
-  Status RunAlltoall(Items& items, DataBackend* be, std::vector<int64_t>* received);
-  Status RunProcessSet(Item& item, std::vector<int64_t>* extra);
-  Status RunOnDevice(Items& items, DataBackend* be, std::vector<int64_t>* extra);
+  Status RunData(Items& items, DataBackend** be, std::vector<int64_t>* extra);
+  Status RunProcessSet(BatchItem& item, std::vector<int64_t>* extra);
   int64_t PayloadBytes(const Response& r) const;
   void Phase(const Items& items, const char* activity);
   // Tells the observer, once per batch, which tensors the batch being run has (Finish forgets).
@@ -93,7 +84,9 @@ class Executor {
   void Finish(Items& items, const Status& status, const std::vector<int64_t>& extra);
 
   ExecutorDeps d_;
-  std::unique_ptr<DeviceExecutor> device_;  // set when d_.device_ops is
+  BatchOps ops_;
+  HostMemory host_;
+  std::unique_ptr<DeviceMemory> device_;  // set when d_.device_ops is
   int64_t threshold_ = 0;
   ExecutionObserver* observer_ = nullptr;
   const Items* traced_ = nullptr;

@@ -40,7 +40,7 @@ struct TensorEntry {
   // Optional; runs once, on the background thread (TensorQueue::Complete). `extra` carries
   // op-specific results: alltoall's received splits, join's last rank.
   std::function<void(const Status& status, const std::vector<int64_t>& extra)> done;
-  // Device tensors only (unset for CPU tensors), see core/device_executor.h:
+  // Device tensors only (unset for CPU tensors), see core/batch_memory.h:
   // `ready` marks the work the caller queued on its stream before the op (the adapter re-records
   // it when `allocate` hands out an output); the executor's stream waits for it before it touches
   // the tensors. `device_done` runs on the background thread just before `done`, with the event

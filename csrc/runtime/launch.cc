@@ -1,10 +1,10 @@
 #include "runtime/launch.h"
 
+#include "comm/host_collectives.h"
 #if HVDL_WITH_MPI
-#include <mpi.h>
-
 #include "backends/mpi/mpi_backend.h"
 #include "backends/mpi/mpi_control_plane.h"
+#include "backends/mpi/mpi_fabric.h"
 #include "backends/mpi/mpi_util.h"
 #include "backends/mpi/mpi_world.h"
 #endif
@@ -18,8 +18,12 @@
 
 namespace hvdl {
 
-Status BuildCommRuntime(const LaunchOptions& launch, const Config& config, CommRuntime* out) {
+namespace {
+
 #if HVDL_WITH_MPI
+// An mpirun launch: MPI's control plane, MPI point-to-point transports (single copy inside a
+// host) and MPI's native collectives; with ULFM, recovery from lost ranks.
+Status BuildMpi(const LaunchOptions& launch, const Config& config, CommRuntime* out) {
   MpiWorldOptions mo;
   mo.has_comm = launch.has_comm;
   mo.comm_f2c = launch.comm_f2c;
@@ -36,32 +40,46 @@ Status BuildCommRuntime(const LaunchOptions& launch, const Config& config, CommR
   t.thread_multiple = world->thread_multiple();
   t.homogeneous = world->homogeneous();
   out->control = std::make_unique<MpiControlPlane>(world->control());
-  auto mpi = std::make_unique<MpiBackend>(world.get(), config);
-  DataBackend* host = mpi.get();
-  out->backends.Add(std::move(mpi));
-#if HVDL_WITH_CUDA
-  out->device_ops = std::make_unique<CudaDeviceOps>(t.rank);
-#if HVDL_WITH_NCCL
-  if (config.gpu_operations == GpuOperations::kNccl) {
-    out->backends.Add(std::make_unique<NcclBackend>(world.get(), out->device_ops.get(), config));
-  }
-#endif
-  MpiWorld* w = world.get();
-  out->backends.Add(std::make_unique<HostStagingBackend>(host, out->device_ops.get(), [w](int ps) {
-    MPI_Comm comm = w->data(ps);
-    int r = -1;
-    if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &r);
-    return r;
-  }));
-#else
-  (void)host;
-#endif
+  out->fabric = std::make_unique<MpiFabric>(world.get(), config.ring_single_copy);
+  out->natives = std::make_unique<MpiBackend>(world.get(), config);
   MpiWorld* survivors_of = world.get();
   if (UlfmBuilt()) {
     out->peer_failed = [] { return MpiPeerFailureSeen(); };
     out->recover = [survivors_of](std::string* what) { return survivors_of->Recover(what); };
   }
   out->owner = std::shared_ptr<MpiWorld>(std::move(world));
+  return Status::Ok();
+}
+#endif
+
+// What every launch gets on top of its transports: the host collectives (every algorithm over
+// the fabric, the natives where they exist), device support and the allreduce planner.
+void AddCollectives(const Config& config, CommRuntime* out) {
+  auto host = std::make_unique<HostCollectives>(out->fabric.get(), out->natives.get());
+  HostCollectives* h = host.get();
+  out->backends->Add(std::move(host));
+#if HVDL_WITH_CUDA
+  out->device_ops = std::make_unique<CudaDeviceOps>(out->topology.rank);
+#if HVDL_WITH_NCCL
+  if (config.gpu_operations == GpuOperations::kNccl) {
+    out->backends->Add(std::make_unique<NcclBackend>(out->fabric.get(), h, out->device_ops.get(),
+                                                    out->topology.rank));
+  }
+#endif
+  Fabric* fabric = out->fabric.get();
+  out->backends->Add(std::make_unique<HostStagingBackend>(
+      h, out->device_ops.get(), [fabric](int ps) { return fabric->SetRank(ps); }));
+#endif
+  out->planner = std::make_unique<AllreducePlanner>(config, out->fabric.get(), out->backends.get());
+  h->set_planner(out->planner.get());
+}
+
+}  // namespace
+
+Status BuildCommRuntime(const LaunchOptions& launch, const Config& config, CommRuntime* out) {
+#if HVDL_WITH_MPI
+  HVDL_RETURN_IF_ERROR(BuildMpi(launch, config, out));
+  AddCollectives(config, out);
   return Status::Ok();
 #else
   return Status::Internal("horovodlite was built without MPI; no control plane is available");

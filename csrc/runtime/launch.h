@@ -1,9 +1,12 @@
 // The composition root: the one place that knows which transports, control planes and device
 // backends this build has, picks them for a launch, and hands them to the core.
 //
-// StartContext parses the configuration, builds the communication runtime (today: the MPI
-// world's control plane, the MPI data backend and its ring transports; in CUDA builds the CUDA
-// device operations, NCCL and host staging) and creates the Context on it. Everything below
+// StartContext parses the configuration, builds the communication runtime and creates the Context
+// on it. A launch's runtime is its transport family's control plane, Fabric (transports per
+// process set) and native collectives - today MPI's (backends/mpi) - plus what every launch gets:
+// the host collectives over them (comm/host_collectives), in CUDA builds the CUDA device
+// operations, NCCL and host staging, and the allreduce planner. A new transport family is a
+// ControlPlane, a Fabric of Transports, and a Build function here. Everything below
 // csrc/runtime sees interfaces only (comm/*.h); #if HVDL_WITH_* lives here, in the backends' own
 // folders and in CMake.
 #pragma once

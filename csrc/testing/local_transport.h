@@ -1,7 +1,8 @@
-// LocalTransport: point-to-point between rank threads of one process, for ring unit tests.
+// LocalTransport: point-to-point between rank threads of one process, for unit tests of the
+// algorithms over Transport (ring, hierarchical, transport collectives, single copy).
 //
-// Sends are buffered (copied into the destination's FIFO for this sender and complete at once);
-// a receive completes in Wait when the next message from its peer is there.
+// Sends are buffered (copied into the destination's FIFO for this sender and tag, and complete
+// at once); a receive completes in Wait when the next message from its peer on its tag is there.
 #pragma once
 
 #include <condition_variable>
@@ -18,13 +19,14 @@ namespace hvdl {
 
 class LocalMailboxes {
  public:
-  explicit LocalMailboxes(int size) : size_(size), queues_(static_cast<size_t>(size * size)) {}
+  explicit LocalMailboxes(int size)
+      : size_(size), queues_(static_cast<size_t>(size * size * Transport::kTags)) {}
   int size() const { return size_; }
 
  private:
   friend class LocalTransport;
-  std::deque<std::string>& Queue(int src, int dst) {
-    return queues_[static_cast<size_t>(src * size_ + dst)];
+  std::deque<std::string>& Queue(int src, int dst, int tag) {
+    return queues_[static_cast<size_t>((src * size_ + dst) * Transport::kTags + tag)];
   }
   int size_;
   std::mutex mu_;
@@ -34,24 +36,23 @@ class LocalMailboxes {
 
 class LocalTransport : public Transport {
  public:
-  LocalTransport(std::shared_ptr<LocalMailboxes> boxes, int rank) : boxes_(std::move(boxes)), rank_(rank) {}
+  LocalTransport(std::shared_ptr<LocalMailboxes> boxes, int rank)
+      : boxes_(std::move(boxes)), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return boxes_->size(); }
-  Status Isend(const void* buf, size_t bytes, int peer, int* request) override;
-  Status Irecv(void* buf, size_t bytes, int peer, int* request) override;
-  Status IsendSpans(const std::vector<Span>& spans, size_t esize, int peer,
-                    int* request) override;
-  Status IrecvSpans(const std::vector<Span>& spans, size_t esize, int peer,
-                    int* request) override;
+  Status PostSend(const std::vector<Span>& spans, size_t esize, int peer, int tag,
+                  int* request) override;
+  Status PostRecv(const std::vector<Span>& spans, size_t esize, int peer, int tag,
+                  int* request) override;
   Status Wait(int request) override;
 
  private:
   struct PendingRecv {
-    std::vector<Span> spans;  // a plain receive is one span of bytes (esize 1)
+    std::vector<Span> spans;
     size_t esize;
     int peer;
+    int tag;
   };
-  void Deliver(std::string msg, int peer);
   std::shared_ptr<LocalMailboxes> boxes_;
   int rank_;
   int next_ = 0;

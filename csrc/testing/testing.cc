@@ -26,6 +26,7 @@ namespace py = pybind11;
 
 namespace hvdl {
 void RegisterDeviceTesting(py::module_& m);  // testing/testing_device.cc
+void RegisterCommTesting(py::module_& m);    // testing/testing_comm.cc
 namespace {
 
 template <typename T>
@@ -341,6 +342,7 @@ void RegisterTesting(py::module_& m) {
   m.def("half_to_float", [](uint16_t h) { return HalfToFloat(h); });
   m.def("float_to_bfloat16", [](float f) { return FloatToBFloat16(f); });
   RegisterDeviceTesting(m);
+  RegisterCommTesting(m);
 }
 
 }  // namespace hvdl

@@ -2,21 +2,25 @@
 //
 // HostDeviceOps stands in for CUDA (its ScaleCopy walks the kernel's tiles, comm/batch_copy.h),
 // ThreadBackend for NCCL or MPI with N ranks as threads. run_device_ops drives the real Executor
-// (and so the DeviceExecutor, and HostStagingBackend when staging=True) through agreed responses
-// built by the real BuildResponse, on every rank, and returns what each rank got.
+// (and so the device path of core/batch_ops, and HostStagingBackend when staging=True) through
+// agreed responses built by the real BuildResponse, on every rank, and returns what each rank
+// got. mode="transports" runs host tensors on the host collectives over LocalTransports instead.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <thread>
 
+#include "comm/allreduce_planner.h"
 #include "comm/backend_registry.h"
 #include "comm/batch_copy.h"
 #include "comm/host_device_ops.h"
+#include "comm/host_collectives.h"
 #include "comm/host_staging.h"
 #include "common/errors.h"
 #include "core/executor.h"
 #include "core/response_builder.h"
 #include "runtime/build_info.h"
+#include "testing/local_fabric.h"
 #include "testing/thread_backend.h"
 
 namespace py = pybind11;
@@ -36,6 +40,7 @@ struct OpSpec {
   std::vector<Shape> shapes;
   std::vector<std::string> inputs;
   std::vector<std::vector<int64_t>> splits;
+  int device = 0;  // kCpuDevice for the host path (mode "transports")
 };
 
 // What one rank got for one op.
@@ -75,7 +80,7 @@ Request ToRequest(const OpSpec& s, int rank) {
   q.prescale = s.prescale;
   q.postscale = s.postscale;
   q.root = s.root;
-  q.device = 0;
+  q.device = s.device;
   if (!s.splits.empty()) q.splits = s.splits[static_cast<size_t>(rank)];
   return q;
 }
@@ -85,22 +90,26 @@ TensorEntry ToEntry(const OpSpec& s, int rank, OpResult* res) {
   e.name = s.name;
   e.op = s.op;
   res->input = s.inputs[static_cast<size_t>(rank)];
-  e.input = TensorRef{res->input.data(), s.dtype, s.shapes[static_cast<size_t>(rank)], 0};
+  e.input = TensorRef{res->input.data(), s.dtype, s.shapes[static_cast<size_t>(rank)], s.device};
   if (s.op == OpType::kAllreduce || s.op == OpType::kBroadcast) {
     if (!s.in_place) res->output.assign(res->input.size(), '\0');
     res->has_output = !s.in_place;
     e.output = e.input;
     e.output.data = s.in_place ? res->input.data() : res->output.data();
   }
-  e.allocate = [res, dtype = s.dtype](const Shape& shape, TensorRef* out) {
+  e.allocate = [res, dtype = s.dtype, device = s.device](const Shape& shape, TensorRef* out) {
     res->output.assign(static_cast<size_t>(NumElements(shape)) * DataTypeSize(dtype), '\0');
     res->has_output = true;
-    *out = TensorRef{res->output.data(), dtype, shape, 0};
+    *out = TensorRef{res->output.data(), dtype, shape, device};
     return Status::Ok();
   };
-  res->ready = std::make_shared<HostEvent>(0);
-  e.ready = res->ready;
-  e.device_done = [res](const std::shared_ptr<DeviceEvent>& ev) { res->device_done = ev != nullptr; };
+  if (s.device != kCpuDevice) {
+    res->ready = std::make_shared<HostEvent>(0);
+    e.ready = res->ready;
+    e.device_done = [res](const std::shared_ptr<DeviceEvent>& ev) {
+      res->device_done = ev != nullptr;
+    };
+  }
   e.done = [res](const Status& st, const std::vector<int64_t>& extra) {
     res->done = true;
     res->error = st.message();
@@ -109,24 +118,48 @@ TensorEntry ToEntry(const OpSpec& s, int rank, OpResult* res) {
   return e;
 }
 
+// How the ranks of run_device_ops move data:
+//   device      device tensors (HostDeviceOps) on the thread backend's device collectives;
+//   staging     device tensors through host staging over the thread backend's host collectives;
+//   transports  host tensors on the host collectives over a LocalFabric (LocalTransports, with
+//               the single-copy layer when hosts are given): horovodlite's own algorithms, no
+//               native collective at all - what a launch with nothing but a Transport runs.
+struct RunMode {
+  std::string name = "device";
+  std::vector<std::string> hosts;  // transports: rank -> pretend host; empty: no single copy
+  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
+};
+
+struct Shared {
+  std::shared_ptr<ThreadFabric> threads;
+  std::shared_ptr<LocalMailboxes> boxes;
+};
+
 // One rank: submit its entries, run the agreed responses, report the counters.
-HostDeviceOpsCounters RunRank(int rank, bool joined, bool staging, int64_t threshold,
-                              const std::shared_ptr<ThreadFabric>& fabric,
-                              const std::vector<OpSpec>& specs,
+HostDeviceOpsCounters RunRank(int rank, bool joined, const RunMode& mode, int64_t threshold,
+                              const Shared& shared, const std::vector<OpSpec>& specs,
                               const std::vector<Response>& responses,
-                              std::vector<OpResult>* results) {
-  const int n = fabric->size();
+                              std::vector<OpResult>* results, int* single_copy_peers) {
+  const int n = shared.threads->size();
   HostDeviceOps ops;
   BackendRegistry registry;
-  if (staging) {
-    auto host = std::make_unique<ThreadBackend>(fabric, rank, false);
+  std::unique_ptr<LocalFabric> fabric;
+  Config config;
+  config.allreduce_algorithm = mode.algorithm;
+  if (mode.name == "staging") {
+    auto host = std::make_unique<ThreadBackend>(shared.threads, rank, false);
     DataBackend* host_ptr = host.get();
     registry.Add(std::move(host));
-    registry.Add(std::make_unique<HostStagingBackend>(host_ptr, &ops,
-                                                      [rank](int ps) { return ps == 0 ? rank : -1; }));
+    registry.Add(std::make_unique<HostStagingBackend>(
+        host_ptr, &ops, [rank](int ps) { return ps == 0 ? rank : -1; }));
+  } else if (mode.name == "transports") {
+    fabric = std::make_unique<LocalFabric>(shared.boxes, rank, mode.hosts, !mode.hosts.empty());
+    registry.Add(std::make_unique<HostCollectives>(fabric.get(), nullptr));
   } else {
-    registry.Add(std::make_unique<ThreadBackend>(fabric, rank, true));
+    registry.Add(std::make_unique<ThreadBackend>(shared.threads, rank, true));
   }
+  AllreducePlanner planner(config, fabric.get(), &registry);
+  if (fabric) static_cast<HostCollectives*>(registry.all()[0])->set_planner(&planner);
   ProcessSetTable sets(n);
   TensorQueue queue;
   FusionBuffer fusion;
@@ -141,18 +174,32 @@ HostDeviceOpsCounters RunRank(int rank, bool joined, bool staging, int64_t thres
   deps.sets = &sets;
   deps.backends = &registry;
   deps.fusion = &fusion;
+  deps.planner = &planner;
   deps.rank = rank;
   deps.device_ops = &ops;
   Executor executor(deps);
   executor.set_fusion_threshold(threshold);
   executor.Run(responses, joined);
+  *single_copy_peers = fabric ? fabric->single_copy_peers() : 0;
   return ops.counters();
 }
 
 py::list RunDeviceOps(int nranks, const std::vector<py::dict>& ops, bool staging,
-                      int64_t threshold, const std::vector<int>& joined) {
+                      int64_t threshold, const std::vector<int>& joined, const std::string& mode,
+                      const std::vector<std::string>& hosts, const std::string& algorithm) {
+  RunMode run;
+  run.name = staging ? "staging" : mode;
+  run.hosts = hosts;
+  if (algorithm == "ring") run.algorithm = AllreduceAlgorithm::kRing;
+  if (algorithm == "mpi") run.algorithm = AllreduceAlgorithm::kMpi;
+  if (run.name != "device" && run.name != "staging" && run.name != "transports") {
+    ThrowIfError(Status::InvalidArgument("mode: device, staging or transports"));
+  }
   std::vector<OpSpec> specs;
-  for (const py::dict& d : ops) specs.push_back(ToSpec(d));
+  for (const py::dict& d : ops) {
+    specs.push_back(ToSpec(d));
+    if (run.name == "transports") specs.back().device = kCpuDevice;
+  }
   std::vector<int> members;
   for (int r = 0; r < nranks; ++r) members.push_back(r);
   auto is_joined = [&](int r) {
@@ -168,7 +215,8 @@ py::list RunDeviceOps(int nranks, const std::vector<py::dict>& ops, bool staging
     for (int r = 0; r < nranks; ++r) ptrs.push_back(is_joined(r) ? nullptr : &reqs[static_cast<size_t>(r)]);
     responses.push_back(BuildResponse(ptrs, members));
   }
-  auto fabric = std::make_shared<ThreadFabric>(nranks);
+  Shared shared{std::make_shared<ThreadFabric>(nranks), std::make_shared<LocalMailboxes>(nranks)};
+  std::vector<int> peers(static_cast<size_t>(nranks), 0);
   std::vector<std::vector<OpResult>> results(static_cast<size_t>(nranks),
                                              std::vector<OpResult>(specs.size()));
   std::vector<HostDeviceOpsCounters> counters(static_cast<size_t>(nranks));
@@ -178,8 +226,8 @@ py::list RunDeviceOps(int nranks, const std::vector<py::dict>& ops, bool staging
     for (int r = 0; r < nranks; ++r) {
       threads.emplace_back([&, r] {
         counters[static_cast<size_t>(r)] =
-            RunRank(r, is_joined(r), staging, threshold, fabric, specs, responses,
-                    &results[static_cast<size_t>(r)]);
+            RunRank(r, is_joined(r), run, threshold, shared, specs, responses,
+                    &results[static_cast<size_t>(r)], &peers[static_cast<size_t>(r)]);
       });
     }
     for (auto& t : threads) t.join();
@@ -203,6 +251,7 @@ py::list RunDeviceOps(int nranks, const std::vector<py::dict>& ops, bool staging
     stats["regions"] = c.regions;
     stats["records"] = c.records;
     stats["host_copies"] = c.host_copies;
+    stats["single_copy_peers"] = peers[static_cast<size_t>(r)];
     out.append(py::make_tuple(per_op, stats));
   }
   return out;
@@ -265,7 +314,8 @@ int64_t DeviceOpsScaleCopy(int device, const std::vector<std::tuple<uintptr_t, u
 void RegisterDeviceTesting(py::module_& m) {
   m.def("run_device_ops", &RunDeviceOps, py::arg("nranks"), py::arg("ops"),
         py::arg("staging") = false, py::arg("fusion_threshold") = 64 << 20,
-        py::arg("joined") = std::vector<int>());
+        py::arg("joined") = std::vector<int>(), py::arg("mode") = "device",
+        py::arg("hosts") = std::vector<std::string>(), py::arg("algorithm") = "auto");
   m.def("device_scale_copy", &DeviceScaleCopy, py::arg("blobs"), py::arg("dtype"),
         py::arg("factor"), py::arg("in_place") = false);
   m.def("batch_plan", &BatchPlan, py::arg("counts"));

@@ -1,14 +1,10 @@
 #include "backends/mpi/mpi_backend.h"
 
-#include <chrono>
 #include <climits>
 #include <cstring>
-#include <thread>
 
 #include "backends/mpi/mpi_util.h"
-#include "comm/hierarchical.h"
 #include "comm/reduce_kernels.h"
-#include "comm/ring.h"
 #include "common/logging.h"
 
 namespace hvdl {
@@ -33,70 +29,20 @@ Status ToInts(const std::vector<int64_t>& counts, const char* what, std::vector<
   return Status::Ok();
 }
 
-// Blocking MPI calls busy-poll. A rank whose background thread enters a collective before its
-// peers' threads do (they notice the agreed response at their next poll, or wait for a core that
-// training threads hold) would spin on a core the training needs - measured: 20 ms of CPU per
-// training step on a 2-core machine. So the ranks first meet in a non-blocking barrier that is
-// waited on politely (test, then sleep with backoff), and start the data transfer together.
-Status Meet(MPI_Comm comm) {
-  using Clock = std::chrono::steady_clock;
-  constexpr auto kSpin = std::chrono::microseconds(30);
-  constexpr auto kMaxSleep = std::chrono::microseconds(200);
-  MPI_Request req;
-  HVDL_MPI(MPI_Ibarrier(comm, &req));
-  const auto start = Clock::now();
-  auto sleep = std::chrono::microseconds(8);
-  while (true) {
-    int done = 0;
-    HVDL_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-    if (done) return Status::Ok();
-    if (Clock::now() - start < kSpin) continue;
-    std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, kMaxSleep);
-  }
-}
-
 }  // namespace
 
 MpiBackend::MpiBackend(MpiWorld* world, const Config& config)
     : world_(world),
-      algorithm_(config.allreduce_algorithm),
-      ring_threshold_(config.ring_threshold_bytes),
-      segment_bytes_(config.ring_segment_bytes > 0
-                         ? static_cast<size_t>(config.ring_segment_bytes)
-                         : kHostSegmentBytes),
-      network_segment_bytes_(config.ring_segment_bytes > 0
-                                 ? static_cast<size_t>(config.ring_segment_bytes)
-                                 : kNetworkSegmentBytes),
-      single_copy_(config.ring_single_copy),
       hierarchy_(world->cross_size() > 1 && world->local_size() > 1 && world->homogeneous()),
-      hierarchical_allreduce_(config.hierarchical_allreduce),
-      hierarchical_allgather_(hierarchy_ ? config.hierarchical_allgather : Toggle::kOff) {
-  if (config.hierarchical_allreduce == Toggle::kOn && !hierarchy_ && world->rank() == 0) {
-    HVDL_LOG(Warning) << "HOROVOD_HIERARCHICAL_ALLREDUCE=1 ignored: it needs several hosts with "
-                      << "the same number of ranks on each, and more than one on some (this "
-                      << "job: " << world->cross_size() << " host(s), "
-                      << (world->homogeneous() ? "the same number" : "different numbers")
-                      << " of ranks per host); the flat ring is used";
-  }
-}
+      hierarchical_allgather_(hierarchy_ ? config.hierarchical_allgather : Toggle::kOff) {}
 
 MpiBackend::~MpiBackend() {
-  local_.reset();
-  cross_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) {
     if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
     if (cross_comm_ != MPI_COMM_NULL) MPI_Comm_free(&cross_comm_);
   }
-}
-
-bool MpiBackend::Hierarchical(int ps, bool ring) const {
-  if (!hierarchy_ || ps != 0) return false;
-  return hierarchical_allreduce_ == Toggle::kOn ||
-         (hierarchical_allreduce_ == Toggle::kAuto && algorithm_ == AllreduceAlgorithm::kAuto &&
-          ring);
 }
 
 // Collective over process set 0 (every rank reaches its first hierarchical collective in the
@@ -121,17 +67,6 @@ Status MpiBackend::HierarchicalComms() {
   return Status::Ok();
 }
 
-Status MpiBackend::HierarchicalTransports(MpiTransport** local, MpiTransport** cross) {
-  if (!local_) {
-    HVDL_RETURN_IF_ERROR(HierarchicalComms());
-    local_ = std::make_unique<MpiTransport>(local_comm_, single_copy_);
-    cross_ = std::make_unique<MpiTransport>(cross_comm_, single_copy_);
-  }
-  *local = local_.get();
-  *cross = cross_.get();
-  return Status::Ok();
-}
-
 bool MpiBackend::Supports(OpType op, DataType dtype, int device) const {
   return device == kCpuDevice;
 }
@@ -147,7 +82,7 @@ Status MpiBackend::Comm(int ps, MPI_Comm* comm) const {
 
 Status MpiBackend::Begin(int ps, MPI_Comm* comm) const {
   HVDL_RETURN_IF_ERROR(Comm(ps, comm));
-  return SetSize(ps) > 1 ? Meet(*comm) : Status::Ok();
+  return SetSize(ps) > 1 ? MpiMeet(*comm) : Status::Ok();
 }
 
 int MpiBackend::SetSize(int ps) const {
@@ -157,79 +92,15 @@ int MpiBackend::SetSize(int ps) const {
   return n;
 }
 
-MpiTransport* MpiBackend::TransportFor(int ps) {
-  auto it = transports_.find(ps);
-  if (it == transports_.end()) {
-    auto t = std::make_unique<MpiTransport>(world_->data(ps), single_copy_);  // collective
-    it = transports_.emplace(ps, std::move(t)).first;
-  }
-  return it->second.get();
-}
+// The world's process sets are MpiFabric's: it adds and removes their communicators.
+Status MpiBackend::AddProcessSet(int ps, const std::vector<int>& ranks) { return Status::Ok(); }
 
-int MpiBackend::single_copy_transports() const {
-  int n = 0;
-  for (const auto& kv : transports_) n += kv.second->single_copy_peers() > 0 ? 1 : 0;
-  return n;
-}
-
-int MpiBackend::single_copy_peers() const {
-  int n = 0;
-  for (const auto& kv : transports_) n += kv.second->single_copy_peers();
-  return n;
-}
-
-Status MpiBackend::AddProcessSet(int ps, const std::vector<int>& ranks) {
-  return world_->AddProcessSet(ps, ranks);
-}
-
-Status MpiBackend::RemoveProcessSet(int ps) {
-  transports_.erase(ps);
-  return world_->RemoveProcessSet(ps);
-}
-
-bool MpiBackend::UsesRing(int64_t bytes, int tensors, DataType dtype, ReduceOp op,
-                          int ps) const {
-  if (algorithm_ == AllreduceAlgorithm::kRing || Hierarchical(ps, false)) return true;
-  if (algorithm_ == AllreduceAlgorithm::kMpi) return false;
-  const int n = SetSize(ps);
-  if (n <= 1) return false;
-  const bool non_associative = IsFloatingPoint(dtype) && (op == ReduceOp::kSum ||
-                                                          op == ReduceOp::kAverage ||
-                                                          op == ReduceOp::kProduct);
-  if (n >= 3 && non_associative) return true;
-  if (tensors > 1) return bytes >= kFusedRingBytes;
-  return ring_threshold_ >= 0 && bytes >= ring_threshold_;
-}
+Status MpiBackend::RemoveProcessSet(int ps) { return Status::Ok(); }
 
 Status MpiBackend::Allreduce(const AllreduceArgs& a) {
+  if (!a.chunks.empty()) return Status::Internal("MPI_Allreduce takes one buffer, not spans");
   MPI_Comm comm;
   HVDL_RETURN_IF_ERROR(Begin(a.ps, &comm));
-  const int64_t bytes = a.count * static_cast<int64_t>(DataTypeSize(a.dtype));
-  const bool ring = !a.chunks.empty() || UsesRing(bytes, 1, a.dtype, a.op, a.ps);
-  if (Hierarchical(a.ps, ring)) {
-    MpiTransport *local, *cross;
-    HVDL_RETURN_IF_ERROR(HierarchicalTransports(&local, &cross));
-    ++hierarchical_calls_;
-    return HierarchicalAllreduce(
-        local, cross,
-        a.chunks.empty() ? ContiguousChunks(a.buf, EvenChunks(a.count, SetSize(a.ps)), a.dtype)
-                         : a.chunks,
-        a.dtype, a.op, a.postscale, segment_bytes_, network_segment_bytes_, nullptr);
-  }
-  if (ring) {
-    MpiTransport* t = TransportFor(a.ps);
-    // A ring in a job over several hosts has network links (a process set's may not). Every
-    // member must use the same size - their messages must match: the job spans hosts on every
-    // rank alike (cross_size would not do: 1 for a host's second rank in a 2+1 job).
-    const size_t segment =
-        world_->local_size() < world_->size() ? network_segment_bytes_ : segment_bytes_;
-    if (!a.chunks.empty()) {
-      return RingAllreduce(t, a.chunks, a.dtype, a.op, a.postscale, segment, nullptr);
-    }
-    return RingAllreduce(t, ContiguousChunks(a.buf, EvenChunks(a.count, t->size()), a.dtype),
-                         a.dtype, a.op, a.postscale, segment, nullptr);
-  }
-  if (!a.chunks.empty()) return Status::Internal("span allreduce needs the ring algorithm");
   MPI_Datatype type = MpiType(a.dtype);
   MPI_Op op = MpiOp(a.dtype, a.op);
   char* p = static_cast<char*>(a.buf);

@@ -52,4 +52,8 @@ MPI_Datatype MpiType(DataType dtype);
 // The MPI op reducing `dtype` with `op` (Average maps to the sum op).
 MPI_Op MpiOp(DataType dtype, ReduceOp op);
 
+// Blocking: every member of `comm` has arrived, waited for with sleeps instead of spinning (a
+// non-blocking barrier tested with backoff). Called before blocking collectives, which busy-poll.
+Status MpiMeet(MPI_Comm comm);
+
 }  // namespace hvdl

@@ -3,6 +3,7 @@
 #include <functional>
 
 #include "backends/nccl/nccl_util.h"
+#include "comm/allreduce_planner.h"
 
 namespace hvdl {
 namespace {
@@ -37,12 +38,8 @@ Status Group(int rank_, const std::function<Status()>& body) {
 
 }  // namespace
 
-NcclBackend::NcclBackend(MpiWorld* world, DeviceOps* ops, const Config& config)
-    : world_(world), ops_(ops), rank_(world->rank()), comms_(world->rank()) {
-  if (config.hierarchical_allreduce == Toggle::kOn) {
-    hierarchical_ = std::make_unique<HierarchicalAllreduce>(world, ops, &comms_);
-  }
-}
+NcclBackend::NcclBackend(Fabric* fabric, DataBackend* host, DeviceOps* ops, int rank)
+    : fabric_(fabric), host_(host), ops_(ops), rank_(rank), comms_(rank) {}
 
 NcclBackend::~NcclBackend() = default;
 
@@ -75,7 +72,19 @@ Status NcclBackend::Type(DataType dtype, ncclDataType_t* out) const {
 }
 
 Status NcclBackend::Comm(int ps, NcclComm** out) {
-  return comms_.Get(ps, world_->data(ps), ops_->device(), out);
+  return comms_.Get(
+      ps,
+      [this, ps] {
+        NcclBootstrap b;
+        b.rank = fabric_->SetRank(ps);
+        b.size = fabric_->SetSize(ps);
+        DataBackend* host = host_;
+        b.broadcast = [host, ps](void* data, size_t bytes) {
+          return host->Broadcast(data, static_cast<int64_t>(bytes), DataType::kUInt8, 0, ps);
+        };
+        return b;
+      },
+      ops_->device(), out);
 }
 
 Status NcclBackend::RemoveProcessSet(int ps) {
@@ -83,21 +92,17 @@ Status NcclBackend::RemoveProcessSet(int ps) {
   return Status::Ok();
 }
 
-int NcclBackend::SetSize(int ps) const {
-  MPI_Comm comm = world_->data(ps);
-  int n = 0;
-  if (comm != MPI_COMM_NULL) MPI_Comm_size(comm, &n);
-  return n;
-}
+int NcclBackend::SetSize(int ps) const { return fabric_->SetSize(ps); }
 
 Status NcclBackend::Allreduce(const AllreduceArgs& a) {
   if (!a.chunks.empty()) return Status::Internal("NCCL allreduce takes one buffer, not spans");
   ncclDataType_t type;
   HVDL_RETURN_IF_ERROR(Type(a.dtype, &type));
-  if (hierarchical_ && a.ps == 0) {
-    bool usable = false;
-    HVDL_RETURN_IF_ERROR(hierarchical_->Usable(&usable));
-    if (usable) return hierarchical_->Run(a, type);
+  if (a.plan != nullptr && a.plan->algorithm == AllreducePlan::Algorithm::kHierarchical) {
+    if (!hierarchical_) {
+      hierarchical_ = std::make_unique<HierarchicalAllreduce>(fabric_, ops_, &comms_, rank_);
+    }
+    return hierarchical_->Run(a, type);
   }
   NcclComm* c = nullptr;
   HVDL_RETURN_IF_ERROR(Comm(a.ps, &c));

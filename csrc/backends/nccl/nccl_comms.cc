@@ -7,7 +7,6 @@
 #include <string>
 #include <thread>
 
-#include "backends/mpi/mpi_util.h"
 #include "backends/nccl/nccl_util.h"
 #include "common/logging.h"
 #include "common/types.h"
@@ -26,15 +25,15 @@ NcclCommunicators::~NcclCommunicators() {
   }
 }
 
-Status NcclCommunicators::Bootstrap(MPI_Comm mpi, int device, NcclComm* out) {
-  MPI_Comm_rank(mpi, &out->rank);
-  MPI_Comm_size(mpi, &out->size);
+Status NcclCommunicators::Bootstrap(const NcclBootstrap& b, int device, NcclComm* out) {
+  out->rank = b.rank;
+  out->size = b.size;
   struct {
     int32_t result;  // ncclResult_t of ncclGetUniqueId on member 0
     ncclUniqueId id;
   } root = {};
   if (out->rank == 0) root.result = static_cast<int32_t>(ncclGetUniqueId(&root.id));
-  HVDL_MPI(MPI_Bcast(&root, sizeof(root), MPI_BYTE, 0, mpi));
+  HVDL_RETURN_IF_ERROR(b.broadcast(&root, sizeof(root)));
   if (root.result != ncclSuccess) {
     return Status::Internal("ncclGetUniqueId failed on the first member of the communicator "
                             "(seen on rank " + std::to_string(rank_) + "): " +
@@ -59,7 +58,8 @@ Status NcclCommunicators::Bootstrap(MPI_Comm mpi, int device, NcclComm* out) {
   return Status::Ok();
 }
 
-Status NcclCommunicators::Get(int key, MPI_Comm mpi, int device, NcclComm** out) {
+Status NcclCommunicators::Get(int key, const std::function<NcclBootstrap()>& bootstrap,
+                              int device, NcclComm** out) {
   auto it = comms_.find(key);
   if (it != comms_.end()) {
     if (it->second.device != device) {
@@ -71,12 +71,13 @@ Status NcclCommunicators::Get(int key, MPI_Comm mpi, int device, NcclComm** out)
     *out = &it->second;
     return Status::Ok();
   }
-  if (mpi == MPI_COMM_NULL) {
-    return Status::Internal("no MPI communicator to bootstrap NCCL on rank " +
-                            std::to_string(rank_));
+  const NcclBootstrap b = bootstrap();
+  if (b.size <= 0 || b.rank < 0 || !b.broadcast) {
+    return Status::Internal("rank " + std::to_string(rank_) +
+                            " is not a member of the group it bootstraps NCCL for");
   }
   NcclComm c;
-  HVDL_RETURN_IF_ERROR(Bootstrap(mpi, device, &c));
+  HVDL_RETURN_IF_ERROR(Bootstrap(b, device, &c));
   *out = &comms_.emplace(key, c).first->second;
   return Status::Ok();
 }

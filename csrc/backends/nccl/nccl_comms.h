@@ -1,11 +1,12 @@
 // NcclCommunicators: the NCCL communicators of this process, one per process set (plus the
 // node-local one of hierarchical allreduce), created lazily by the background thread.
 //
-// Bootstrap (collective over the members of the set's MPI communicator, which is safe because
-// every member executes the agreed responses in the same order, so all of them reach the first
-// NCCL op of a set together): member 0 calls ncclGetUniqueId and broadcasts the id with its
-// result code over MPI, so a failure there fails every member instead of hanging them; then every
-// member calls ncclCommInitRank on its device. A communicator lives on one device; an op on
+// Bootstrap (collective over the members, which is safe because every member executes the
+// agreed responses in the same order, so all of them reach the first NCCL op of a set together):
+// member 0 calls ncclGetUniqueId and broadcasts the id with its result code through the
+// NcclBootstrap's broadcast - the host collectives of the set, or a host transport: no MPI here -
+// so a failure there fails every member instead of hanging them; then every member calls
+// ncclCommInitRank on its device. A communicator lives on one device; an op on
 // another device of the same process is refused (horovodlite runs one GPU per process).
 //
 // Failure: CheckAsyncErrors polls ncclCommGetAsyncError; a communicator that failed is aborted
@@ -13,9 +14,9 @@
 // new one. Background thread only.
 #pragma once
 
-#include <mpi.h>
 #include <nccl.h>
 
+#include <functional>
 #include <map>
 
 #include "common/device_event.h"
@@ -30,6 +31,14 @@ struct NcclComm {
   int size = 1;
 };
 
+// How the members of a future communicator find each other: this member's index and their
+// number, and a blocking broadcast of bytes from member 0 to all of them (collective over them).
+struct NcclBootstrap {
+  int rank = 0;
+  int size = 1;
+  std::function<Status(void* data, size_t bytes)> broadcast;
+};
+
 class NcclCommunicators {
  public:
   // Key of the node-local communicator of hierarchical allreduce (process sets are >= 0).
@@ -40,9 +49,10 @@ class NcclCommunicators {
   NcclCommunicators(const NcclCommunicators&) = delete;
   NcclCommunicators& operator=(const NcclCommunicators&) = delete;
 
-  // The communicator under `key`; the first call bootstraps it over `mpi` on `device` (blocking,
-  // collective over the members of `mpi`).
-  Status Get(int key, MPI_Comm mpi, int device, NcclComm** out);
+  // The communicator under `key`; the first call bootstraps it through `bootstrap()` on
+  // `device` (blocking, collective over the members). `bootstrap` is called only then.
+  Status Get(int key, const std::function<NcclBootstrap()>& bootstrap, int device,
+             NcclComm** out);
   // Destroys the communicator under `key`, if any (process set removal).
   void Destroy(int key);
   // Non-blocking: the first asynchronous failure of any communicator, which is then aborted.
@@ -52,7 +62,7 @@ class NcclCommunicators {
   Status Wait(DeviceEvent* event);
 
  private:
-  Status Bootstrap(MPI_Comm mpi, int device, NcclComm* out);
+  Status Bootstrap(const NcclBootstrap& b, int device, NcclComm* out);
 
   int rank_;
   std::map<int, NcclComm> comms_;

@@ -3,36 +3,21 @@
 #include <algorithm>
 #include <climits>
 
-#include "backends/mpi/mpi_util.h"
 #include "backends/nccl/nccl_util.h"
+#include "comm/ring.h"
+#include "comm/transport_collectives.h"
 #include "common/logging.h"
 
 namespace hvdl {
 
-HierarchicalAllreduce::HierarchicalAllreduce(MpiWorld* world, DeviceOps* ops,
-                                             NcclCommunicators* comms)
-    : world_(world), ops_(ops), comms_(comms), rank_(world->rank()) {}
+HierarchicalAllreduce::HierarchicalAllreduce(Fabric* fabric, DeviceOps* ops,
+                                             NcclCommunicators* comms, int rank)
+    : fabric_(fabric), ops_(ops), comms_(comms), rank_(rank) {}
 
 HierarchicalAllreduce::~HierarchicalAllreduce() {
   if (scratch_ != nullptr || host_ != nullptr) ops_->Synchronize();
   if (scratch_ != nullptr) ops_->Free(scratch_device_, scratch_);
   if (host_ != nullptr) ops_->FreeHost(host_);
-}
-
-Status HierarchicalAllreduce::Usable(bool* usable) {
-  if (usable_ < 0) {
-    int mine = world_->local_size(), lo = 0, hi = 0;
-    HVDL_MPI(MPI_Allreduce(&mine, &lo, 1, MPI_INT, MPI_MIN, world_->data(0)));
-    HVDL_MPI(MPI_Allreduce(&mine, &hi, 1, MPI_INT, MPI_MAX, world_->data(0)));
-    usable_ = lo == hi ? 1 : 0;
-    if (!usable_) {
-      HVDL_LOG(Warning) << "HOROVOD_HIERARCHICAL_ALLREDUCE needs the same number of ranks on "
-                        << "every node (here between " << lo << " and " << hi
-                        << "); using flat NCCL allreduce instead";
-    }
-  }
-  *usable = usable_ == 1;
-  return Status::Ok();
 }
 
 // Buffers grow only; growing waits for the stream before the old one goes.
@@ -57,8 +42,10 @@ Status HierarchicalAllreduce::Grow(void** buf, size_t* capacity, size_t bytes, b
   return Status::Ok();
 }
 
-// Stage 2: this rank's shard, reduced across nodes through host memory with MPI.
-Status HierarchicalAllreduce::CrossNodes(void* shard, int64_t count, const AllreduceArgs& a) {
+// Stage 2: this rank's shard, reduced across nodes through host memory by the ring over the
+// cross transport.
+Status HierarchicalAllreduce::CrossNodes(Transport* cross, void* shard, int64_t count,
+                                         const AllreduceArgs& a) {
   const size_t esize = DataTypeSize(a.dtype);
   const size_t bytes = static_cast<size_t>(count) * esize;
   HVDL_RETURN_IF_ERROR(Grow(&host_, &host_bytes_, bytes, true));
@@ -66,22 +53,30 @@ Status HierarchicalAllreduce::CrossNodes(void* shard, int64_t count, const Allre
   std::shared_ptr<DeviceEvent> copied;
   HVDL_RETURN_IF_ERROR(ops_->Record(&copied));
   HVDL_RETURN_IF_ERROR(comms_->Wait(copied.get()));  // stage 1 and the copy have run
-  const MPI_Datatype type = MpiType(a.dtype);
-  const MPI_Op op = MpiOp(a.dtype, a.op);
-  char* p = static_cast<char*>(host_);
-  for (int64_t done = 0; done < count; done += INT_MAX) {
-    const int n = static_cast<int>(std::min<int64_t>(INT_MAX, count - done));
-    HVDL_MPI(MPI_Allreduce(MPI_IN_PLACE, p + done * static_cast<int64_t>(esize), n, type, op,
-                           world_->cross()));
-  }
+  HVDL_RETURN_IF_ERROR(RingAllreduce(cross,
+                                     ContiguousChunks(host_, EvenChunks(count, cross->size()),
+                                                      a.dtype),
+                                     a.dtype, a.op, 1.0, 64 * 1024, nullptr));
   return ops_->CopyToDevice(shard, host_, bytes);
 }
 
 Status HierarchicalAllreduce::Run(const AllreduceArgs& a, ncclDataType_t type) {
   if (a.count == 0) return Status::Ok();
+  Transport *host, *cross;
+  HVDL_RETURN_IF_ERROR(fabric_->HostTransports(&host, &cross));
   NcclComm* local = nullptr;
-  HVDL_RETURN_IF_ERROR(
-      comms_->Get(NcclCommunicators::kLocalKey, world_->local(), ops_->device(), &local));
+  HVDL_RETURN_IF_ERROR(comms_->Get(
+      NcclCommunicators::kLocalKey,
+      [host] {
+        NcclBootstrap b;
+        b.rank = host->rank();
+        b.size = host->size();
+        b.broadcast = [host](void* data, size_t bytes) {
+          return TransportBroadcast(host, data, static_cast<int64_t>(bytes), DataType::kUInt8, 0);
+        };
+        return b;
+      },
+      ops_->device(), &local));
   const size_t esize = DataTypeSize(a.dtype);
   const int64_t shard = (a.count + local->size - 1) / local->size;
   const int64_t padded = shard * local->size;
@@ -101,7 +96,7 @@ Status HierarchicalAllreduce::Run(const AllreduceArgs& a, ncclDataType_t type) {
   HVDL_NCCL(ncclReduceScatter(work, mine, static_cast<size_t>(shard), type,
                               NcclOp(a.dtype, a.op), local->comm, stream));
   // 2. Across nodes, among the ranks holding the same shard.
-  if (world_->cross_size() > 1) HVDL_RETURN_IF_ERROR(CrossNodes(mine, shard, a));
+  if (cross->size() > 1) HVDL_RETURN_IF_ERROR(CrossNodes(cross, mine, shard, a));
   // 3. Allgather inside the node (in place: sendbuff = recvbuff + rank * sendcount).
   HVDL_NCCL(ncclAllGather(mine, work, static_cast<size_t>(shard), type, local->comm, stream));
   if (work != a.buf) return ops_->ScaleCopy({{a.buf, work, a.count}}, a.dtype, a.postscale);

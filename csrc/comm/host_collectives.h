@@ -1,0 +1,66 @@
+// HostCollectives: every collective on host memory, for a launch whose transports a Fabric
+// provides, with or without native collectives of that transport family.
+//
+// Allreduce runs the planner's choice (comm/allreduce_planner): the flat ring over the set's
+// transport, the hierarchical composition over the host and cross transports, or the natives'
+// allreduce. The gather-type collectives run natively where the natives have them (MPI's are
+// tuned and single-copy within a host), else over the set's transport (comm/
+// transport_collectives). A launch with nothing but a Transport therefore runs every collective.
+// Before a collective over transports the members meet (Fabric::Meet) so that nobody spins in
+// it while a late peer still works.
+//
+// Registered first in the BackendRegistry for CPU buffers. Background thread only.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/allreduce_planner.h"
+#include "comm/data_backend.h"
+#include "comm/fabric.h"
+
+namespace hvdl {
+
+class HostCollectives : public DataBackend {
+ public:
+  // `natives` may be null. None is owned; all must outlive this object. The planner is the
+  // runtime's (it needs the registry this backend goes into, so it is set after construction).
+  HostCollectives(Fabric* fabric, DataBackend* natives);
+  void set_planner(const AllreducePlanner* planner) { planner_ = planner; }
+
+  const char* name() const override { return natives_ != nullptr ? natives_->name() : "ring"; }
+  bool Supports(OpType op, DataType dtype, int device) const override;
+  bool runs_algorithms() const override { return true; }
+  Status AddProcessSet(int ps, const std::vector<int>& ranks) override;
+  Status RemoveProcessSet(int ps) override;
+  int SetSize(int ps) const override { return fabric_->SetSize(ps); }
+
+  Status Allreduce(const AllreduceArgs& args) override;
+  Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                    DataType dtype, int ps) override;
+  Status Broadcast(void* buf, int64_t count, DataType dtype, int root, int ps) override;
+  Status Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                   const std::vector<int64_t>& recv_counts, DataType dtype, int ps) override;
+  Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
+                       DataType dtype, ReduceOp op, int ps) override;
+
+  int single_copy_transports() const override { return fabric_->single_copy_transports(); }
+  int single_copy_peers() const override { return fabric_->single_copy_peers(); }
+  int64_t hierarchical_allreduces() const override { return hierarchical_allreduces_; }
+  int64_t hierarchical_allgathers() const override {
+    return natives_ != nullptr ? natives_->hierarchical_allgathers() : 0;
+  }
+
+ private:
+  Status RunPlan(const AllreducePlan& plan, const AllreduceArgs& args);
+  // The transport of `ps` after meeting its members.
+  Status Begin(int ps, Transport** t);
+  size_t Segment() const;
+
+  Fabric* fabric_;
+  DataBackend* natives_;
+  const AllreducePlanner* planner_ = nullptr;
+  int64_t hierarchical_allreduces_ = 0;
+};
+
+}  // namespace hvdl
