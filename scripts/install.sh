@@ -45,7 +45,7 @@ fi
 
 choice=${HVDL_MPI:-auto}
 if [[ -n "${HVDL_MPICC:-}" ]]; then
-  why="HVDL_MPICC names it"
+  choice=given why="HVDL_MPICC names it"
 elif [[ "$choice" == auto ]]; then
   if [[ -x "$prefix_bin/mpicc" ]]; then
     choice=pypi why="this environment already has a PyPI MPI ($prefix_bin/mpicc)"
@@ -58,6 +58,7 @@ else
   why="HVDL_MPI=$choice"
 fi
 case "$choice" in
+  given) ;;
   system)
     HVDL_MPICC=${HVDL_MPICC:-$(system_mpicc)}
     if [[ -z "$HVDL_MPICC" ]]; then
