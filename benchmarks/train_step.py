@@ -34,6 +34,17 @@ bound), ``cnn`` (default, compute-bound: a small ResNet on 32x32 images, batch 3
 Run:  horovodliterun -np 2 python benchmarks/train_step.py
       horovodliterun -np 2 python benchmarks/train_step.py --model mlp --steps 60 --rounds 4
 
+On GPUs (``--device cuda``; benchmarks/gpu_setup.py places the ranks): images/s of horovodlite's
+DistributedOptimizer against DDP at the same np (NCCL with one GPU per rank; gloo on the CUDA
+tensors when ranks share a GPU, horovodlite then staging through host memory) and against every
+rank training alone without communication (at np 1: plain torch). Models ``resnet50`` (default on
+CUDA: a ResNet-50 defined here - torchvision is not needed - on 224x224 images, 1000 classes,
+batch 64) and ``mlp``; ``--amp bf16`` runs forward and loss under bfloat16 autocast. Each round
+times ``--steps`` steps of every configuration as one block ending in torch.cuda.synchronize():
+
+    horovodliterun -np 1 python benchmarks/train_step.py --device cuda [--amp bf16]
+    horovodliterun -np 1 python benchmarks/train_step.py --device cuda --model mlp
+
 Across hosts (docs/test_hosts.md), one rank per host, so that every rank has a core of this
 2-core machine; the ceiling is then every host training on its own, and the shares are the
 efficiency of 2 hosts over the test hosts' shaped links (1 Gbit/s by default):
@@ -64,6 +75,8 @@ def make_model(kind):
     torch.manual_seed(0)
     if kind == "cnn":
         return ResNet(1, num_classes=10)
+    if kind == "resnet50":
+        return ResNet50()
     if kind == "mlp":  # eight 512x512 layers: 2.1 M parameters, 8 MiB of gradients per step
         layers = []
         for _ in range(8):
@@ -75,8 +88,51 @@ def make_model(kind):
                                torch.nn.Linear(1024, 10))
 
 
+class Bottleneck(torch.nn.Module):
+    """ResNet-50's block: 1x1 reduce, 3x3 (carrying the stride), 1x1 expand x4, batch norms,
+    and an identity or 1x1 projection shortcut."""
+
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        cout = 4 * width
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(cin, width, 1, bias=False), torch.nn.BatchNorm2d(width),
+            torch.nn.ReLU(inplace=True),
+            torch.nn.Conv2d(width, width, 3, stride, 1, bias=False), torch.nn.BatchNorm2d(width),
+            torch.nn.ReLU(inplace=True),
+            torch.nn.Conv2d(width, cout, 1, bias=False), torch.nn.BatchNorm2d(cout))
+        self.shortcut = torch.nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                                torch.nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        return F.relu(self.body(x) + self.shortcut(x))
+
+
+class ResNet50(torch.nn.Module):
+    """torchvision's resnet50 layout (stages of 3, 4, 6, 3 bottlenecks; 25.6 M parameters)."""
+
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        self.stem = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False), torch.nn.BatchNorm2d(64),
+            torch.nn.ReLU(inplace=True), torch.nn.MaxPool2d(3, 2, 1))
+        blocks, cin = [], 64
+        for i, (width, count) in enumerate([(64, 3), (128, 4), (256, 6), (512, 3)]):
+            for b in range(count):
+                blocks.append(Bottleneck(cin, width, 2 if b == 0 and i > 0 else 1))
+                cin = 4 * width
+        self.stages = torch.nn.Sequential(*blocks)
+        self.fc = torch.nn.Linear(cin, num_classes)
+
+    def forward(self, x):
+        return self.fc(F.adaptive_avg_pool2d(self.stages(self.stem(x)), 1).flatten(1))
+
+
 # Per model: one sample's input shape, the number of classes, the default batch per rank.
-BATCHES = {"cnn": ((3, 32, 32), 10, 32), "mlp": ((512,), 512, 64), "wide": ((1024,), 10, 8)}
+BATCHES = {"cnn": ((3, 32, 32), 10, 32), "mlp": ((512,), 512, 64), "wide": ((1024,), 10, 8),
+           "resnet50": ((3, 224, 224), 1000, 64)}
 CEILING = "ceiling (no comm.)"
 SYNC_CEILING = "ceiling, 4 B sync/step"
 
@@ -288,15 +344,25 @@ def print_table(args, results, horovod_missing):
         print(f"{name:<22}" + "".join(f"{b[c]:>12.2f}" for c in cols))
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description="horovodlite vs DDP vs Horovod train step")
-    p.add_argument("--model", choices=list(BATCHES), default="cnn")
+    p.add_argument("--model", choices=list(BATCHES), default=None,
+                   help="default: cnn on the CPU, resnet50 on CUDA")
     p.add_argument("--batch-size", type=int, default=None,
-                   help="per rank (cnn 32, mlp 64, wide 8)")
+                   help="per rank (cnn 32, mlp 64, wide 8, resnet50 64)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20, help="timed steps per run")
     p.add_argument("--rounds", type=int, default=3)
-    args = p.parse_args()
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: horovodlite vs DDP (NCCL) vs no communication on GPUs")
+    p.add_argument("--amp", choices=["bf16"], default=None,
+                   help="--device cuda: forward and loss under bfloat16 autocast")
+    p.add_argument("--json", help="--device cuda: write the figures to this file (rank 0)")
+    args = p.parse_args(argv)
+    if args.model is None:
+        args.model = "resnet50" if args.device == "cuda" else "cnn"
+    if args.amp and args.device != "cuda":
+        p.error("--amp needs --device cuda")
     if args.batch_size is None:
         args.batch_size = BATCHES[args.model][2]
     return args
@@ -304,6 +370,10 @@ def parse_args():
 
 def main():
     args = parse_args()
+    if args.device == "cuda":
+        import train_step_cuda  # noqa: PLC0415  (benchmarks/, beside this file)
+
+        return train_step_cuda.run(args, make_model, make_batch)
     hvd.init()
     torch.set_num_threads(1)
     n = hvd.size()

@@ -20,6 +20,7 @@
 # CUDA: with a CUDA build of torch, nvcc and NCCL (e.g. pip install nvidia-nccl-cu12), the
 # extension builds with CUDA kernels and the NCCL backend automatically; HVDL_WITH_CUDA=0/1 and
 # HVDL_WITH_NCCL=0/1 force them (docker/README.md).
+# It ends with `horovodliterun --check-build`, which runs an allreduce with the new build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -44,7 +45,7 @@ fi
 
 choice=${HVDL_MPI:-auto}
 if [[ -n "${HVDL_MPICC:-}" ]]; then
-  why="HVDL_MPICC names it"
+  choice=given why="HVDL_MPICC names it"
 elif [[ "$choice" == auto ]]; then
   if [[ -x "$prefix_bin/mpicc" ]]; then
     choice=pypi why="this environment already has a PyPI MPI ($prefix_bin/mpicc)"
@@ -57,6 +58,7 @@ else
   why="HVDL_MPI=$choice"
 fi
 case "$choice" in
+  given) ;;
   system)
     HVDL_MPICC=${HVDL_MPICC:-$(system_mpicc)}
     if [[ -z "$HVDL_MPICC" ]]; then
@@ -112,3 +114,11 @@ summary=$("$PY" -c 'import horovodlite, horovodlite.torch, torch
 from horovodlite._extension import load
 print(horovodlite.__version__, "torch", torch.__version__, "MPI", load().mpi_library_version().split(",")[0].splitlines()[0])')
 say "horovodlite installed: $summary"
+# Importing proves little: a module linked with a static libstdc++ imported fine and crashed at
+# its first collective. `horovodliterun --check-build` runs an allreduce (and one on the GPU when
+# there is one) in child processes and fails with the reason.
+say "checking the build: horovodliterun --check-build"
+if ! "$PY" -m horovodlite.runner.launch --check-build; then
+  say "the build does not work: see the lines above and docs/troubleshooting.md" >&2
+  exit 1
+fi

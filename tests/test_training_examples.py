@@ -56,3 +56,28 @@ def test_train_step_benchmark_prints_its_table():
                 "DDP gloo np=2", "not installed", "horovodlite / synchronized ceiling",
                 "throughput horovodlite / DDP", "of ceiling", "cpu hvdl-bg"):
         assert row in out, f"missing {row!r} in:\n{out}"
+
+
+def test_gpu_benchmarks_run_with_the_cpu_standing_in(tmp_path, monkeypatch):
+    """The --device cuda code of both benchmarks end to end at np=2 (ranks "sharing" the one
+    stand-in GPU), on a machine without a GPU: HVDL_BENCH_CUDA_STAND_IN=1 puts the tensors on
+    the CPU, with gloo as the peer (benchmarks/gpu_setup.py)."""
+    import json
+
+    monkeypatch.setenv("HVDL_BENCH_CUDA_STAND_IN", "1")
+    out = launch("benchmarks/allreduce.py", "--device", "cuda", "--quick", "--sizes", "4,65536",
+                 "--json", str(tmp_path / "allreduce.json"))
+    for row in ("np=2, CPU standing in for a GPU", "peer torch gloo", "x torch gloo",
+                "hvdl on CPU", "200 tensors of 64 KiB", "torch gloo (200 calls)"):
+        assert row in out, f"missing {row!r} in:\n{out}"
+    result = json.loads((tmp_path / "allreduce.json").read_text())
+    assert result["shared_gpu"] and result["peer"] == "torch gloo"
+    assert {(r["case"], r.get("bytes")) for r in result["rows"]} >= {("single", 4),
+                                                                     ("single", 65536)}
+    out = launch("benchmarks/train_step.py", "--device", "cuda", "--model", "mlp", "--warmup",
+                 "1", "--steps", "2", "--rounds", "1", "--json", str(tmp_path / "train.json"))
+    for row in ("no communication", "horovodlite np=2", "DDP gloo np=2",
+                "horovodlite / no communication", "horovodlite / DDP"):
+        assert row in out, f"missing {row!r} in:\n{out}"
+    result = json.loads((tmp_path / "train.json").read_text())
+    assert set(result["per_second"]) == {"no communication", "horovodlite np=2", "DDP gloo np=2"}

