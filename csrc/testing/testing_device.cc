@@ -20,7 +20,7 @@
 #include "core/executor.h"
 #include "core/response_builder.h"
 #include "runtime/build_info.h"
-#include "testing/local_fabric.h"
+#include "testing/local_transport_fabric.h"
 #include "testing/thread_backend.h"
 
 namespace py = pybind11;
@@ -121,7 +121,7 @@ TensorEntry ToEntry(const OpSpec& s, int rank, OpResult* res) {
 // How the ranks of run_device_ops move data:
 //   device      device tensors (HostDeviceOps) on the thread backend's device collectives;
 //   staging     device tensors through host staging over the thread backend's host collectives;
-//   transports  host tensors on the host collectives over a LocalFabric (LocalTransports, with
+//   transports  host tensors on the host collectives over a LocalTransportFabric (LocalTransports, with
 //               the single-copy layer when hosts are given): horovodlite's own algorithms, no
 //               native collective at all - what a launch with nothing but a Transport runs.
 struct RunMode {
@@ -143,7 +143,7 @@ HostDeviceOpsCounters RunRank(int rank, bool joined, const RunMode& mode, int64_
   const int n = shared.threads->size();
   HostDeviceOps ops;
   BackendRegistry registry;
-  std::unique_ptr<LocalFabric> fabric;
+  std::unique_ptr<LocalTransportFabric> fabric;
   Config config;
   config.allreduce_algorithm = mode.algorithm;
   if (mode.name == "staging") {
@@ -153,7 +153,7 @@ HostDeviceOpsCounters RunRank(int rank, bool joined, const RunMode& mode, int64_
     registry.Add(std::make_unique<HostStagingBackend>(
         host_ptr, &ops, [rank](int ps) { return ps == 0 ? rank : -1; }));
   } else if (mode.name == "transports") {
-    fabric = std::make_unique<LocalFabric>(shared.boxes, rank, mode.hosts, !mode.hosts.empty());
+    fabric = std::make_unique<LocalTransportFabric>(shared.boxes, rank, mode.hosts, !mode.hosts.empty());
     registry.Add(std::make_unique<HostCollectives>(fabric.get(), nullptr));
   } else {
     registry.Add(std::make_unique<ThreadBackend>(shared.threads, rank, true));

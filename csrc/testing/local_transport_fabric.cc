@@ -1,27 +1,27 @@
-#include "testing/local_fabric.h"
+#include "testing/local_transport_fabric.h"
 
 #include "comm/single_copy_transport.h"
 
 namespace hvdl {
 
-LocalFabric::LocalFabric(std::shared_ptr<LocalMailboxes> boxes, int rank,
+LocalTransportFabric::LocalTransportFabric(std::shared_ptr<LocalMailboxes> boxes, int rank,
                          std::vector<std::string> hosts, bool single_copy)
     : boxes_(std::move(boxes)), rank_(rank), hosts_(std::move(hosts)), single_copy_(single_copy) {
   hosts_.resize(static_cast<size_t>(boxes_->size()), "host");
 }
 
-Status LocalFabric::AddProcessSet(int ps, const std::vector<int>& ranks) {
+Status LocalTransportFabric::AddProcessSet(int ps, const std::vector<int>& ranks) {
   return Status::Internal("the local test fabric offers process set 0 only");
 }
 
-bool LocalFabric::spans_hosts() const {
+bool LocalTransportFabric::spans_hosts() const {
   for (const std::string& h : hosts_) {
     if (h != hosts_.front()) return true;
   }
   return false;
 }
 
-Status LocalFabric::SetTransport(int ps, Transport** out) {
+Status LocalTransportFabric::SetTransport(int ps, Transport** out) {
   if (ps != 0) return Status::Internal("the local test fabric offers process set 0 only");
   if (!transport_) {
     auto base = std::make_unique<LocalTransport>(boxes_, rank_);
@@ -35,15 +35,15 @@ Status LocalFabric::SetTransport(int ps, Transport** out) {
   return Status::Ok();
 }
 
-Status LocalFabric::HostTransports(Transport** local, Transport** cross) {
+Status LocalTransportFabric::HostTransports(Transport** local, Transport** cross) {
   return Status::Internal("the local test fabric has no hierarchical transports");
 }
 
-int LocalFabric::single_copy_transports() const {
+int LocalTransportFabric::single_copy_transports() const {
   return transport_ && transport_->single_copy_peers() > 0 ? 1 : 0;
 }
 
-int LocalFabric::single_copy_peers() const {
+int LocalTransportFabric::single_copy_peers() const {
   return transport_ ? transport_->single_copy_peers() : 0;
 }
 

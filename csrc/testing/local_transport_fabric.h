@@ -1,8 +1,8 @@
-// LocalFabric: a Fabric for N ranks that are threads of one process (tests only): process set 0
+// LocalTransportFabric: a Fabric for N ranks that are threads of one process (tests only): process set 0
 // over LocalTransports, with the single-copy layer on top when asked (threads share one pid, so
 // process_vm_readv reads "the peer's" memory for real). `hosts[i]` names rank i's pretend host:
 // single copy pairs ranks of one host, and more than one host makes rings use network segments.
-// The ranks share the mailboxes; each thread owns its LocalFabric. Other process sets and
+// The ranks share the mailboxes; each thread owns its LocalTransportFabric. Other process sets and
 // hierarchical transports are not offered.
 #pragma once
 
@@ -15,9 +15,9 @@
 
 namespace hvdl {
 
-class LocalFabric : public Fabric {
+class LocalTransportFabric : public Fabric {
  public:
-  LocalFabric(std::shared_ptr<LocalMailboxes> boxes, int rank, std::vector<std::string> hosts,
+  LocalTransportFabric(std::shared_ptr<LocalMailboxes> boxes, int rank, std::vector<std::string> hosts,
               bool single_copy);
   Status AddProcessSet(int ps, const std::vector<int>& ranks) override;
   Status RemoveProcessSet(int ps) override { return Status::Ok(); }
