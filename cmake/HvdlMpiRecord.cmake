@@ -18,6 +18,11 @@ set(HVDL_RELOCATE_PREFIX "" CACHE PATH "Environment prefix whose folders become 
 
 function(hvdl_record_mpi target)
   set(json "{}")
+  if(NOT HVDL_MPI)  # a build without MPI says so: nothing to check at import
+    string(JSON json SET "${json}" mpi "false")
+    _hvdl_write_record(${target} "${json}")
+    return()
+  endif()
   string(JSON json SET "${json}" compiler "\"${MPI_C_COMPILER}\"")
   string(JSON json SET "${json}" mpi_version "\"${MPI_C_VERSION}\"")
   set(version "${MPI_C_LIBRARY_VERSION_STRING}")
@@ -33,6 +38,10 @@ function(hvdl_record_mpi target)
     math(EXPR i "${i} + 1")
   endforeach()
   string(JSON json SET "${json}" libraries "${libs}")
+  _hvdl_write_record(${target} "${json}")
+endfunction()
+
+function(_hvdl_write_record target json)
   get_target_property(out_dir ${target} LIBRARY_OUTPUT_DIRECTORY)
   if(NOT out_dir)
     set(out_dir "${CMAKE_LIBRARY_OUTPUT_DIRECTORY}")
@@ -71,7 +80,9 @@ function(hvdl_relocatable_rpath target)
   # An MPI wrapper's own "-Wl,-rpath,<its lib>" (PyPI's Open MPI and MPICH have one) would put
   # the build environment's absolute path back in: drop it from the MPI target's link options
   # (FindMPI writes its commas as $<COMMA>).
-  get_target_property(options MPI::MPI_C INTERFACE_LINK_OPTIONS)
+  if(TARGET MPI::MPI_C)
+    get_target_property(options MPI::MPI_C INTERFACE_LINK_OPTIONS)
+  endif()
   if(options)
     string(REGEX REPLACE "-Wl(,|\\$<COMMA>)-rpath( +-Wl)?(,|\\$<COMMA>)[^ ;>]+" "" options "${options}")
     set_target_properties(MPI::MPI_C PROPERTIES INTERFACE_LINK_OPTIONS "${options}")

@@ -39,6 +39,13 @@ struct CommRuntime {
   // one line.
   std::function<bool()> peer_failed;
   std::function<Status(std::string*)> recover;
+  // Watching the job's peers where no launcher does (may be empty): called once the Context
+  // runs; the watcher calls `lost(why)` from a thread of its own when ranks are gone.
+  std::function<void(std::function<void(const std::string& why)> lost)> watch;
+  // Stops the watcher (blocking); the Context calls it before it is destroyed.
+  std::function<void()> stop_watching;
+  // Any thread (Context::Abort): ends every wait of the transports early with `why`.
+  std::function<void(const std::string& why)> cancel;
 };
 
 }  // namespace hvdl

@@ -170,6 +170,12 @@ Status Context::Init(const InitOptions& options) {
     Abort("the job " + line + " (seen by rank " + LogIdentity() +
           "); the collectives that need those ranks cannot complete");
   });
+  if (comm_.watch) {
+    comm_.watch([this](const std::string& why) {
+      Abort("the job " + why + " (seen by rank " + LogIdentity() +
+            "); the collectives that need those ranks cannot complete");
+    });
+  }
   return Status::Ok();
 }
 
@@ -180,6 +186,8 @@ Context::~Context() {
     loop_->RequestShutdown("horovodlite runtime destroyed");
     loop_->Join();
   }
+  // After the loop: a failing collective may still have asked the watcher to explain it.
+  if (comm_.stop_watching) comm_.stop_watching();
   if (timeline_) timeline_->Stop();
 }
 
@@ -227,6 +235,7 @@ void Context::Abort(const std::string& why) {
   Status status = Status::Aborted(why);
   queue_->Refuse(status);
   loop_->Abort(status);
+  if (comm_.cancel) comm_.cancel(why);
   if (handles_ != nullptr) handles_->FailPending(status);
 }
 

@@ -15,21 +15,17 @@ namespace py = pybind11;
 namespace hvdl {
 namespace {
 
-void Init(std::optional<int> comm_f2c, std::vector<int> ranks,
-          std::vector<std::vector<int>> process_sets, int dynamic) {
+// Starts a Context on `launch` unless one runs (a second init is a no-op).
+void Start(const LaunchOptions& launch, std::vector<std::vector<int>> process_sets, int dynamic) {
   Runtime& rt = Runtime::Get();
   py::gil_scoped_release nogil;  // before the lock: never hold the GIL while waiting for it
   std::lock_guard<std::mutex> lock(rt.lifecycle_mutex());
-  if (rt.context() != nullptr) return;  // a second init is a no-op
+  if (rt.context() != nullptr) return;
   if (rt.ranks_lost()) {
     py::gil_scoped_acquire gil;
     throw InternalError("horovodlite cannot start again in this process: the job lost ranks, "
-                        "and MPI still counts them");
+                        "and its transport still counts them");
   }
-  LaunchOptions launch;
-  launch.has_comm = comm_f2c.has_value();
-  launch.comm_f2c = comm_f2c.value_or(0);
-  launch.ranks = std::move(ranks);
   InitOptions options;
   options.process_sets = std::move(process_sets);
   options.dynamic_process_sets = dynamic;
@@ -41,6 +37,33 @@ void Init(std::optional<int> comm_f2c, std::vector<int> ranks,
     ThrowIfError(s);
   }
   rt.set_context(std::move(ctx));
+}
+
+// An mpirun launch (or MPI already initialised by mpi4py).
+void Init(std::optional<int> comm_f2c, std::vector<int> ranks,
+          std::vector<std::vector<int>> process_sets, int dynamic) {
+  LaunchOptions launch;
+  launch.has_comm = comm_f2c.has_value();
+  launch.comm_f2c = comm_f2c.value_or(0);
+  launch.ranks = std::move(ranks);
+  Start(launch, std::move(process_sets), dynamic);
+}
+
+// A launch without MPI: what horovodlite/common/rendezvous.py found out.
+void InitGloo(const py::dict& found, std::vector<std::vector<int>> process_sets, int dynamic) {
+  LaunchOptions launch;
+  launch.controller = LaunchOptions::Controller::kGloo;
+  GlooLaunch& g = launch.gloo;
+  g.rank = found["rank"].cast<int>();
+  g.size = found["size"].cast<int>();
+  g.local_rank = found["local_rank"].cast<int>();
+  g.local_size = found["local_size"].cast<int>();
+  g.cross_rank = found["cross_rank"].cast<int>();
+  g.cross_size = found["cross_size"].cast<int>();
+  g.hosts = found["hosts"].cast<std::vector<std::string>>();
+  g.process_group = found["process_group"].cast<std::string>();
+  g.timeout_seconds = found["timeout_seconds"].cast<double>();
+  Start(launch, std::move(process_sets), dynamic);
 }
 
 void Shutdown(const std::string& reason) {
@@ -142,6 +165,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("init", &Init, py::arg("comm_f2c") = py::none(), py::arg("ranks") = std::vector<int>(),
         py::arg("process_sets") = std::vector<std::vector<int>>(), py::arg("dynamic") = -1);
+  m.def("init_gloo", &InitGloo, py::arg("launch"),
+        py::arg("process_sets") = std::vector<std::vector<int>>(), py::arg("dynamic") = -1);
   m.def("shutdown", &Shutdown, py::arg("reason") = "hvd.shutdown() was called");
   m.def("is_initialized", [] { return Runtime::Get().context() != nullptr; });
   m.def("finalize_transport", [] { FinalizeCommTransport(); },
@@ -176,6 +201,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("is_homogeneous", [] { return Topo().homogeneous; });
   m.def("mpi_threads_supported", [] { return Topo().thread_multiple; });
   m.def("mpi_built", [] { return MpiBuilt(); });
+  m.def("gloo_built", [] { return GlooBuilt(); });
   m.def("cuda_built", [] { return CudaBuilt(); });
   m.def("nccl_version", [] { return NcclVersion(); });
   m.def("transport_version", [] { return TransportVersion(); });

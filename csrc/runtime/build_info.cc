@@ -16,6 +16,8 @@ namespace hvdl {
 
 bool MpiBuilt() { return HVDL_WITH_MPI != 0; }
 
+bool GlooBuilt() { return HVDL_WITH_GLOO != 0; }
+
 std::string MpiLibraryVersion() {
 #if HVDL_WITH_MPI
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};

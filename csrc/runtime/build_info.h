@@ -10,6 +10,8 @@
 namespace hvdl {
 
 bool MpiBuilt();
+// True if the Gloo controller (torch's c10d) is built in.
+bool GlooBuilt();
 // MPI_Get_library_version of the MPI library loaded into this process, whole; callable before
 // init (horovodlite/_mpi_check.py compares it with the MPI the extension was built against).
 std::string MpiLibraryVersion();

@@ -77,13 +77,23 @@ void AddCollectives(const Config& config, CommRuntime* out) {
 }  // namespace
 
 Status BuildCommRuntime(const LaunchOptions& launch, const Config& config, CommRuntime* out) {
+  if (launch.controller == LaunchOptions::Controller::kGloo) {
+#if HVDL_WITH_GLOO
+    HVDL_RETURN_IF_ERROR(BuildGloo(launch.gloo, config, out));
+#else
+    return Status::Internal("this horovodlite was built without the Gloo controller (its torch "
+                            "had no torch.distributed headers); launch it with mpirun");
+#endif
+  } else {
 #if HVDL_WITH_MPI
-  HVDL_RETURN_IF_ERROR(BuildMpi(launch, config, out));
+    HVDL_RETURN_IF_ERROR(BuildMpi(launch, config, out));
+#else
+    return Status::Internal("this horovodlite was built without MPI; launch it with torchrun or "
+                            "horovodliterun --gloo (the Gloo controller), or rebuild with an MPI");
+#endif
+  }
   AddCollectives(config, out);
   return Status::Ok();
-#else
-  return Status::Internal("horovodlite was built without MPI; no control plane is available");
-#endif
 }
 
 Status StartContext(const LaunchOptions& launch, const InitOptions& options,

@@ -14,17 +14,25 @@
 #include <memory>
 #include <vector>
 
-#include "common/config.h"
+#include "backends/gloo/gloo_world.h"
 #include "comm/comm_runtime.h"
+#include "common/config.h"
 #include "core/context.h"
 
 namespace hvdl {
 
-// What the launch gives horovodlite to run on.
+// What the launch gives horovodlite to run on: MPI (mpirun, srun with PMI) or the Gloo
+// controller (torchrun, Ray, Spark, Slurm without PMI, horovodliterun --gloo), chosen by Python
+// from the environment (horovodlite/common/launch_env.py).
 struct LaunchOptions {
+  enum class Controller { kMpi, kGloo };
+  Controller controller = Controller::kMpi;
+  // MPI
   bool has_comm = false;  // an mpi4py communicator, as its Fortran handle
   int comm_f2c = 0;
   std::vector<int> ranks;  // or a list of MPI_COMM_WORLD ranks
+  // Gloo: what the rendezvous found (horovodlite/common/rendezvous.py)
+  GlooLaunch gloo;
 };
 
 // Builds the runtime on the calling (main) thread; collective over the job.

@@ -4,7 +4,8 @@
     runtime         the composition root: the one place that picks and wires the backends
     core            Context, negotiation, executor: interfaces of comm/ only
     comm            interfaces and algorithms: nothing of a backend
-    backends/<x>    one transport or device family each: comm/ and common/, never each other
+    backends/<x>    one transport or device family each (mpi, gloo, shm, nccl, cuda): comm/ and
+                    common/, never each other
     common          status, types, config
     testing         test-only bindings, built into their own module; nobody includes them
 
@@ -31,11 +32,14 @@ ALLOWED = {
     "backends/mpi": {"common", "comm"},
     "backends/nccl": {"common", "comm"},
     "backends/cuda": {"common", "comm"},
-    "runtime": {"common", "comm", "core", "backends/mpi", "backends/nccl", "backends/cuda"},
+    "backends/gloo": {"common", "comm"},
+    "backends/shm": {"common", "comm"},
+    "runtime": {"common", "comm", "core", "backends/mpi", "backends/nccl", "backends/cuda",
+                "backends/gloo", "backends/shm"},
     "torch": {"common", "comm", "core", "runtime"},
     "python": {"common", "comm", "core", "runtime", "torch"},
     "testing": {"common", "comm", "core", "runtime", "backends/mpi", "backends/nccl",
-                "backends/cuda"},
+                "backends/cuda", "backends/gloo", "backends/shm"},
 }
 
 

@@ -1,0 +1,245 @@
+"""Which launcher started this process, and what it says about the job: launch detection as data.
+
+Each launcher Horovod's users have leaves its own variables in every worker's environment. This
+module maps them, one table entry per launcher, to one ``Launch``: the controller to use (MPI or
+Gloo), this process's rank and the job's size, the local and cross layout when the launcher
+states it, and where the ranks meet (the rendezvous). ``hvd.init()`` asks ``detect()``; nothing
+else reads launcher variables.
+
+=================  ==========================================================  ===========
+launcher           variables                                                   controller
+=================  ==========================================================  ===========
+forced             ``HOROVOD_CONTROLLER=mpi|gloo``                             as named
+mpirun / mpiexec   ``OMPI_COMM_WORLD_SIZE``, ``PMI_SIZE``, ``PMIX_RANK``       MPI
+horovodliterun     ``HOROVOD_RANK``, ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_*``,    Gloo
+--gloo, Horovod's  ``HOROVOD_CROSS_*``, ``HOROVOD_GLOO_RENDEZVOUS_ADDR|PORT``,
+Gloo launchers     ``HOROVOD_HOSTNAME``, ``HVDL_RENDEZVOUS_SECRET``
+torch.distributed  an initialised default process group (Ray Train's           Gloo
+already up         TorchTrainer, Lightning, user code): its store is reused
+torchrun (and      ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,                   Gloo
+what runs it:      ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``,
+Kubeflow,          ``GROUP_WORLD_SIZE``, ``MASTER_PORT``,
+TorchDistributor)  ``TORCHELASTIC_USE_AGENT_STORE``, ``TORCHELASTIC_RUN_ID``
+Slurm ``srun``     ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,      Gloo (MPI
+                   ``SLURM_STEP_TASKS_PER_NODE``/``SLURM_TASKS_PER_NODE``,     when srun
+                   ``SLURM_NODEID``, ``SLURM_JOB_NODELIST``, ``SLURM_JOB_ID``  gives PMI)
+none               -                                                           MPI if built
+                                                                               (a singleton),
+                                                                               else Gloo, 1 rank
+=================  ==========================================================  ===========
+
+A launcher that states a size and a controller that would see another one is the classic silent
+failure (N jobs of one rank each); ``check_size`` turns it into an error naming both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+
+# What a launch says about where the ranks meet.
+STORE_HOST = "host"  # rank 0 hosts a TCPStore at (addr, port)
+STORE_CLIENT = "client"  # a TCPStore someone else hosts at (addr, port): launcher, torchrun agent
+STORE_DEFAULT_GROUP = "default-group"  # the initialised torch.distributed default group's store
+STORE_NONE = "none"  # one rank: nothing to meet
+
+DEFAULT_PORT = 29500
+SLURM_PORT_BASE = 29800  # srun gives no port: 29800 + SLURM_JOB_ID % 1000 unless one is set
+
+
+@dataclasses.dataclass
+class Launch:
+    launcher: str  # "mpirun", "horovodliterun --gloo", "torchrun", "slurm", ...
+    controller: str  # "mpi" or "gloo"
+    rank: int | None = None
+    size: int | None = None
+    local_rank: int | None = None
+    local_size: int | None = None
+    cross_rank: int | None = None
+    cross_size: int | None = None
+    host: str | None = None  # the launcher's name for this rank's host
+    store: str = STORE_NONE
+    addr: str | None = None
+    port: int | None = None
+    secret: str | None = None  # a per-job secret: a worker of another job is refused
+    job: str = "job"  # names the job's keys in the store and its shared memory
+    why: str = ""  # one line: what in the environment decided this
+
+    def describe(self) -> str:
+        where = f" (rank {self.rank} of {self.size})" if self.size is not None else ""
+        return f"{self.launcher}{where}, {self.controller.upper()} controller: {self.why}"
+
+
+def _int(env, name: str) -> int | None:
+    value = env.get(name, "").strip()
+    return int(value) if re.fullmatch(r"-?\d+", value) else None
+
+
+def _job_id(*parts) -> str:
+    return hashlib.sha256("/".join(str(p) for p in parts).encode()).hexdigest()[:12]
+
+
+def _mpi(env) -> Launch | None:
+    for size_var, rank_var in (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+                               ("PMI_SIZE", "PMI_RANK"), ("PMIX_SIZE", "PMIX_RANK")):
+        if size_var in env or rank_var in env:
+            return Launch("mpirun", "mpi", rank=_int(env, rank_var), size=_int(env, size_var),
+                          why=f"{rank_var if rank_var in env else size_var} is set")
+    return None
+
+
+def _horovod_gloo(env) -> Launch | None:
+    if "HOROVOD_RANK" not in env or "HOROVOD_SIZE" not in env:
+        return None
+    secret = env.get("HVDL_RENDEZVOUS_SECRET") or None
+    addr = env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    port = _int(env, "HOROVOD_GLOO_RENDEZVOUS_PORT")
+    size = _int(env, "HOROVOD_SIZE")
+    return Launch(
+        "horovodliterun --gloo" if secret else "a Horovod Gloo launcher", "gloo",
+        rank=_int(env, "HOROVOD_RANK"), size=size,
+        local_rank=_int(env, "HOROVOD_LOCAL_RANK"), local_size=_int(env, "HOROVOD_LOCAL_SIZE"),
+        cross_rank=_int(env, "HOROVOD_CROSS_RANK"), cross_size=_int(env, "HOROVOD_CROSS_SIZE"),
+        host=env.get("HOROVOD_HOSTNAME"),
+        store=STORE_CLIENT if addr and port else (STORE_NONE if size == 1 else STORE_HOST),
+        addr=addr, port=port, secret=secret,
+        job=_job_id("horovod", secret or f"{addr}:{port}"),
+        why="HOROVOD_RANK and HOROVOD_SIZE are set")
+
+
+def _torchrun(env) -> Launch | None:
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    size = _int(env, "WORLD_SIZE")
+    agent = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    addr = env.get("MASTER_ADDR")
+    port = _int(env, "MASTER_PORT")
+    if agent:
+        store = STORE_CLIENT  # torchrun's agent hosts it; every worker is a client
+    elif size == 1:
+        store = STORE_NONE
+    else:  # plain env:// launches: rank 0 hosts it, beside the port torch itself would use
+        store, port = STORE_HOST, (port or DEFAULT_PORT) + 1
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env or agent else "a torch env:// launch"
+    return Launch(
+        launcher, "gloo", rank=_int(env, "RANK"), size=size,
+        local_rank=_int(env, "LOCAL_RANK"), local_size=_int(env, "LOCAL_WORLD_SIZE"),
+        cross_rank=_int(env, "GROUP_RANK"), cross_size=_int(env, "GROUP_WORLD_SIZE"),
+        store=store, addr=addr, port=port,
+        job=_job_id("torchrun", run_id, addr, port, restart),
+        why="RANK and WORLD_SIZE are set" + (" (torchrun's agent store)" if agent else ""))
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: ``node[03-05,7],gpu1`` gives ``node03``."""
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not m:
+        return nodelist
+    prefix, ranges = m.group(1), m.group(2)
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def _slurm_tasks_on_node(env) -> int | None:
+    """Tasks on this node from ``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1``), by SLURM_NODEID."""
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    node = _int(env, "SLURM_NODEID")
+    if not spec or node is None:
+        return None
+    counts = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            return None
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[node] if node < len(counts) else None
+
+
+def _slurm(env) -> Launch | None:
+    if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
+        return None
+    size = _int(env, "SLURM_NTASKS")
+    job = env.get("SLURM_JOB_ID", "0")
+    addr = (env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR") or env.get("MASTER_ADDR")
+            or first_slurm_host(env.get("SLURM_JOB_NODELIST", "localhost")))
+    port = (_int(env, "HOROVOD_GLOO_RENDEZVOUS_PORT") or _int(env, "MASTER_PORT")
+            or SLURM_PORT_BASE + (int(job) % 1000 if job.isdigit() else 0))
+    return Launch(
+        "srun", "gloo", rank=_int(env, "SLURM_PROCID"), size=size,
+        local_rank=_int(env, "SLURM_LOCALID"), local_size=_slurm_tasks_on_node(env),
+        cross_rank=_int(env, "SLURM_NODEID"), cross_size=_int(env, "SLURM_NNODES"),
+        host=env.get("SLURMD_NODENAME"),
+        store=STORE_NONE if size == 1 else STORE_HOST, addr=addr, port=port,
+        job=_job_id("slurm", job, env.get("SLURM_STEP_ID", "")),
+        why="SLURM_PROCID and SLURM_NTASKS are set (srun without PMI)")
+
+
+def _default_group() -> Launch | None:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return Launch("torch.distributed", "gloo", rank=dist.get_rank(), size=dist.get_world_size(),
+                  store=STORE_DEFAULT_GROUP,
+                  job=_job_id("default-group", os.environ.get("MASTER_ADDR"),
+                              os.environ.get("MASTER_PORT"), os.environ.get("TORCHELASTIC_RUN_ID")),
+                  why="torch.distributed's default process group is initialised: its store is "
+                      "reused")
+
+
+def _single(mpi_built: bool) -> Launch:
+    if mpi_built:
+        return Launch("no launcher", "mpi", why="no launcher's variables are set: one rank "
+                                                "(an MPI singleton)")
+    return Launch("no launcher", "gloo", rank=0, size=1, local_rank=0, local_size=1,
+                  cross_rank=0, cross_size=1, why="no launcher's variables are set: one rank")
+
+
+def detect(env=None, mpi_built: bool = True, gloo_built: bool = True,
+           default_group: bool = True) -> Launch:
+    """The launch this process is part of (see the table at the top)."""
+    env = os.environ if env is None else env
+    forced = env.get("HOROVOD_CONTROLLER", "").strip().lower()
+    if forced not in ("", "mpi", "gloo"):
+        raise ValueError(f"HOROVOD_CONTROLLER={env['HOROVOD_CONTROLLER']!r}: expected mpi or gloo")
+    mpi = _mpi(env)
+    if mpi is not None and forced != "gloo":
+        # srun with PMI sets PMI_*/PMIX_* too; MPI then takes precedence over SLURM_* - unless
+        # this build has no MPI, where the Slurm variables still give a Gloo launch.
+        if mpi_built or forced == "mpi":
+            return mpi
+    for probe in (_horovod_gloo, lambda e: _default_group() if default_group else None,
+                  _torchrun, _slurm):
+        found = probe(env)
+        if found is not None:
+            if forced == "mpi":
+                found = dataclasses.replace(found, controller="mpi",
+                                            why=found.why + "; HOROVOD_CONTROLLER=mpi forces MPI")
+            return found
+    if forced == "gloo":
+        return dataclasses.replace(_single(False), why="HOROVOD_CONTROLLER=gloo, no launcher: "
+                                                       "one rank")
+    return _single(mpi_built)
+
+
+def check_size(launch: Launch, seen_size: int, seen_rank: int) -> None:
+    """Raises when the launcher said another size (or rank) than the controller found."""
+    if launch.size is not None and launch.size != seen_size:
+        raise RuntimeError(
+            f"{launch.launcher} started this process as rank {launch.rank} of {launch.size} "
+            f"({launch.why}), but horovodlite's {launch.controller.upper()} controller sees "
+            f"{seen_size} rank(s): the ranks would train separately. Start the job with the "
+            "launcher that matches the controller (mpirun for MPI; torchrun or horovodliterun "
+            "--gloo for Gloo), or set HOROVOD_CONTROLLER.")
+    if launch.rank is not None and launch.rank != seen_rank:
+        raise RuntimeError(
+            f"{launch.launcher} says this process is rank {launch.rank}, horovodlite's "
+            f"{launch.controller.upper()} controller made it rank {seen_rank}.")

@@ -1,0 +1,236 @@
+"""How the ranks of a launch without MPI meet: a c10d store, then the job's Gloo process group.
+
+``meet(launch)`` (called by ``hvd.init()`` for the Gloo controller, see ``launchers.py``):
+
+1. The store. A TCPStore that the launcher hosts (``horovodliterun --gloo``; torchrun's agent
+   store), the store of torch.distributed's initialised default group, or one that rank 0 hosts.
+   A store rank 0 hosts listens on the rendezvous address only (the socket is bound to that
+   address and handed to the TCPStore), never on every interface.
+2. The job's secret. ``horovodliterun --gloo`` generates one per job and passes it to its ranks
+   (``HVDL_RENDEZVOUS_SECRET``); its store holds the secret's hash. A worker whose secret differs
+   (another job's, pointed at this rendezvous by mistake) is refused with a message saying so
+   instead of joining and corrupting both jobs.
+3. The ranks: every rank publishes its host and pid under the job's fresh key prefix
+   (``horovodlite/<job>/<round>/``), and reads everyone's; the local layout (ranks that share a
+   host, in rank order) and the cross layout (hosts in the order of their first rank) follow.
+4. The Gloo process group over that prefix, its device bound to the address this rank reaches
+   the rendezvous from (or ``HOROVOD_GLOO_IFACE``), registered under a name the C++ core
+   resolves (``c10d::resolve_process_group``).
+
+Waits are bounded by ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (30 by default); a missing rank is named.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import socket
+
+from horovodlite.common.launchers import (
+    STORE_CLIENT,
+    STORE_DEFAULT_GROUP,
+    STORE_HOST,
+    Launch,
+)
+
+SECRET_KEY = "horovodlite/secret"
+TIMEOUT_VAR = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+IFACE_VARS = ("HOROVOD_GLOO_IFACE", "GLOO_SOCKET_IFNAME")
+
+# What keeps the job's store and process group alive while the runtime uses them.
+_held: dict = {}
+
+
+class RendezvousError(RuntimeError):
+    """The ranks could not meet; the message says which rendezvous and what went wrong."""
+
+
+def timeout_seconds(env=None) -> float:
+    env = os.environ if env is None else env
+    value = env.get(TIMEOUT_VAR, "30")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise ValueError(f"{TIMEOUT_VAR}={value!r}: expected a positive number of seconds")
+    return seconds
+
+
+def secret_hash(secret: str) -> str:
+    return hashlib.sha256(f"horovodlite:{secret}".encode()).hexdigest()
+
+
+def host_id() -> str:
+    """This machine as the ranks tell machines apart: its host name (test hosts and containers
+    each have one of their own)."""
+    return socket.gethostname()
+
+
+def listening_socket(addr: str, port: int) -> socket.socket:
+    """A socket bound to the rendezvous address only, listening, for a TCPStore to take over."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    infos = socket.getaddrinfo(addr, port, family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(infos[0][4])
+    except OSError as e:
+        sock.close()
+        raise RendezvousError(
+            f"cannot host the rendezvous at {addr}:{port}: {e.strerror}. Another job may be "
+            "using the port (set MASTER_PORT / HOROVOD_GLOO_RENDEZVOUS_PORT), or the address is "
+            "not this machine's (rank 0 must run on the rendezvous host).") from None
+    sock.listen(128)
+    return sock
+
+
+def _tcp_store(launch: Launch, timeout: float, host: bool):
+    import torch.distributed as dist
+
+    delta = datetime.timedelta(seconds=timeout)
+    where = f"{launch.addr}:{launch.port}"
+    try:
+        if host:
+            sock = listening_socket(launch.addr, launch.port)
+            _held["listen"] = sock
+            return dist.TCPStore(launch.addr, launch.port, None, True, delta,
+                                 wait_for_workers=False, master_listen_fd=sock.fileno())
+        return dist.TCPStore(launch.addr, launch.port, None, False, delta)
+    except RendezvousError:
+        raise
+    except Exception as e:  # torch raises DistNetworkError/RuntimeError with its own wording
+        raise RendezvousError(
+            f"rank {launch.rank} cannot reach the rendezvous at {where} ({launch.why}) within "
+            f"{timeout:g} s ({TIMEOUT_VAR}): {str(e).splitlines()[0]}") from None
+
+
+def base_store(launch: Launch, timeout: float):
+    import torch.distributed as dist
+
+    if launch.store == STORE_DEFAULT_GROUP:
+        return dist.distributed_c10d._get_default_store()
+    if launch.store == STORE_CLIENT:
+        return _tcp_store(launch, timeout, host=False)
+    if launch.store == STORE_HOST:
+        return _tcp_store(launch, timeout, host=launch.rank == 0)
+    return dist.HashStore()
+
+
+def check_secret(store, launch: Launch, timeout: float) -> None:
+    """Refuses a worker of another job (see the top of this module)."""
+    if not launch.secret:
+        return
+    mine = secret_hash(launch.secret)
+    if launch.store == STORE_HOST and launch.rank == 0:
+        store.set(SECRET_KEY, mine)
+    try:
+        store.wait([SECRET_KEY], datetime.timedelta(seconds=timeout))
+        theirs = store.get(SECRET_KEY).decode()
+    except Exception:
+        raise RendezvousError(
+            f"the rendezvous at {launch.addr}:{launch.port} holds no horovodlite job "
+            f"(no job secret after {timeout:g} s): is it this job's launcher?") from None
+    if theirs != mine:
+        raise RendezvousError(
+            f"the rendezvous at {launch.addr}:{launch.port} belongs to another horovodlite job "
+            "(its secret differs from this worker's HVDL_RENDEZVOUS_SECRET); this worker is "
+            "refused. Check HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT: two jobs share the address.")
+
+
+def gather_ranks(ns, launch: Launch, timeout: float) -> list:
+    """Every rank's {"host", "pid"} in rank order, once all have published."""
+    ns.set(f"rank/{launch.rank}", json.dumps({"host": launch.host or host_id(),
+                                              "pid": os.getpid()}))
+    keys = [f"rank/{r}" for r in range(launch.size)]
+    try:
+        ns.wait(keys, datetime.timedelta(seconds=timeout))
+    except Exception:
+        missing = [r for r in range(launch.size) if not ns.check([f"rank/{r}"])]
+        shown = ", ".join(str(r) for r in missing[:16]) + (" ..." if len(missing) > 16 else "")
+        raise RendezvousError(
+            f"rank {launch.rank}: rank(s) {shown} of {launch.size} did not reach the rendezvous "
+            f"at {launch.addr}:{launch.port} within {timeout:g} s ({TIMEOUT_VAR}); were they "
+            "started, with the same job settings?") from None
+    values = ns.multi_get(keys) if hasattr(ns, "multi_get") else [ns.get(k) for k in keys]
+    return [json.loads(v) for v in values]
+
+
+def layout(hosts: list, rank: int) -> dict:
+    """Local and cross ranks from each rank's host: local ranks share a host, in rank order;
+    hosts are ordered by their first rank."""
+    mine = hosts[rank]
+    local = [r for r, h in enumerate(hosts) if h == mine]
+    order = list(dict.fromkeys(hosts))
+    return {"local_rank": local.index(rank), "local_size": len(local),
+            "cross_rank": order.index(mine), "cross_size": len(order)}
+
+
+def device_address(launch: Launch) -> str:
+    """The address other hosts reach this rank at: the one it reaches the rendezvous from."""
+    if not launch.addr:
+        return "127.0.0.1"
+    try:
+        family = socket.AF_INET6 if ":" in launch.addr else socket.AF_INET
+        probe = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            probe.connect((launch.addr, launch.port or 9))
+            return probe.getsockname()[0]
+        finally:
+            probe.close()
+    except OSError:
+        return "127.0.0.1"
+
+
+def gloo_group(ns, launch: Launch, timeout: float, name: str):
+    import torch
+    import torch.distributed as dist
+    from torch._C import _distributed_c10d as c10d
+
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = datetime.timedelta(seconds=timeout)
+    iface = next((os.environ[v] for v in IFACE_VARS if os.environ.get(v)), None)
+    device = (dist.ProcessGroupGloo.create_device(interface=iface) if iface else
+              dist.ProcessGroupGloo.create_device(hostname=device_address(launch)))
+    options._devices = [device]
+    backend = dist.ProcessGroupGloo(ns, launch.rank, launch.size, options)
+    group = dist.ProcessGroup(ns, launch.rank, launch.size)
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+    c10d._register_process_group(name, group)
+    return group
+
+
+def meet(launch: Launch, round_: int = 0) -> dict:
+    """Meets the other ranks (see the top); returns what the C++ core's init_gloo takes."""
+    import torch.distributed as dist
+
+    timeout = timeout_seconds()
+    store = base_store(launch, timeout)
+    check_secret(store, launch, timeout)
+    ns = dist.PrefixStore(f"horovodlite/{launch.job}/{round_}/", store)
+    ranks = gather_ranks(ns, launch, timeout)
+    hosts = [r["host"] for r in ranks]
+    found = {"rank": launch.rank, "size": launch.size, "hosts": hosts,
+             "timeout_seconds": timeout, **layout(hosts, launch.rank)}
+    name = f"horovodlite-{launch.job}-{round_}"
+    group = gloo_group(dist.PrefixStore("gloo/", ns), launch, timeout, name)
+    found["process_group"] = name
+    _held.update(store=store, ns=ns, group=group, name=name)
+    return found
+
+
+def release() -> None:
+    """After shutdown: the process group leaves the registry; the store is kept (a later init
+    of an elastic job meets again through it)."""
+    from torch._C import _distributed_c10d as c10d
+
+    name = _held.pop("name", None)
+    if name is not None:
+        try:
+            c10d._unregister_process_group(name)
+        except Exception:
+            pass
+    _held.pop("group", None)
+    _held.pop("ns", None)
