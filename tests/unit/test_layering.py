@@ -31,11 +31,13 @@ ALLOWED = {
     "backends/mpi": {"common", "comm"},
     "backends/nccl": {"common", "comm"},
     "backends/cuda": {"common", "comm"},
-    "runtime": {"common", "comm", "core", "backends/mpi", "backends/nccl", "backends/cuda"},
+    "backends/shm": {"common", "comm"},
+    "runtime": {"common", "comm", "core", "backends/mpi", "backends/nccl", "backends/cuda",
+                "backends/shm"},
     "torch": {"common", "comm", "core", "runtime"},
     "python": {"common", "comm", "core", "runtime", "torch"},
     "testing": {"common", "comm", "core", "runtime", "backends/mpi", "backends/nccl",
-                "backends/cuda"},
+                "backends/cuda", "backends/shm"},
 }
 
 
