@@ -1,6 +1,7 @@
 #include "backends/shm/shm_group.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -42,7 +43,8 @@ struct MemberRecord {
   uint64_t pid;
   uint64_t start;
   uint64_t attached;  // 1 once the member mapped the segment (release)
-  char pad[40];
+  uint64_t cpu;       // 1 + the CPU the member last waited on (relaxed; a hint)
+  char pad[32];
 };
 
 static_assert(sizeof(Header) == kLine && sizeof(MemberRecord) == kLine, "record layout");
@@ -326,6 +328,21 @@ Status ShmGroup::Register(Clock::time_point deadline) {
     observable_[i] = ReadProcStat(pids_[i], &state, &start) && start == starts_[i];
   }
   return Status::Ok();
+}
+
+// The CPU is a scheduling hint only: relaxed accesses, written when it changes.
+void ShmGroup::NoteCpu() {
+  const int cpu = sched_getcpu();
+  if (cpu < 0 || cpu == cpu_) return;
+  cpu_ = cpu;
+  auto* records = reinterpret_cast<MemberRecord*>(base_ + members_at_);
+  __atomic_store_n(&records[rank_].cpu, static_cast<uint64_t>(cpu) + 1, __ATOMIC_RELAXED);
+}
+
+bool ShmGroup::SharesCpuWith(int member) const {
+  if (cpu_ < 0 || member < 0 || member >= size_) return false;
+  auto* records = reinterpret_cast<const MemberRecord*>(base_ + members_at_);
+  return ShmLoadRelaxed(&records[member].cpu) == static_cast<uint64_t>(cpu_) + 1;
 }
 
 Status ShmGroup::CheckPeers() const {

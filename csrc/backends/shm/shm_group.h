@@ -104,6 +104,11 @@ class ShmGroup {
   // its part and exited is no failure.
   Status CheckPeers() const;
   Status CheckPeers(const std::vector<int>& members) const;
+  // Scheduling hint for waits: NoteCpu records the CPU this member runs on (cheap; a store
+  // only when it changed); SharesCpuWith says whether `member` last noted the same CPU, i.e. it
+  // cannot run while this member spins on that CPU.
+  void NoteCpu();
+  bool SharesCpuWith(int member) const;
   // Any thread: every current and later wait on this group's member object (transport,
   // control plane) returns kAborted with `reason`. The first reason sticks.
   void Cancel(const std::string& reason);
@@ -130,6 +135,7 @@ class ShmGroup {
   std::vector<int64_t> pids_;        // per member, once attached
   std::vector<uint64_t> starts_;     // per member: process start time (clock ticks since boot)
   std::vector<uint8_t> observable_;  // per member: this process can see its /proc entry
+  int cpu_ = -1;                     // the CPU last noted
   std::atomic<bool> cancelled_{false};
   mutable std::mutex mu_;
   std::string cancel_reason_;

@@ -18,8 +18,9 @@ inline void CpuPause() {
 
 }  // namespace
 
-ShmWaiter::ShmWaiter(const ShmGroup* group, int peer) : group_(group), peer_{peer} {
+ShmWaiter::ShmWaiter(ShmGroup* group, int peer) : group_(group), peer_{peer} {
   Progressed();
+  group_->NoteCpu();
 }
 
 void ShmWaiter::Progressed() {
@@ -36,9 +37,10 @@ Status ShmWaiter::Idle() {
     HVDL_RETURN_IF_ERROR(group_->CheckPeers(peer_));
   }
   const auto quiet = now - quiet_since_;
-  if (quiet < kSpin) {
+  if (quiet < kSpin && !group_->SharesCpuWith(peer_[0])) {
     for (int i = 0; i < 16; ++i) CpuPause();
   } else if (quiet < kYield) {
+    group_->NoteCpu();
     sched_yield();
   } else {
     std::this_thread::sleep_for(sleep_);
