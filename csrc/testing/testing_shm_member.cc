@@ -160,16 +160,18 @@ Status ControlAction(const Job& job, ShmControlPlane* cp, double* per_op_us) {
     const auto start = Clock::now();
     for (int it = 0; it < job.iterations; ++it) {
       std::vector<std::string> all;
-      HVDL_RETURN_IF_ERROR(cp->Gather(std::string(static_cast<size_t>(me + it), 'a' + me), &all));
+      auto part = [&](int m) { return std::string(static_cast<size_t>((m + it) % 64), 'a' + m); };
+      HVDL_RETURN_IF_ERROR(cp->Gather(part(me), &all));
       for (int m = 0; me == 0 && m < job.size; ++m) {
-        if (all[static_cast<size_t>(m)] != std::string(static_cast<size_t>(m + it), 'a' + m)) {
+        if (all[static_cast<size_t>(m)] != part(m)) {
           return Status::Internal("gather: wrong contribution of member " + std::to_string(m));
         }
       }
       if (job.action == "wait_gather") return Status::Ok();
-      std::string data = me == 0 ? std::string(static_cast<size_t>(it * 100), 'z') : "";
+      const std::string sent(static_cast<size_t>(it % 8 * 1000), 'z');  // up to 7000 bytes
+      std::string data = me == 0 ? sent : "";
       HVDL_RETURN_IF_ERROR(cp->Broadcast(&data));
-      if (data != std::string(static_cast<size_t>(it * 100), 'z')) {
+      if (data != sent) {
         return Status::Internal("broadcast: wrong data");
       }
     }
