@@ -31,14 +31,16 @@ _names = itertools.count()
 
 
 def segments():
-    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("hvdl-")}
+    """This session's segments (the threads' and the processes' names carry our pid)."""
+    mine = f"hvdl-test-{os.getpid()}-"
+    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(mine)}
 
 
 @pytest.fixture(autouse=True)
 def no_segment_left():
-    before = segments()
+    assert segments() == set()
     yield
-    assert segments() - before == set()
+    assert segments() == set()
 
 
 def hosts_for(layer, n):
