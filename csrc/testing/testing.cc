@@ -27,6 +27,7 @@ namespace py = pybind11;
 namespace hvdl {
 void RegisterDeviceTesting(py::module_& m);  // testing/testing_device.cc
 void RegisterCommTesting(py::module_& m);    // testing/testing_comm.cc
+void RegisterShmTesting(py::module_& m);     // testing/testing_shm.cc
 namespace {
 
 template <typename T>
@@ -343,6 +344,7 @@ void RegisterTesting(py::module_& m) {
   m.def("float_to_bfloat16", [](float f) { return FloatToBFloat16(f); });
   RegisterDeviceTesting(m);
   RegisterCommTesting(m);
+  RegisterShmTesting(m);
 }
 
 }  // namespace hvdl

@@ -1,6 +1,6 @@
 // horovodlite._testing, communication part: the transport collectives and the single-copy layer
-// run by N rank threads over LocalTransports, and the allreduce planner's decisions for a
-// described launch - all without MPI.
+// run by N rank threads over LocalTransports or ShmTransports, and the allreduce planner's
+// decisions for a described launch - all without MPI.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -10,6 +10,7 @@
 
 #include "comm/allreduce_planner.h"
 #include "comm/host_collectives.h"
+#include "comm/ring.h"
 #include "comm/single_copy_transport.h"
 #include "comm/transport_collectives.h"
 #include "common/errors.h"
@@ -19,19 +20,26 @@
 namespace py = pybind11;
 
 namespace hvdl {
+// testing/testing_shm.cc: member `rank` of `size` of a fresh shared-memory group of this call.
+Status NewShmTestTransport(const std::string& segment, int rank, int size,
+                           std::unique_ptr<Transport>* out);
+std::string NewShmTestName(const std::string& what);
 namespace {
 
-// Every rank's output of one collective over the transports; `hosts` non-empty: the single-copy
-// layer on top, pairing the ranks of one pretend host. out[r] = (rank r's result, its single-copy
-// peers).
+// Every rank's output of one collective over the transports (`transport`: "local", the
+// in-process LocalTransport, or "shm", a ShmTransport per rank thread over one shared-memory
+// segment); `hosts` non-empty: the single-copy layer on top, pairing the ranks of one pretend
+// host. out[r] = (rank r's result, its single-copy peers). "allreduce" is the ring over the
+// contiguous buffer split evenly.
 py::list TransportCollective(const std::string& op, const std::vector<std::string>& inputs,
                              const std::vector<std::vector<int64_t>>& counts, int dtype, int root,
                              int reduce_op, const std::vector<std::string>& hosts,
-                             int64_t segment) {
+                             int64_t segment, const std::string& transport) {
   const int n = static_cast<int>(inputs.size());
   const auto dt = static_cast<DataType>(dtype);
   const size_t esize = DataTypeSize(dt);
   auto boxes = std::make_shared<LocalMailboxes>(n);
+  const std::string segment_name = NewShmTestName("collective");
   std::vector<std::string> outputs(static_cast<size_t>(n));
   std::vector<int> peers(static_cast<size_t>(n), 0);
   std::vector<std::string> errors(static_cast<size_t>(n));
@@ -46,13 +54,28 @@ py::list TransportCollective(const std::string& op, const std::vector<std::strin
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
         const size_t me = static_cast<size_t>(r);
-        std::unique_ptr<Transport> t = std::make_unique<LocalTransport>(boxes, r);
+        std::unique_ptr<Transport> t;
+        if (transport == "shm") {
+          Status attached = NewShmTestTransport(segment_name, r, n, &t);
+          if (!attached.ok()) {
+            errors[me] = attached.message();
+            return;
+          }
+        } else {
+          t = std::make_unique<LocalTransport>(boxes, r);
+        }
         if (!hosts.empty()) t = std::make_unique<SingleCopyTransport>(std::move(t), hosts);
         peers[me] = t->single_copy_peers();
         std::string& out = outputs[me];
         const std::string& in = inputs[me];
         Status s;
-        if (op == "allgather") {
+        if (op == "allreduce") {
+          out = in;
+          const auto chunks = EvenChunks(static_cast<int64_t>(in.size() / esize), n);
+          s = RingAllreduce(t.get(), ContiguousChunks(out.data(), chunks, dt), dt,
+                            static_cast<ReduceOp>(reduce_op), 1.0, static_cast<size_t>(segment),
+                            nullptr);
+        } else if (op == "allgather") {
           out.assign(static_cast<size_t>(total(counts[0])) * esize, '\0');
           s = TransportAllgatherv(t.get(), in.data(), out.data(), counts[0], dt,
                                   static_cast<size_t>(segment));
@@ -73,7 +96,8 @@ py::list TransportCollective(const std::string& op, const std::vector<std::strin
           out.assign(static_cast<size_t>(total(recv)) * esize, '\0');
           s = TransportAlltoallv(t.get(), in.data(), counts[me], out.data(), recv, dt);
         } else {
-          s = Status::InvalidArgument("op: allgather, reducescatter, broadcast or alltoall");
+          s = Status::InvalidArgument(
+              "op: allreduce, allgather, reducescatter, broadcast or alltoall");
         }
         errors[me] = s.message();
       });
@@ -192,7 +216,8 @@ void RegisterCommTesting(py::module_& m) {
   m.def("transport_collective", &TransportCollective, py::arg("op"), py::arg("inputs"),
         py::arg("counts") = std::vector<std::vector<int64_t>>(), py::arg("dtype") = 7,
         py::arg("root") = 0, py::arg("reduce_op") = 1,
-        py::arg("hosts") = std::vector<std::string>(), py::arg("segment") = 64);
+        py::arg("hosts") = std::vector<std::string>(), py::arg("segment") = 64,
+        py::arg("transport") = "local");
   m.def("plan_allreduce", &PlanAllreduce, py::arg("env"), py::arg("fabric"), py::arg("query"),
         py::arg("nccl") = false);
 }
