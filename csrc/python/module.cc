@@ -62,6 +62,7 @@ void InitGloo(const py::dict& found, std::vector<std::vector<int>> process_sets,
   g.cross_size = found["cross_size"].cast<int>();
   g.hosts = found["hosts"].cast<std::vector<std::string>>();
   g.process_group = found["process_group"].cast<std::string>();
+  g.shm_prefix = found["shm_prefix"].cast<std::string>();
   g.timeout_seconds = found["timeout_seconds"].cast<double>();
   Start(launch, std::move(process_sets), dynamic);
 }

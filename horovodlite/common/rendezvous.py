@@ -13,9 +13,11 @@
 3. The ranks: every rank publishes its host and pid under the job's fresh key prefix
    (``horovodlite/<job>/<round>/``), and reads everyone's; the local layout (ranks that share a
    host, in rank order) and the cross layout (hosts in the order of their first rank) follow.
-4. The Gloo process group over that prefix, its device bound to the address this rank reaches
-   the rendezvous from (or ``HOROVOD_GLOO_IFACE``), registered under a name the C++ core
-   resolves (``c10d::resolve_process_group``).
+4. Between hosts, the Gloo process group over that prefix, its device bound to the address this
+   rank reaches the rendezvous from (or ``HOROVOD_GLOO_IFACE``), registered under a name the C++
+   core resolves (``c10d::resolve_process_group``). Inside a host the ranks use shared memory,
+   whose segments the core names from ``shm_prefix`` (the job, the round and the host); a job on
+   one host creates no process group at all.
 
 Waits are bounded by ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (30 by default); a missing rank is named.
 """
@@ -213,11 +215,15 @@ def meet(launch: Launch, round_: int = 0) -> dict:
     ranks = gather_ranks(ns, launch, timeout)
     hosts = [r["host"] for r in ranks]
     found = {"rank": launch.rank, "size": launch.size, "hosts": hosts,
-             "timeout_seconds": timeout, **layout(hosts, launch.rank)}
-    name = f"horovodlite-{launch.job}-{round_}"
-    group = gloo_group(dist.PrefixStore("gloo/", ns), launch, timeout, name)
-    found["process_group"] = name
-    _held.update(store=store, ns=ns, group=group, name=name)
+             "timeout_seconds": timeout, "process_group": "", **layout(hosts, launch.rank)}
+    host_key = hashlib.sha256(hosts[launch.rank].encode()).hexdigest()[:8]
+    found["shm_prefix"] = f"/hvdl-{launch.job}-{round_}-{host_key}"
+    _held.update(store=store, ns=ns)
+    if found["cross_size"] > 1:
+        name = f"horovodlite-{launch.job}-{round_}"
+        group = gloo_group(dist.PrefixStore("gloo/", ns), launch, timeout, name)
+        found["process_group"] = name
+        _held.update(group=group, name=name)
     return found
 
 

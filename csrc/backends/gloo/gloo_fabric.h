@@ -1,13 +1,16 @@
-// GlooFabric: the Fabric of a launch without MPI - a GlooTransport per process set over the job's
-// one Gloo process group (each set's messages on tags of its own), and the host / cross
-// transports of hierarchical algorithms over the same group.
+// GlooFabric: the Fabric of a launch without MPI. A process set's transport reaches the members
+// on this host through a shared-memory group of its own (backends/shm, with single copy of large
+// messages on top, HOROVOD_RING_CMA) and the members elsewhere through the job's Gloo process
+// group (each set's messages on tags of its own); comm/routed_transport joins the two. The host
+// and cross transports of hierarchical algorithms are the same two kinds.
 //
-// Meet is free: a GlooTransport waits on a condition variable, never by spinning, so a rank that
-// reaches a collective early costs nothing while it waits for its peers.
+// Meet is free: neither kind spins for long (Gloo waits on a condition variable, shared memory
+// yields and sleeps), so a rank that reaches a collective early costs little while it waits.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,15 +18,17 @@
 
 #include "backends/gloo/gloo_work.h"
 #include "backends/gloo/gloo_world.h"
+#include "backends/shm/shm_group.h"
 #include "comm/fabric.h"
 
 namespace hvdl {
 
 class GlooFabric : public Fabric {
  public:
-  // `waits` is not owned and must outlive the fabric.
-  GlooFabric(c10::intrusive_ptr<c10d::Backend> backend, const GlooLaunch& launch,
-             GlooWaits* waits);
+  // `waits` is not owned and must outlive the fabric; `groups` is told about every shared-memory
+  // group this fabric attaches (the world cancels them on abort).
+  GlooFabric(c10::intrusive_ptr<c10d::Backend> backend, const GlooLaunch& launch, bool single_copy,
+             GlooWaits* waits, std::function<void(std::shared_ptr<ShmGroup>)> groups);
 
   Status AddProcessSet(int ps, const std::vector<int>& ranks) override;
   Status RemoveProcessSet(int ps) override;
@@ -35,18 +40,31 @@ class GlooFabric : public Fabric {
   bool homogeneous() const override { return homogeneous_; }
   Status HostTransports(Transport** local, Transport** cross) override;
   Status Meet(int ps) override { return Status::Ok(); }
-  int single_copy_transports() const override { return 0; }
-  int single_copy_peers() const override { return 0; }
+  int single_copy_transports() const override;
+  int single_copy_peers() const override;
 
-  // Tags: process set ps uses [ps * kTagsPerSet, ...); the host and cross transports the last.
+  // Gloo tags: process set ps uses [(ps + 2) * kTagsPerSet, ...); the cross transport of
+  // hierarchical algorithms [kTagsPerSet, ...); the control plane's roots [0, ...).
   static constexpr int kTagsPerSet = 8;
 
+  // A Gloo transport among `members` (job ranks, ascending) on tags from `tag_base`.
+  std::unique_ptr<Transport> Gloo(const std::vector<int>& members, int tag_base) const;
+  // The shared-memory transport among `members` (all on this host), attaching segment `what`;
+  // collective over them.
+  Status Shm(const std::vector<int>& members, const std::string& what,
+             std::unique_ptr<Transport>* out) const;
+
  private:
-  std::unique_ptr<Transport> Make(const std::vector<int>& members, int tag_base) const;
+  Status Make(const std::vector<int>& members, const std::string& what, int tag_base,
+              std::unique_ptr<Transport>* out) const;
+  std::string Name(int rank) const;
+  bool Here(int rank) const;
 
   c10::intrusive_ptr<c10d::Backend> backend_;
   GlooLaunch launch_;
+  bool single_copy_;
   GlooWaits* waits_;
+  std::function<void(std::shared_ptr<ShmGroup>)> groups_;
   bool homogeneous_;
   std::map<int, std::vector<int>> members_;  // process set -> its ranks, ascending
   std::map<int, std::unique_ptr<Transport>> transports_;

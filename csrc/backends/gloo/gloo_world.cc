@@ -3,9 +3,13 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include "backends/gloo/gloo_control_plane.h"
+#include <map>
+#include <mutex>
+
 #include "backends/gloo/gloo_fabric.h"
 #include "backends/gloo/gloo_watchdog.h"
+#include "backends/shm/shm_control_plane.h"
+#include "comm/hierarchical_control_plane.h"
 
 namespace hvdl {
 namespace {
@@ -17,7 +21,58 @@ struct GlooWorld {
   c10::intrusive_ptr<c10d::Backend> backend;
   GlooWaits waits;
   std::unique_ptr<GlooWatchdog> watchdog;
+  std::mutex mu;  // guards groups (attached on the background thread, cancelled from any)
+  std::vector<std::weak_ptr<ShmGroup>> groups;
+
+  void Remember(std::shared_ptr<ShmGroup> g) {
+    std::lock_guard<std::mutex> lock(mu);
+    groups.push_back(g);
+  }
+  void Cancel(const std::string& why) {
+    waits.Cancel(why);
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& weak : groups) {
+      if (auto g = weak.lock()) g->Cancel(why);
+    }
+  }
 };
+
+// The control plane: shared memory among this host's ranks, Gloo among the hosts' roots (the
+// lowest rank of each host, hosts in the order of their first rank: global rank 0 is the first
+// root).
+Status ControlPlaneFor(const GlooLaunch& launch, const Config& config, GlooWorld* world,
+                       GlooFabric* fabric, std::unique_ptr<ControlPlane>* out) {
+  HierarchicalLayout layout;
+  layout.size = launch.size;
+  std::map<std::string, int> root_of;
+  const std::string& here = launch.hosts[static_cast<size_t>(launch.rank)];
+  for (int r = 0; r < launch.size; ++r) {
+    const std::string& h = launch.hosts[static_cast<size_t>(r)];
+    if (root_of.emplace(h, r).second) layout.root_ranks.push_back(r);
+    if (h == here) layout.local_ranks.push_back(r);
+  }
+  const size_t words = 1 + 2 * ((static_cast<size_t>(config.cache_capacity) + 63) / 64);
+  ShmGroupOptions options = ShmControlPlane::GroupOptions(words);
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(launch.timeout_seconds * 1000));
+  int me = -1;
+  for (size_t i = 0; i < layout.local_ranks.size(); ++i) {
+    if (layout.local_ranks[i] == launch.rank) me = static_cast<int>(i);
+    options.names.push_back("rank " + std::to_string(layout.local_ranks[i]));
+  }
+  std::shared_ptr<ShmGroup> group;
+  HVDL_RETURN_IF_ERROR(ShmGroup::Attach(launch.shm_prefix + "-control", me,
+                                        static_cast<int>(layout.local_ranks.size()), options,
+                                        &group));
+  world->Remember(group);
+  std::unique_ptr<Transport> cross;
+  const bool root = layout.local_ranks.front() == launch.rank;
+  if (root && layout.root_ranks.size() > 1) cross = fabric->Gloo(layout.root_ranks, 0);
+  std::unique_ptr<HierarchicalControlPlane> control;
+  HVDL_RETURN_IF_ERROR(HierarchicalControlPlane::Create(std::make_unique<ShmControlPlane>(group),
+                                                        std::move(cross), layout, &control));
+  *out = std::move(control);
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -27,19 +82,23 @@ Status BuildGloo(const GlooLaunch& launch, const Config& config, CommRuntime* ou
                             " hosts for " + std::to_string(launch.size) + " ranks");
   }
   auto world = std::make_shared<GlooWorld>();
-  try {
-    world->group = c10d::resolve_process_group(launch.process_group);
-    world->backend = world->group->getBackend(c10::DeviceType::CPU);
-  } catch (const std::exception& e) {
-    return Status::Internal("the job's Gloo process group '" + launch.process_group +
-                            "' cannot be found: " + e.what());
-  }
-  const c10::intrusive_ptr<c10d::Backend>& backend = world->backend;
-  if (backend->getRank() != launch.rank || backend->getSize() != launch.size) {
-    return Status::Internal("the Gloo process group is rank " + std::to_string(backend->getRank()) +
-                            " of " + std::to_string(backend->getSize()) +
-                            ", the launch says rank " + std::to_string(launch.rank) + " of " +
-                            std::to_string(launch.size));
+  if (!launch.process_group.empty()) {  // several hosts: Gloo between them
+    try {
+      world->group = c10d::resolve_process_group(launch.process_group);
+      world->backend = world->group->getBackend(c10::DeviceType::CPU);
+    } catch (const std::exception& e) {
+      return Status::Internal("the job's Gloo process group '" + launch.process_group +
+                              "' cannot be found: " + e.what());
+    }
+    const c10::intrusive_ptr<c10d::Backend>& backend = world->backend;
+    if (backend->getRank() != launch.rank || backend->getSize() != launch.size) {
+      return Status::Internal("the Gloo process group is rank " +
+                              std::to_string(backend->getRank()) + " of " +
+                              std::to_string(backend->getSize()) + ", the launch says rank " +
+                              std::to_string(launch.rank) + " of " + std::to_string(launch.size));
+    }
+  } else if (launch.cross_size > 1) {
+    return Status::Internal("a job over several hosts needs the Gloo process group");
   }
   Topology& t = out->topology;
   t.rank = launch.rank;
@@ -50,16 +109,18 @@ Status BuildGloo(const GlooLaunch& launch, const Config& config, CommRuntime* ou
   t.cross_size = launch.cross_size;
   t.thread_multiple = true;
   world->waits.timeout_seconds = launch.timeout_seconds;
-  if (launch.size > 1) {
+  if (world->group) {
     world->watchdog = std::make_unique<GlooWatchdog>(world->group->getStore(), launch.rank,
                                                      launch.hosts, launch.timeout_seconds);
     world->waits.watchdog = world->watchdog.get();
   }
-  auto fabric = std::make_unique<GlooFabric>(backend, launch, &world->waits);
-  t.homogeneous = fabric->homogeneous();
-  out->control = std::make_unique<GlooControlPlane>(backend, &world->waits);
-  out->fabric = std::move(fabric);
   GlooWorld* w = world.get();
+  auto fabric = std::make_unique<GlooFabric>(
+      world->backend, launch, config.ring_single_copy, &world->waits,
+      [w](std::shared_ptr<ShmGroup> g) { w->Remember(std::move(g)); });
+  t.homogeneous = fabric->homogeneous();
+  HVDL_RETURN_IF_ERROR(ControlPlaneFor(launch, config, w, fabric.get(), &out->control));
+  out->fabric = std::move(fabric);
   out->watch = [w](std::function<void(const std::string&)> lost) {
     if (w->watchdog) w->watchdog->Watch(std::move(lost));
   };
@@ -67,9 +128,8 @@ Status BuildGloo(const GlooLaunch& launch, const Config& config, CommRuntime* ou
     w->waits.watchdog = nullptr;
     w->watchdog.reset();
   };
-  out->cancel = [w](const std::string& why) { w->waits.Cancel(why); };
+  out->cancel = [w](const std::string& why) { w->Cancel(why); };
   out->owner = std::move(world);
-  (void)config;
   return Status::Ok();
 }
 

@@ -2,9 +2,18 @@
 // Spark, Slurm or `horovodliterun --gloo` started. Python (horovodlite/common/rendezvous.py) meets
 // the other ranks through a c10d store, creates the job's Gloo process group over it and registers
 // it under a name; BuildGloo resolves that group from C++ (c10d::resolve_process_group) and builds
-// the runtime on it: the control plane (gloo_control_plane.h) and the transports of every process
-// set (gloo_fabric.h). Every collective then runs horovodlite's own algorithms over them
-// (comm/host_collectives): there are no native collectives here.
+// the runtime on it. Inside a host the ranks talk through shared memory (backends/shm: a
+// segment per purpose, named after the job, its rendezvous round and the host; single copy of
+// large messages on top), between hosts through the Gloo group (TCP):
+//   control plane   the host's ranks negotiate through a ShmControlPlane; the hosts' roots (each
+//                   host's lowest rank) exchange over Gloo (comm/hierarchical_control_plane), so
+//                   a one-host job never touches Gloo while it trains;
+//   transports      per process set, shared memory to the members on this host and Gloo to the
+//                   others (comm/routed_transport; gloo_fabric.h);
+//   collectives     horovodlite's own algorithms over them (comm/host_collectives): the ring,
+//                   the hierarchical allreduce, the transport collectives - no native ones;
+//   failures        a dead process on this host is named by the shared memory at once; ranks
+//                   elsewhere that stop answering by the watchdog (gloo_watchdog.h).
 //
 // This header has no torch types: the composition root (csrc/runtime, C++17) includes it; the
 // implementation is compiled with torch's headers (the hvdl_gloo library).
@@ -25,6 +34,7 @@ struct GlooLaunch {
   int cross_rank = 0, cross_size = 1;  // this host among the hosts, in order of their first rank
   std::vector<std::string> hosts;      // the host of each rank
   std::string process_group;           // the registered name of the job's Gloo process group
+  std::string shm_prefix;              // "/hvdl-<job>-<round>-<host>": names this host's segments
   double timeout_seconds = 30;         // HOROVOD_GLOO_TIMEOUT_SECONDS: a silent peer fails a wait
 };
 
