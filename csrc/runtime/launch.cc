@@ -1,6 +1,9 @@
 #include "runtime/launch.h"
 
 #include "comm/host_collectives.h"
+#if HVDL_WITH_GLOO
+#include "runtime/shm_parts.h"
+#endif
 #if HVDL_WITH_MPI
 #include "backends/mpi/mpi_backend.h"
 #include "backends/mpi/mpi_control_plane.h"
@@ -79,7 +82,18 @@ void AddCollectives(const Config& config, CommRuntime* out) {
 Status BuildCommRuntime(const LaunchOptions& launch, const Config& config, CommRuntime* out) {
   if (launch.controller == LaunchOptions::Controller::kGloo) {
 #if HVDL_WITH_GLOO
-    HVDL_RETURN_IF_ERROR(BuildGloo(launch.gloo, config, out));
+    // Inside a host: shared memory. It outlives the runtime's pieces (declared first in owner).
+    auto shm = std::make_shared<ShmParts>(launch.gloo.shm_prefix, launch.gloo.rank,
+                                          launch.gloo.timeout_seconds, config.ring_single_copy);
+    HVDL_RETURN_IF_ERROR(BuildGloo(launch.gloo, config, shm->Parts(), out));
+    std::shared_ptr<void> world = std::move(out->owner);
+    out->owner = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<ShmParts>>>(
+        std::move(world), shm);
+    auto cancel_gloo = std::move(out->cancel);
+    out->cancel = [shm, cancel_gloo](const std::string& why) {
+      shm->Cancel(why);
+      if (cancel_gloo) cancel_gloo(why);
+    };
 #else
     return Status::Internal("this horovodlite was built without the Gloo controller (its torch "
                             "had no torch.distributed headers); launch it with mpirun");

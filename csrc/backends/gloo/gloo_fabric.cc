@@ -4,20 +4,16 @@
 #include <climits>
 
 #include "backends/gloo/gloo_transport.h"
-#include "backends/shm/shm_transport.h"
 #include "comm/routed_transport.h"
-#include "comm/single_copy_transport.h"
 
 namespace hvdl {
 
 GlooFabric::GlooFabric(c10::intrusive_ptr<c10d::Backend> backend, const GlooLaunch& launch,
-                       bool single_copy, GlooWaits* waits,
-                       std::function<void(std::shared_ptr<ShmGroup>)> groups)
+                       GlooWaits* waits, LocalParts local)
     : backend_(std::move(backend)),
       launch_(launch),
-      single_copy_(single_copy),
       waits_(waits),
-      groups_(std::move(groups)),
+      local_parts_(std::move(local)),
       homogeneous_(true) {
   std::vector<int> all(static_cast<size_t>(launch.size));
   for (int r = 0; r < launch.size; ++r) all[static_cast<size_t>(r)] = r;
@@ -49,42 +45,22 @@ std::unique_ptr<Transport> GlooFabric::Gloo(const std::vector<int>& members, int
                                          waits_);
 }
 
-Status GlooFabric::Shm(const std::vector<int>& members, const std::string& what,
-                       std::unique_ptr<Transport>* out) const {
-  ShmGroupOptions options;
-  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(launch_.timeout_seconds * 1000));
-  int me = -1;
-  for (size_t i = 0; i < members.size(); ++i) {
-    if (members[i] == launch_.rank) me = static_cast<int>(i);
-    options.names.push_back("rank " + std::to_string(members[i]));
-  }
-  std::shared_ptr<ShmGroup> group;
-  HVDL_RETURN_IF_ERROR(ShmGroup::Attach(launch_.shm_prefix + "-" + what, me,
-                                        static_cast<int>(members.size()), options, &group));
-  if (groups_) groups_(group);
-  std::unique_ptr<Transport> shm = std::make_unique<ShmTransport>(group);
-  if (single_copy_) {  // every member is on this host: the probe pairs them all
-    shm = std::make_unique<SingleCopyTransport>(std::move(shm),
-                                                std::vector<std::string>(members.size(), "here"));
-  }
-  *out = std::move(shm);
-  return Status::Ok();
-}
-
-// Shared memory to the members here, Gloo to the others; one kind alone needs no routing.
+// The local transport to the members here, Gloo to the others; one kind alone needs no routing.
 Status GlooFabric::Make(const std::vector<int>& members, const std::string& what, int tag_base,
                         std::unique_ptr<Transport>* out) const {
   std::vector<int> here;
   for (int r : members) {
     if (Here(r)) here.push_back(r);
   }
-  if (here.size() == members.size() && here.size() > 1) return Shm(members, what, out);
+  if (here.size() == members.size() && here.size() > 1) {
+    return local_parts_.transport(members, what, out);
+  }
   if (here.size() <= 1) {
     *out = Gloo(members, tag_base);
     return Status::Ok();
   }
   std::vector<std::unique_ptr<Transport>> parts(2);
-  HVDL_RETURN_IF_ERROR(Shm(here, what, &parts[0]));
+  HVDL_RETURN_IF_ERROR(local_parts_.transport(here, what, &parts[0]));
   parts[1] = Gloo(members, tag_base);
   std::vector<RoutedTransport::Route> routes;
   int me = -1;

@@ -1,8 +1,8 @@
 // GlooFabric: the Fabric of a launch without MPI. A process set's transport reaches the members
-// on this host through a shared-memory group of its own (backends/shm, with single copy of large
-// messages on top, HOROVOD_RING_CMA) and the members elsewhere through the job's Gloo process
-// group (each set's messages on tags of its own); comm/routed_transport joins the two. The host
-// and cross transports of hierarchical algorithms are the same two kinds.
+// on this host through a local transport of its own (LocalParts: shared memory, single copy of
+// large messages on top) and the members elsewhere through the job's Gloo process group (each
+// set's messages on tags of its own); comm/routed_transport joins the two. The host and cross
+// transports of hierarchical algorithms are the same two kinds.
 //
 // Meet is free: neither kind spins for long (Gloo waits on a condition variable, shared memory
 // yields and sleeps), so a rank that reaches a collective early costs little while it waits.
@@ -10,7 +10,6 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,17 +17,16 @@
 
 #include "backends/gloo/gloo_work.h"
 #include "backends/gloo/gloo_world.h"
-#include "backends/shm/shm_group.h"
 #include "comm/fabric.h"
 
 namespace hvdl {
 
 class GlooFabric : public Fabric {
  public:
-  // `waits` is not owned and must outlive the fabric; `groups` is told about every shared-memory
-  // group this fabric attaches (the world cancels them on abort).
-  GlooFabric(c10::intrusive_ptr<c10d::Backend> backend, const GlooLaunch& launch, bool single_copy,
-             GlooWaits* waits, std::function<void(std::shared_ptr<ShmGroup>)> groups);
+  // `waits` is not owned and must outlive the fabric; `local` makes the transports among the
+  // ranks of this host.
+  GlooFabric(c10::intrusive_ptr<c10d::Backend> backend, const GlooLaunch& launch,
+             GlooWaits* waits, LocalParts local);
 
   Status AddProcessSet(int ps, const std::vector<int>& ranks) override;
   Status RemoveProcessSet(int ps) override;
@@ -49,10 +47,6 @@ class GlooFabric : public Fabric {
 
   // A Gloo transport among `members` (job ranks, ascending) on tags from `tag_base`.
   std::unique_ptr<Transport> Gloo(const std::vector<int>& members, int tag_base) const;
-  // The shared-memory transport among `members` (all on this host), attaching segment `what`;
-  // collective over them.
-  Status Shm(const std::vector<int>& members, const std::string& what,
-             std::unique_ptr<Transport>* out) const;
 
  private:
   Status Make(const std::vector<int>& members, const std::string& what, int tag_base,
@@ -62,9 +56,8 @@ class GlooFabric : public Fabric {
 
   c10::intrusive_ptr<c10d::Backend> backend_;
   GlooLaunch launch_;
-  bool single_copy_;
   GlooWaits* waits_;
-  std::function<void(std::shared_ptr<ShmGroup>)> groups_;
+  LocalParts local_parts_;
   bool homogeneous_;
   std::map<int, std::vector<int>> members_;  // process set -> its ranks, ascending
   std::map<int, std::unique_ptr<Transport>> transports_;

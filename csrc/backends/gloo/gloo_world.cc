@@ -4,11 +4,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <map>
-#include <mutex>
 
 #include "backends/gloo/gloo_fabric.h"
 #include "backends/gloo/gloo_watchdog.h"
-#include "backends/shm/shm_control_plane.h"
 #include "comm/hierarchical_control_plane.h"
 
 namespace hvdl {
@@ -21,26 +19,12 @@ struct GlooWorld {
   c10::intrusive_ptr<c10d::Backend> backend;
   GlooWaits waits;
   std::unique_ptr<GlooWatchdog> watchdog;
-  std::mutex mu;  // guards groups (attached on the background thread, cancelled from any)
-  std::vector<std::weak_ptr<ShmGroup>> groups;
-
-  void Remember(std::shared_ptr<ShmGroup> g) {
-    std::lock_guard<std::mutex> lock(mu);
-    groups.push_back(g);
-  }
-  void Cancel(const std::string& why) {
-    waits.Cancel(why);
-    std::lock_guard<std::mutex> lock(mu);
-    for (auto& weak : groups) {
-      if (auto g = weak.lock()) g->Cancel(why);
-    }
-  }
 };
 
-// The control plane: shared memory among this host's ranks, Gloo among the hosts' roots (the
+// The control plane: the local one among this host's ranks, Gloo among the hosts' roots (the
 // lowest rank of each host, hosts in the order of their first rank: global rank 0 is the first
 // root).
-Status ControlPlaneFor(const GlooLaunch& launch, const Config& config, GlooWorld* world,
+Status ControlPlaneFor(const GlooLaunch& launch, const Config& config, const LocalParts& local,
                        GlooFabric* fabric, std::unique_ptr<ControlPlane>* out) {
   HierarchicalLayout layout;
   layout.size = launch.size;
@@ -51,32 +35,24 @@ Status ControlPlaneFor(const GlooLaunch& launch, const Config& config, GlooWorld
     if (root_of.emplace(h, r).second) layout.root_ranks.push_back(r);
     if (h == here) layout.local_ranks.push_back(r);
   }
+  // The controller's words per round: flags, then a bit per cache slot twice (invalid, not ready).
   const size_t words = 1 + 2 * ((static_cast<size_t>(config.cache_capacity) + 63) / 64);
-  ShmGroupOptions options = ShmControlPlane::GroupOptions(words);
-  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(launch.timeout_seconds * 1000));
-  int me = -1;
-  for (size_t i = 0; i < layout.local_ranks.size(); ++i) {
-    if (layout.local_ranks[i] == launch.rank) me = static_cast<int>(i);
-    options.names.push_back("rank " + std::to_string(layout.local_ranks[i]));
-  }
-  std::shared_ptr<ShmGroup> group;
-  HVDL_RETURN_IF_ERROR(ShmGroup::Attach(launch.shm_prefix + "-control", me,
-                                        static_cast<int>(layout.local_ranks.size()), options,
-                                        &group));
-  world->Remember(group);
+  std::unique_ptr<ControlPlane> on_host;
+  HVDL_RETURN_IF_ERROR(local.control(layout.local_ranks, words, &on_host));
   std::unique_ptr<Transport> cross;
   const bool root = layout.local_ranks.front() == launch.rank;
   if (root && layout.root_ranks.size() > 1) cross = fabric->Gloo(layout.root_ranks, 0);
   std::unique_ptr<HierarchicalControlPlane> control;
-  HVDL_RETURN_IF_ERROR(HierarchicalControlPlane::Create(std::make_unique<ShmControlPlane>(group),
-                                                        std::move(cross), layout, &control));
+  HVDL_RETURN_IF_ERROR(
+      HierarchicalControlPlane::Create(std::move(on_host), std::move(cross), layout, &control));
   *out = std::move(control);
   return Status::Ok();
 }
 
 }  // namespace
 
-Status BuildGloo(const GlooLaunch& launch, const Config& config, CommRuntime* out) {
+Status BuildGloo(const GlooLaunch& launch, const Config& config, const LocalParts& local,
+                 CommRuntime* out) {
   if (static_cast<int>(launch.hosts.size()) != launch.size) {
     return Status::Internal("the Gloo launch names " + std::to_string(launch.hosts.size()) +
                             " hosts for " + std::to_string(launch.size) + " ranks");
@@ -115,11 +91,9 @@ Status BuildGloo(const GlooLaunch& launch, const Config& config, CommRuntime* ou
     world->waits.watchdog = world->watchdog.get();
   }
   GlooWorld* w = world.get();
-  auto fabric = std::make_unique<GlooFabric>(
-      world->backend, launch, config.ring_single_copy, &world->waits,
-      [w](std::shared_ptr<ShmGroup> g) { w->Remember(std::move(g)); });
+  auto fabric = std::make_unique<GlooFabric>(world->backend, launch, &world->waits, local);
   t.homogeneous = fabric->homogeneous();
-  HVDL_RETURN_IF_ERROR(ControlPlaneFor(launch, config, w, fabric.get(), &out->control));
+  HVDL_RETURN_IF_ERROR(ControlPlaneFor(launch, config, local, fabric.get(), &out->control));
   out->fabric = std::move(fabric);
   out->watch = [w](std::function<void(const std::string&)> lost) {
     if (w->watchdog) w->watchdog->Watch(std::move(lost));
@@ -128,7 +102,7 @@ Status BuildGloo(const GlooLaunch& launch, const Config& config, CommRuntime* ou
     w->waits.watchdog = nullptr;
     w->watchdog.reset();
   };
-  out->cancel = [w](const std::string& why) { w->Cancel(why); };
+  out->cancel = [w](const std::string& why) { w->waits.Cancel(why); };
   out->owner = std::move(world);
   return Status::Ok();
 }

@@ -2,27 +2,32 @@
 // Spark, Slurm or `horovodliterun --gloo` started. Python (horovodlite/common/rendezvous.py) meets
 // the other ranks through a c10d store, creates the job's Gloo process group over it and registers
 // it under a name; BuildGloo resolves that group from C++ (c10d::resolve_process_group) and builds
-// the runtime on it. Inside a host the ranks talk through shared memory (backends/shm: a
-// segment per purpose, named after the job, its rendezvous round and the host; single copy of
-// large messages on top), between hosts through the Gloo group (TCP):
-//   control plane   the host's ranks negotiate through a ShmControlPlane; the hosts' roots (each
-//                   host's lowest rank) exchange over Gloo (comm/hierarchical_control_plane), so
+// the runtime on it. Inside a host the ranks talk through what the composition root gives
+// (LocalParts below: shared memory, single copy of large messages on top), between hosts
+// through the Gloo group (TCP):
+//   control plane   the host's ranks negotiate through the local control plane; the hosts'
+//                   roots (each host's lowest rank) exchange over Gloo
+//                   (comm/hierarchical_control_plane), so
 //                   a one-host job never touches Gloo while it trains;
-//   transports      per process set, shared memory to the members on this host and Gloo to the
+//   transports      per process set, the local transport to the members on this host, Gloo to the
 //                   others (comm/routed_transport; gloo_fabric.h);
 //   collectives     horovodlite's own algorithms over them (comm/host_collectives): the ring,
 //                   the hierarchical allreduce, the transport collectives - no native ones;
-//   failures        a dead process on this host is named by the shared memory at once; ranks
+//   failures        a dead process on this host is named by the local parts at once; ranks
 //                   elsewhere that stop answering by the watchdog (gloo_watchdog.h).
 //
 // This header has no torch types: the composition root (csrc/runtime, C++17) includes it; the
 // implementation is compiled with torch's headers (the hvdl_gloo library).
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/comm_runtime.h"
+#include "comm/control_plane.h"
+#include "comm/transport.h"
 #include "common/config.h"
 
 namespace hvdl {
@@ -38,7 +43,21 @@ struct GlooLaunch {
   double timeout_seconds = 30;         // HOROVOD_GLOO_TIMEOUT_SECONDS: a silent peer fails a wait
 };
 
+// What the ranks of one host use among themselves; the composition root gives shared memory
+// (runtime/shm_parts.h). Both are collective over `members` - job ranks, ascending, all on
+// this host - and name their resources after `what` (unique per use within the launch).
+struct LocalParts {
+  std::function<Status(const std::vector<int>& members, const std::string& what,
+                       std::unique_ptr<Transport>* out)>
+      transport;
+  // A control plane whose bitwise ORs carry up to `words` words.
+  std::function<Status(const std::vector<int>& members, size_t words,
+                       std::unique_ptr<ControlPlane>* out)>
+      control;
+};
+
 // Builds the runtime on the calling (main) thread; collective over the job.
-Status BuildGloo(const GlooLaunch& launch, const Config& config, CommRuntime* out);
+Status BuildGloo(const GlooLaunch& launch, const Config& config, const LocalParts& local,
+                 CommRuntime* out);
 
 }  // namespace hvdl
