@@ -105,6 +105,10 @@ def test_the_runtime_does_not_import_the_launcher():
     assert {m: t for m, t in offenders.items() if t} == {}
 
 
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
 def test_every_module_imports():
     for module in sorted(modules()):
         if module.endswith("__main__"):

@@ -42,6 +42,7 @@ from horovodlite.common.exceptions import (
     HostsUpdatedInterrupt,
 )
 from horovodlite.torch.collectives import barrier
+from horovodlite.torch.mpi_ops import shutdown
 
 #: Resets one ``run`` call performs before it lets the error propagate. A failure that recurs
 #: deterministically (a bug, a rank that keeps failing) would otherwise retry forever.
@@ -82,13 +83,12 @@ def _reinit(error: BaseException) -> None:
     """Step 4: shut down (telling the peers why) and initialise again - on the survivors, if
     the job lost ranks (an elastic job on an MPI with ULFM: see docs/elastic.md), without the
     ranks of hosts that left the discovery output."""
-    import horovodlite.torch as hvd  # the package imports this module: resolve at call time
     from horovodlite.torch.elastic import discovery
 
     old_rank, old_size = ((basics.rank(), basics.size()) if basics.is_initialized()
                           else (None, None))
     basics._stop(f"elastic reset after {type(error).__name__}: {error}")
-    hvd.shutdown()  # the runtime is already stopped: this clears names, handles, counters
+    shutdown()  # the runtime is already stopped: this clears names, handles, counters
     discovery.forget_job()
     updated = isinstance(error, HostsUpdatedInterrupt)
     retire = discovery.take_retirement() if updated else []
