@@ -31,7 +31,7 @@ struct OpSpec {
 Context& Ctx() { return Runtime::Get().RequireContext(); }
 
 std::string What(OpType op, const std::string& name) {
-  return std::string(OpTypeName(op)) + " '" + name + "'";
+  return TensorLabel(OpTypeName(op), name);
 }
 
 // ValueError unless process set `ps` exists and this rank belongs to it.
