@@ -83,21 +83,21 @@ def adasum_allreduce_async(tensor, name, prescale_factor, postscale_factor,
     name = op_name("allreduce", name)
     if not isinstance(tensor, torch.Tensor):
         raise HorovodArgumentError(
-            f"allreduce '{name}' (Adasum): expected a tensor, got "
+            f"{name} (Adasum): expected a tensor, got "
             f"{type(tensor).__name__}"
         )
     if not tensor.dtype.is_floating_point:
         raise HorovodArgumentError(
-            f"allreduce '{name}' (Adasum): needs a floating-point tensor, got "
+            f"{name} (Adasum): needs a floating-point tensor, got "
             f"{tensor.dtype}; use op=hvd.Sum for integers."
         )
     if inplace and not tensor.is_contiguous():
         raise HorovodArgumentError(
-            f"allreduce '{name}' (Adasum): the tensor is not contiguous; pass "
+            f"{name} (Adasum): the tensor is not contiguous; pass "
             "tensor.contiguous()."
         )
     n = _set_size(process_set)
-    check_adasum_size(n, f"allreduce '{name}'")
+    check_adasum_size(n, name)
     rows = torch.zeros((n, tensor.numel()), dtype=tensor.dtype, device=tensor.device)
     rows[process_set.rank()] = tensor.detach().reshape(-1)
     handle = allreduce_inplace(rows, name, Sum, 1.0, 1.0, _id_of(process_set), call_site())

@@ -14,8 +14,10 @@ Protocol, per training step and per parameter ``p`` that requires a gradient:
    writes the result into ``p.grad``. Counters reset, so the next pass starts clean.
 3. ``step()``: ``synchronize()`` (unless inside ``skip_synchronize()``), then the wrapped step.
 
-Every collective is named ``grad.opt<k>.<parameter name>`` where ``k`` counts the optimizers this
-process created for the process set, so several DistributedOptimizers (a GAN's generator and
+Every gradient's allreduce is named ``grad.opt<k>.<parameter name>`` (so it negotiates, and shows
+in timelines and errors, as ``allreduce.grad.opt<k>.<parameter name>``; a group's as
+``grouped_allreduce.grad.opt<k>.group<g>.<i>``) where ``k`` counts the optimizers this process
+created for the process set, so several DistributedOptimizers (a GAN's generator and
 discriminator) never collide, and every rank uses the same names as long as the ranks create
 their optimizers in the same order. Parameters are reduced when they require a gradient at the
 time of the step, so freezing or unfreezing layers between steps works (do it on every rank).

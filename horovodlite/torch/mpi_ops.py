@@ -91,7 +91,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         if resolved == Adasum:
             return adasum_allreduce_async(tensor, name, prescale_factor, postscale_factor,
                                           process_set, inplace=True)
-    name = name if type(name) is str else op_name("allreduce", name)
+    name = "allreduce." + name if type(name) is str else op_name("allreduce", name)
     return allreduce_inplace(tensor, name, resolved, float(prescale_factor),
                              float(postscale_factor), _id_of(process_set), call_site())
 

@@ -4,8 +4,15 @@ and the C++ queue, and back through ``synchronize``. ``mpi_ops``, ``collectives`
 
 It owns:
 
-* **names**: ``op_name`` and ``group_names`` turn a user's name into the name the ranks
-  negotiate; ``barrier_name`` numbers barriers per process set;
+* **names**, as Horovod namespaces them: a collective negotiates under ``<op>.<name>``
+  (``allreduce.x``, ``broadcast.x``), so different ops may use one user name at the same time,
+  while the same op and name twice in flight is refused (the core refuses a name still in flight
+  on this rank). Unnamed: ``<op>.noname.<n>``. Grouped ops: ``<op>.<name>.<i>`` for tensor i,
+  where ``<op>`` is ``grouped_allreduce``, ``grouped_allgather`` or ``grouped_reducescatter``;
+  sparse allreduce: ``sparse_allreduce.<name>.indices`` and ``.values`` (two allgathers);
+  barriers: ``barrier.<set>.<n>``; join: ``join``. Timelines, stall reports and errors show
+  these names (the core shows a name in its op's namespace as it is). Names outside this scheme
+  (the GPU pinning check's) cannot collide with a user's;
 * **call sites**: ``call_site()`` is the user's ``file:line`` for stall reports;
 * **the handle table**: handle -> (result handler, kept). The result handler, one per kind of
   result (``in_place``, ``first_output``, ``all_outputs``, ``in_place_group``, ``alltoall_pair``,
@@ -40,10 +47,10 @@ _barriers: dict[int, int] = {}  # process set id -> barriers so far
 
 
 def op_name(op: str, name=None) -> str:
-    """The name ``op`` negotiates under: the user's ``name``, or ``<op>.noname.<n>`` without one
+    """The name ``op`` negotiates under: ``<op>.<name>``, or ``<op>.noname.<n>`` without a name
     (numbered per op, so every rank must issue its unnamed ops of one kind in the same order)."""
     if name is not None:
-        return str(name)
+        return f"{op}.{name}"
     counter = _counters.get(op)
     if counter is None:
         counter = _counters[op] = itertools.count()
