@@ -33,6 +33,7 @@ from horovodlite.torch.submission import (
     all_outputs,
     allreduce_inplace,
     call_site,
+    first_output,
     in_place_group,
     op_name,
     poll,
@@ -78,8 +79,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                                       process_set, inplace=False)
     name = op_name("allreduce", name)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _enqueue_allreduce(submission.first_output, [tensor], [output], [name], op,
-                              prescale_factor, postscale_factor, process_set, (tensor, output))
+    return _enqueue_allreduce(first_output, [tensor], [output], [name], op, prescale_factor,
+                              postscale_factor, process_set, (tensor, output))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -91,6 +92,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         if resolved == Adasum:
             return adasum_allreduce_async(tensor, name, prescale_factor, postscale_factor,
                                           process_set, inplace=True)
+    # op_name("allreduce", name), inlined for the common case of a str name
     name = "allreduce." + name if type(name) is str else op_name("allreduce", name)
     return allreduce_inplace(tensor, name, resolved, float(prescale_factor),
                              float(postscale_factor), _id_of(process_set), call_site())
