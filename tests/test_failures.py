@@ -59,11 +59,11 @@ def test_missing_rank_is_reported_with_call_sites_then_every_rank_errors(np_):
     submit = line_of("stall.py", 'name="grad.w"')
     warmup = line_of("stall.py", 'name="warmup"')
     others = [r for r in range(np_) if r != 1]
-    assert "WARNING" in out and "allreduce 'grad.w'" in out
+    assert "WARNING" in out and "allreduce.grad.w: waited" in out
     submitted = re.search(r"submitted by:(.*)", out).group(1)
     for r in others:
         assert f"rank {r} at {SCRIPTS / 'stall.py'}:{submit}" in submitted, out
-    assert (f"missing on: rank 1 (its last submission: allreduce 'warmup' at "
+    assert (f"missing on: rank 1 (its last submission: allreduce.warmup at "
             f"{SCRIPTS / 'stall.py'}:{warmup}") in out
     for r in range(np_):
         assert re.search(rf"rank {r}: HorovodInternalError after [\d.]+s: .*stall", out), out
@@ -76,7 +76,7 @@ def test_missing_rank_is_reported_with_call_sites_then_every_rank_errors(np_):
 def test_optimizer_gradients_are_reported_at_the_backward_line():
     rc, out, _ = job(2, "stall.py", "optimizer", 5, env=STALL)
     backward = line_of("stall.py", "the step's gradients go out here")
-    assert re.search(r"allreduce 'grad\.opt0\.(weight|bias)'", out), out
+    assert re.search(r"allreduce\.grad\.opt0\.(weight|bias): waited", out), out
     submitted = re.search(r"submitted by:(.*)", out).group(1)
     assert f"rank 0 at {SCRIPTS / 'stall.py'}:{backward}" in submitted, out
     assert "missing on: rank 1" in out and rc != 0
@@ -85,10 +85,22 @@ def test_optimizer_gradients_are_reported_at_the_backward_line():
 @pytest.mark.parametrize("np_", [2, 3])
 def test_mismatched_names_show_both_sides(np_):
     rc, out, _ = job(np_, "stall.py", "names", env=STALL)
-    assert "allreduce 'grad.a'" in out and "allreduce 'grad.b'" in out
-    assert re.search(r"'grad.a'.*\n\s+submitted by: rank 0 at .*stall.py:\d+;"
-                     r"\n\s+missing on: rank 1 \(its last submission: allreduce 'grad.b'", out), out
-    assert re.search(r"'grad.b'.*\n\s+submitted by: rank 1 at", out), out
+    assert "allreduce.grad.a: waited" in out and "allreduce.grad.b: waited" in out
+    assert re.search(r"allreduce\.grad\.a: .*\n\s+submitted by: rank 0 at .*stall.py:\d+;"
+                     r"\n\s+missing on: rank 1 \(its last submission: allreduce\.grad\.b at ",
+                     out), out
+    assert re.search(r"allreduce\.grad\.b: .*\n\s+submitted by: rank 1 at", out), out
+    assert rc != 0
+
+
+def test_different_ops_under_one_user_name_are_two_names():
+    """Names are op-prefixed (Horovod's allreduce.x, allgather.x): ranks that disagree on the op
+    under one user name stall like ranks that disagree on the name, and the report shows both."""
+    rc, out, _ = job(2, "stall.py", "ops", env=STALL)
+    assert re.search(r"allreduce\.grad\.k: .*\n\s+submitted by: rank 0 at .*stall.py:\d+;"
+                     r"\n\s+missing on: rank 1 \(its last submission: allgather\.grad\.k at ",
+                     out), out
+    assert re.search(r"allgather\.grad\.k: .*\n\s+submitted by: rank 1 at", out), out
     assert rc != 0
 
 
@@ -145,7 +157,8 @@ def test_timeline_is_valid_and_agrees_with_the_summary(tmp_path):
     assert rc == 0, out
     events = json.loads(path.read_text())
     names = {e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
-    assert {"grad.0", "grad.4", "gathered", "bcast"} <= names
+    assert {"allreduce.grad.0", "allreduce.grad.4", "allgather.gathered",
+            "broadcast.bcast"} <= names
     spans = [e for e in events if e.get("ph") == "X"]
     assert all(e["dur"] >= 0 for e in spans)
     kinds = {e["name"] for e in spans}

@@ -77,6 +77,31 @@ const char* OpTypeName(OpType op) {
   return "unknown";
 }
 
+namespace {
+
+// True if `name`'s first word (up to the first '.') is `op` or ends in "_<op>".
+bool InOpNamespace(std::string_view op, std::string_view name) {
+  const std::string_view word = name.substr(0, name.find('.'));
+  if (word.size() < op.size() || word.substr(word.size() - op.size()) != op) return false;
+  return word.size() == op.size() || word[word.size() - op.size() - 1] == '_';
+}
+
+}  // namespace
+
+void AppendTensorLabel(std::string_view op, std::string_view name, std::string* out) {
+  if (InOpNamespace(op, name)) {
+    out->append(name);
+    return;
+  }
+  out->append(op).append(" '").append(name).append("'");
+}
+
+std::string TensorLabel(std::string_view op, std::string_view name) {
+  std::string out;
+  AppendTensorLabel(op, name, &out);
+  return out;
+}
+
 int64_t NumElements(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace hvdl {
@@ -57,6 +58,12 @@ bool IsValidDataType(int32_t value);
 const char* ReduceOpName(ReduceOp op);
 bool IsValidReduceOp(int32_t value);
 const char* OpTypeName(OpType op);  // "allreduce", "allgather", ...
+// How messages name an op's tensor. horovodlite.torch names collectives "<op>.<user name>"
+// ("allreduce.x", "grouped_allreduce.x.0", "barrier.0.3"): a name whose first word is the op's
+// name or ends in "_<op>" is shown as it is; any other (internal names, names given to the core
+// directly) as "<op> '<name>'". AppendTensorLabel appends the same to `out`.
+std::string TensorLabel(std::string_view op, std::string_view name);
+void AppendTensorLabel(std::string_view op, std::string_view name, std::string* out);
 
 int64_t NumElements(const Shape& shape);
 // "float32[4,5]"; a 0-d tensor prints as "float32[]".

@@ -300,7 +300,7 @@ Status Context::Submit(std::vector<TensorEntry> entries, std::vector<Request> re
   if (!entries.empty()) {  // one allocation at most: this runs for every gradient
     const char* op = OpTypeName(entries[0].op);
     what.reserve(std::strlen(op) + entries[0].name.size() + 24);
-    what.append(op).append(" '").append(entries[0].name).append("'");
+    AppendTensorLabel(op, entries[0].name, &what);
     if (entries.size() > 1) {
       what.append(" and ").append(std::to_string(entries.size() - 1)).append(" more");
     }

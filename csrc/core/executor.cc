@@ -125,8 +125,8 @@ void Executor::Finish(Items& items, const Status& status, const std::vector<int6
     if (!it.has_entry) continue;
     Status s = status;
     if (!s.ok() && !it.response->is_error()) {
-      s = Status(s.code(), std::string(OpTypeName(it.response->op)) + " '" + it.response->name +
-                               "': " + s.message());
+      s = Status(s.code(), TensorLabel(OpTypeName(it.response->op), it.response->name) + ": " +
+                               s.message());
     }
     d_.queue->Complete(&it.entry, s, extra);
   }

@@ -29,7 +29,7 @@ bool Differs(const std::vector<const Request*>& reqs, const Request& ref, const 
   for (const Request* q : reqs) {
     if (q != nullptr && key(*q) != expect) {
       std::ostringstream os;
-      os << OpTypeName(ref.op) << " '" << ref.name << "': " << what << " mismatch: "
+      os << TensorLabel(OpTypeName(ref.op), ref.name) << ": " << what << " mismatch: "
          << ListValues(reqs, shown) << "; " << hint;
       *error = os.str();
       return true;
@@ -150,7 +150,7 @@ Response BuildResponse(const std::vector<const Request*>& requests,
   if (err.empty() && !joined.empty() && ref->op != OpType::kAllreduce &&
       ref->op != OpType::kBarrier) {
     std::ostringstream os;
-    os << OpTypeName(ref->op) << " '" << ref->name << "': rank";
+    os << TensorLabel(OpTypeName(ref->op), ref->name) << ": rank";
     os << (joined.size() > 1 ? "s " : " ");
     for (size_t i = 0; i < joined.size(); ++i) os << (i ? "," : "") << joined[i];
     os << (joined.size() > 1 ? " have" : " has") << " already called hvd.join() and cannot take "

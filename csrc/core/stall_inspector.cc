@@ -47,7 +47,7 @@ StallVerdict StallInspector::Inspect(const std::vector<RankMessage>& messages,
     }
     if (missing.empty()) continue;  // everyone is there; it will run
     ++stalled;
-    os << "\n  " << OpTypeName(w.any->op) << " '" << w.any->name << "'";
+    os << "\n  " << TensorLabel(OpTypeName(w.any->op), w.any->name);
     if (w.any->process_set != 0) os << " (process set " << w.any->process_set << ")";
     os << ": waited " << Seconds(w.oldest) << ".\n    submitted by:";
     for (const auto& [rank, p] : w.by_rank) os << " rank " << rank << At(p->site) << ";";
@@ -58,7 +58,7 @@ StallVerdict StallInspector::Inspect(const std::vector<RankMessage>& messages,
       if (last.name.empty()) {
         os << " (no collective submitted yet);";
       } else {
-        os << " (its last submission: " << OpTypeName(last.op) << " '" << last.name << "'"
+        os << " (its last submission: " << TensorLabel(OpTypeName(last.op), last.name)
            << At(last.site) << ", " << Seconds(last.age_seconds) << " ago);";
       }
     }

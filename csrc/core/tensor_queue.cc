@@ -21,15 +21,15 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries, std::vector<Request> r
       auto holder = names_.find(keys[i]);
       if (holder != names_.end()) {
         return Status::InvalidArgument(
-            std::string(OpTypeName(entries[i].op)) + " '" + entries[i].name +
-            "': a collective with this name is still pending on this rank (handle " +
+            TensorLabel(OpTypeName(entries[i].op), entries[i].name) +
+            ": a collective with this name is still pending on this rank (handle " +
             std::to_string(holder->second.handle) + ", not completed yet); synchronize() it " +
             "before reusing the name, or pass a different name.");
       }
       if (keys.size() > 1 && !batch.insert(keys[i]).second) {
-        return Status::InvalidArgument(std::string(OpTypeName(entries[i].op)) + " '" +
-                                       entries[i].name + "': the same name twice in one " +
-                                       "grouped call; give each tensor its own name.");
+        return Status::InvalidArgument(TensorLabel(OpTypeName(entries[i].op), entries[i].name) +
+                                       ": the same name twice in one grouped call; give each " +
+                                       "tensor its own name.");
       }
     }
     batch.clear();  // views of keys about to move
@@ -100,8 +100,8 @@ void TensorQueue::Close(const Status& status) {
     new_requests_.clear();
   }
   for (TensorEntry& e : failed) {
-    Status s(status.code(), std::string(OpTypeName(e.op)) + " '" + e.name +
-                                "' did not complete: " + status.message());
+    Status s(status.code(), TensorLabel(OpTypeName(e.op), e.name) +
+                                " did not complete: " + status.message());
     Complete(&e, s, {});
   }
 }

@@ -51,7 +51,7 @@ TensorRef ToRef(const at::Tensor& t, DataType dtype) {
 
 Status CheckTensor(const at::Tensor& t, const std::string& op, const std::string& name) {
   // Built only for an error: this check runs for every tensor of every step.
-  auto what = [&] { return op + " '" + name + "'"; };
+  auto what = [&] { return TensorLabel(op, name); };
   if (!t.defined()) return Status::InvalidArgument(what() + ": the tensor is undefined (None).");
   DataType dtype;
   Status s = ToDataType(t, &dtype);

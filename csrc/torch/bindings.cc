@@ -34,7 +34,7 @@ TorchOpsHost g_host;
 Context& Ctx() { return g_host.context(); }
 
 std::string What(OpType op, const std::string& name) {
-  return std::string(OpTypeName(op)) + " '" + name + "'";
+  return TensorLabel(OpTypeName(op), name);
 }
 
 // ValueError unless process set `ps` exists and this rank belongs to it.

@@ -10,6 +10,7 @@ import time
 import traceback
 
 from horovodlite._extension import load
+from horovodlite.common import launch_env
 from horovodlite.common import process_sets as _ps
 from horovodlite.common.exceptions import HorovodArgumentError, HorovodInternalError
 
@@ -79,11 +80,9 @@ def _at_exit() -> None:
         # This rank left an elastic job (its host left the discovery output): MPI_Finalize -
         # ours, or mpi4py's registered before ours - would wait for the ranks that stayed.
         # The status tells horovodliterun's wrapper that it retired (it reports status 0).
-        from horovodlite.runner.task import RETIRED_STATUS
-
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(RETIRED_STATUS)
+        os._exit(launch_env.RETIRED_STATUS)
     if _C.ranks_lost():
         # The job lost ranks: MPI still counts them, so finalizing it (ours, or mpi4py's at its
         # exit) would wait for them, and the runtime's thread may still be inside MPI. End here;
@@ -125,7 +124,7 @@ def init(comm=None, process_sets=None) -> None:
     with _lock:
         if _C.is_initialized():
             return
-        if os.environ.get("HVDL_ELASTIC") == "1" and not _C.fault_tolerance_built():
+        if launch_env.is_elastic() and not _C.fault_tolerance_built():
             raise HorovodInternalError(
                 "horovodliterun --elastic: this horovodlite was built against an MPI without "
                 "ULFM (fault tolerance), so a lost rank would end the job; build it against "
@@ -145,7 +144,7 @@ def init(comm=None, process_sets=None) -> None:
                 dynamic=dynamic)
         # The runtime has claimed the launcher's notice pipe (close-on-exec): programs this
         # rank starts must not take the number for theirs.
-        os.environ.pop("HVDL_NOTICE_FD", None)
+        os.environ.pop(launch_env.NOTICE_FD, None)
         _ps._setup(static)
         _install_hooks()
         _init_args = (comm, process_sets)

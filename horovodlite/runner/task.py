@@ -10,9 +10,10 @@ N+1, ... of the grown job: MPI_Comm_spawn runs it, not mpirun, and the launcher 
 mpirun's own exit status does not prove that a job completed: measured with Open MPI 5, a job
 whose second host died ("lost communication with a remote daemon") ended with status 0. So each
 rank reports to horovodliterun over TCP (addresses and token in HVDL_REPORT_TO /
-HVDL_REPORT_TOKEN): "started" with its rank, host and pid, a heartbeat every HEARTBEAT seconds,
-and "exited" with the command's status. The launcher then knows which ranks finished, which
-failed and which vanished with their host (see ``report.py``).
+HVDL_REPORT_TOKEN, see ``horovodlite/common/launch_env.py``): "started" with its rank, host and
+pid, a heartbeat every HEARTBEAT seconds, and "exited" with the command's status. The launcher
+then knows which ranks finished, which failed and which vanished with their host (see
+``report.py``).
 
 The command runs as a child with this process's stdin/stdout/stderr; signals the launcher's
 daemon sends (TERM, INT, HUP, USR1, USR2) are passed on to it. The child is ended (TERM, then
@@ -34,11 +35,10 @@ import sys
 import threading
 import time
 
+from horovodlite.common import launch_env
+from horovodlite.common.launch_env import RETIRED_STATUS, parse_report_to
+
 HEARTBEAT = 2.0
-# The command's exit status when it left an elastic job on purpose (its host left the host
-# discovery output: horovodlite/torch/elastic/discovery.py). Reported as "retired" with status
-# 0, and this process exits 0: mpirun sees a clean exit.
-RETIRED_STATUS = 83
 LAUNCHER_LOST = 30.0
 KILL_GRACE = 5.0
 CONNECT_TIMEOUT = 3.0
@@ -49,14 +49,6 @@ def rank_from_env(env=os.environ) -> int | None:
         if env.get(name, "").isdigit():
             return int(env[name])
     return None
-
-
-def parse_report_to(value: str) -> list:
-    """'10.0.0.1,127.0.0.1:4567' -> [('10.0.0.1', 4567), ('127.0.0.1', 4567)]."""
-    hosts, _, port = value.rpartition(":")
-    if not hosts or not port.isdigit():
-        raise ValueError(f"HVDL_REPORT_TO={value!r} is not ADDR[,ADDR...]:PORT")
-    return [(h, int(port)) for h in hosts.split(",") if h]
 
 
 def connect(addresses: list, token: str, hello: dict) -> socket.socket | None:
@@ -180,21 +172,22 @@ def main(argv: list | None = None) -> int:
     if added_as is not None and rank is not None:
         rank += added_as
     sock = None
-    report_to = os.environ.get("HVDL_REPORT_TO")
+    report_to = launch_env.reports_to()
     if report_to:
         hello = {"event": "started", "rank": rank, "host": socket.gethostname(),
                  "pid": os.getpid(), "added": added_as is not None}
-        sock = connect(parse_report_to(report_to), os.environ.get("HVDL_REPORT_TOKEN", ""), hello)
+        sock = connect(parse_report_to(report_to), os.environ.get(launch_env.REPORT_TOKEN, ""),
+                       hello)
         if sock is None:
             sys.stderr.write(f"horovodlite: rank {rank} on {socket.gethostname()} cannot reach "
                              f"horovodliterun at {report_to}; running without exit reports\n")
     # The runtime in the rank reads the launcher's notices (a lost host) from this pipe.
     notice_read, notices = os.pipe() if sock is not None else (None, None)
-    env = {k: v for k, v in os.environ.items() if k != "HVDL_NOTICE_FD"}
+    env = {k: v for k, v in os.environ.items() if k != launch_env.NOTICE_FD}
     if notice_read is not None:
         os.set_inheritable(notice_read, True)
         os.set_blocking(notices, False)
-        env["HVDL_NOTICE_FD"] = str(notice_read)
+        env[launch_env.NOTICE_FD] = str(notice_read)
     reporter = Reporter(sock, rank, notices)
     parent = os.getppid()
     try:
@@ -228,7 +221,7 @@ def main(argv: list | None = None) -> int:
         except InterruptedError:
             continue
     done.set()
-    if status == RETIRED_STATUS and os.environ.get("HVDL_ELASTIC"):
+    if status == RETIRED_STATUS and launch_env.is_elastic():
         reporter.send({"event": "exited", "status": 0, "retired": True})
         if sock is not None:
             sock.close()

@@ -29,7 +29,6 @@ from horovodlite.common.basics import (
     start_timeline,
     stop_timeline,
 )
-from horovodlite.common.basics import shutdown as _shutdown_runtime
 from horovodlite.common.exceptions import (
     HorovodArgumentError,
     HorovodInternalError,
@@ -41,10 +40,7 @@ from horovodlite.common.process_sets import (
     global_process_set,
     remove_process_set,
 )
-from horovodlite.torch import collectives as _collectives
 from horovodlite.torch import elastic
-from horovodlite.torch import mpi_ops as _mpi_ops
-from horovodlite.torch import summary as _summary
 from horovodlite.torch.collectives import (
     allgather,
     allgather_async,
@@ -87,22 +83,12 @@ from horovodlite.torch.mpi_ops import (
     grouped_allreduce_async,
     grouped_allreduce_async_,
     poll,
+    shutdown,
     synchronize,
 )
 from horovodlite.torch.optimizer import DistributedOptimizer
 from horovodlite.torch.summary import summary
 from horovodlite.torch.sync_batch_norm import SyncBatchNorm
-
-
-def shutdown() -> None:
-    """Stops horovodlite on every rank; pending operations fail with a clear error.
-    ``init()`` works again afterwards in the same process."""
-    _shutdown_runtime()
-    _mpi_ops._reset_names()
-    _mpi_ops._reset_handles()
-    _summary._reset()
-    _collectives._reset()
-
 
 __all__ = [
     # basics

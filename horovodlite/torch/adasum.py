@@ -31,7 +31,8 @@ import torch
 
 from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import _id_of, global_process_set
-from horovodlite.torch.mpi_ops import Sum, _allreduce_inplace, _auto_name, _site, _track
+from horovodlite.common.reduce_ops import Sum
+from horovodlite.torch.submission import allreduce_inplace, call_site, op_name, then
 
 
 def adasum_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -79,27 +80,27 @@ def adasum_allreduce_async(tensor, name, prescale_factor, postscale_factor,
     ``inplace``, else a new tensor of the same shape and dtype. Every rank gets the same values.
     Raises ValueError for non-floating tensors and non-power-of-two process sets.
     """
-    name = _auto_name("allreduce", name)
+    name = op_name("allreduce", name)
     if not isinstance(tensor, torch.Tensor):
         raise HorovodArgumentError(
-            f"allreduce '{name}' (Adasum): expected a tensor, got "
+            f"{name} (Adasum): expected a tensor, got "
             f"{type(tensor).__name__}"
         )
     if not tensor.dtype.is_floating_point:
         raise HorovodArgumentError(
-            f"allreduce '{name}' (Adasum): needs a floating-point tensor, got "
+            f"{name} (Adasum): needs a floating-point tensor, got "
             f"{tensor.dtype}; use op=hvd.Sum for integers."
         )
     if inplace and not tensor.is_contiguous():
         raise HorovodArgumentError(
-            f"allreduce '{name}' (Adasum): the tensor is not contiguous; pass "
+            f"{name} (Adasum): the tensor is not contiguous; pass "
             "tensor.contiguous()."
         )
     n = _set_size(process_set)
-    check_adasum_size(n, f"allreduce '{name}'")
+    check_adasum_size(n, name)
     rows = torch.zeros((n, tensor.numel()), dtype=tensor.dtype, device=tensor.device)
     rows[process_set.rank()] = tensor.detach().reshape(-1)
-    handle = _allreduce_inplace(rows, name, Sum, 1.0, 1.0, _id_of(process_set), _site())
+    handle = allreduce_inplace(rows, name, Sum, 1.0, 1.0, _id_of(process_set), call_site())
     prescale, postscale = float(prescale_factor), float(postscale_factor)
 
     def finish(gathered: torch.Tensor) -> torch.Tensor:
@@ -115,8 +116,8 @@ def adasum_allreduce_async(tensor, name, prescale_factor, postscale_factor,
             return tensor
         return result
 
-    # ``rows`` is reduced in place; synchronize calls ``finish`` on it.
-    return _track(handle, "adasum", finish, rows)
+    # ``rows`` is reduced in place; synchronize returns ``finish`` of it.
+    return then(handle, finish)
 
 
 __all__ = ["adasum_allreduce_async", "adasum_pair", "adasum_tree", "check_adasum_size"]

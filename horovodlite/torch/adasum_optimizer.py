@@ -26,7 +26,7 @@ import torch
 
 from horovodlite.torch.adasum import adasum_allreduce_async, check_adasum_size
 from horovodlite.torch.distributed_optimizer import _DistributedOptimizer
-from horovodlite.torch.mpi_ops import synchronize
+from horovodlite.torch.submission import synchronize
 
 
 class _AdasumDeltaOptimizer(_DistributedOptimizer):

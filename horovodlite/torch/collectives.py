@@ -14,19 +14,23 @@ from horovodlite._extension import load
 from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import _id_of, global_process_set
 from horovodlite.torch.compression import Compression
-from horovodlite.torch.mpi_ops import (
-    Average,
-    Sum,
-    _auto_name,
-    _group_names,
-    _site,
-    _submit,
-    allreduce,
+from horovodlite.torch.mpi_ops import Average, Sum, allreduce, grouped_allreduce
+from horovodlite.torch.submission import (
+    all_outputs,
+    alltoall_pair,
+    barrier_name,
+    call_site,
+    first_output,
+    group_names,
+    in_place,
+    last_joined,
+    no_result,
+    op_name,
+    submit,
     synchronize,
 )
 
 _C = load()
-_barrier_counts: dict[int, int] = {}
 
 
 # ---------------------------------------------------------------------------------- allgather
@@ -34,18 +38,22 @@ _barrier_counts: dict[int, int] = {}
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
     """Concatenates every rank's ``tensor`` along dim 0 (first dims may differ)."""
-    name = _auto_name("allgather", name)
-    ps, site = _id_of(process_set), [_site()]
-    return _submit("allgather", "allgather",
-                   lambda: _C.enqueue_allgather([tensor], [name], ps, site), tensor)
+    return _allgather(tensor, op_name("allgather", name), process_set)
+
+
+def _allgather(tensor, name: str, process_set) -> int:
+    """allgather_async under the negotiated ``name``."""
+    ps, site = _id_of(process_set), [call_site()]
+    return submit(first_output, "allgather",
+                  lambda: _C.enqueue_allgather([tensor], [name], ps, site), tensor, tensor)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
     tensors = list(tensors)
-    names = _group_names("grouped_allgather", name, len(tensors))
-    ps, sites = _id_of(process_set), [_site()] * len(tensors)
-    return _submit("grouped_allgather", "allgather",
-                   lambda: _C.enqueue_allgather(tensors, names, ps, sites), tensors)
+    names = group_names("grouped_allgather", name, len(tensors))
+    ps, sites = _id_of(process_set), [call_site()] * len(tensors)
+    return submit(all_outputs, "allgather",
+                  lambda: _C.enqueue_allgather(tensors, names, ps, sites), tensors, tensors)
 
 
 def _own_rows(process_set, sizes):
@@ -99,8 +107,6 @@ class _GroupedAllgatherFunction(torch.autograd.Function):
 
 
 def _grouped_average(tensors, process_set):
-    from horovodlite.torch.mpi_ops import grouped_allreduce
-
     return grouped_allreduce(tensors, op=Average, process_set=process_set)
 
 
@@ -113,19 +119,19 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
     """Out-of-place broadcast from global rank ``root_rank``; the input is left untouched."""
-    name = _auto_name("broadcast", name)
+    name = op_name("broadcast", name)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    ps, site = _id_of(process_set), [_site()]
-    return _submit("broadcast", "broadcast", lambda: _C.enqueue_broadcast(
-        [tensor], [output], [name], int(root_rank), ps, site), tensor, output)
+    ps, site = _id_of(process_set), [call_site()]
+    return submit(first_output, "broadcast", lambda: _C.enqueue_broadcast(
+        [tensor], [output], [name], int(root_rank), ps, site), tensor, (tensor, output))
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> int:
     """In-place broadcast from global rank ``root_rank``."""
-    name = _auto_name("broadcast", name)
-    ps, site = _id_of(process_set), [_site()]
-    return _submit("broadcast_", "broadcast", lambda: _C.enqueue_broadcast(
-        [tensor], [tensor], [name], int(root_rank), ps, site), tensor)
+    name = op_name("broadcast", name)
+    ps, site = _id_of(process_set), [call_site()]
+    return submit(in_place, "broadcast", lambda: _C.enqueue_broadcast(
+        [tensor], [tensor], [name], int(root_rank), ps, site), tensor, tensor)
 
 
 class _BroadcastFunction(torch.autograd.Function):
@@ -175,10 +181,10 @@ def _splits_list(splits) -> list:
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
     """Sends rows ``splits[i]`` of ``tensor`` (dim 0) to rank i; ``synchronize`` returns
     ``(output, received_splits)``."""
-    name = _auto_name("alltoall", name)
-    ps, site, split_list = _id_of(process_set), _site(), _splits_list(splits)
-    return _submit("alltoall", "alltoall",
-                   lambda: _C.enqueue_alltoall(tensor, split_list, name, ps, site), tensor)
+    name = op_name("alltoall", name)
+    ps, site, split_list = _id_of(process_set), call_site(), _splits_list(splits)
+    return submit(alltoall_pair, "alltoall",
+                  lambda: _C.enqueue_alltoall(tensor, split_list, name, ps, site), tensor, tensor)
 
 
 class _AlltoallFunction(torch.autograd.Function):
@@ -221,21 +227,23 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     """Reduces across ranks, then rank r keeps its slice of dim 0 (low ranks get the extra
     rows)."""
     op = _check_rs_op(op)
-    name = _auto_name("reducescatter", name)
-    ps, site = _id_of(process_set), [_site()]
-    return _submit("reducescatter", "reducescatter", lambda: _C.enqueue_reducescatter(
-        [tensor], [name], op, float(prescale_factor), float(postscale_factor), ps, site), tensor)
+    name = op_name("reducescatter", name)
+    ps, site = _id_of(process_set), [call_site()]
+    return submit(first_output, "reducescatter", lambda: _C.enqueue_reducescatter(
+        [tensor], [name], op, float(prescale_factor), float(postscale_factor), ps, site), tensor,
+        tensor)
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
     op = _check_rs_op(op)
     tensors = list(tensors)
-    names = _group_names("grouped_reducescatter", name, len(tensors))
-    ps, sites = _id_of(process_set), [_site()] * len(tensors)
-    return _submit("grouped_reducescatter", "reducescatter",
-                   lambda: _C.enqueue_reducescatter(tensors, names, op, float(prescale_factor),
-                                                    float(postscale_factor), ps, sites), tensors)
+    names = group_names("grouped_reducescatter", name, len(tensors))
+    ps, sites = _id_of(process_set), [call_site()] * len(tensors)
+    return submit(all_outputs, "reducescatter",
+                  lambda: _C.enqueue_reducescatter(tensors, names, op, float(prescale_factor),
+                                                   float(postscale_factor), ps, sites), tensors,
+                  tensors)
 
 
 def _rs_backward(grad, op, process_set):
@@ -298,21 +306,14 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 def barrier(process_set=global_process_set) -> None:
     """Blocks until every member of ``process_set`` has called barrier."""
     ps_id = _id_of(process_set)
-    count = _barrier_counts.get(ps_id, 0)
-    _barrier_counts[ps_id] = count + 1
-    name = f"barrier.{ps_id}.{count}"
-    synchronize(_submit("barrier", "barrier",
-                        lambda: _C.enqueue_barrier(name, ps_id)))
+    name = barrier_name(ps_id)
+    synchronize(submit(no_result, "barrier", lambda: _C.enqueue_barrier(name, ps_id)))
 
 
 def join(device=-1) -> int:
     """This rank has no more data: serve other ranks' allreduces with zeros until every rank
     has joined. Returns the last rank to join (the same on every rank)."""
-    return synchronize(_submit("join", "join", _C.enqueue_join))
-
-
-def _reset() -> None:
-    _barrier_counts.clear()
+    return synchronize(submit(last_joined, "join", _C.enqueue_join))
 
 
 # ---------------------------------------------------------------------------- sparse allreduce
@@ -331,9 +332,9 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     t = tensor.coalesce()
     indices = t.indices().t().contiguous()  # [nnz, ndim]
     values = t.values().contiguous()
-    name = _auto_name("sparse_allreduce", name)
-    h_idx = allgather_async(indices, name=f"{name}.indices", process_set=process_set)
-    h_val = allgather_async(values, name=f"{name}.values", process_set=process_set)
+    name = op_name("sparse_allreduce", name)
+    h_idx = _allgather(indices, f"{name}.indices", process_set)
+    h_val = _allgather(values, f"{name}.values", process_set)
     n = process_set.size() if process_set.process_set_id else _C.size()
 
     def wait():

@@ -14,8 +14,10 @@ Protocol, per training step and per parameter ``p`` that requires a gradient:
    writes the result into ``p.grad``. Counters reset, so the next pass starts clean.
 3. ``step()``: ``synchronize()`` (unless inside ``skip_synchronize()``), then the wrapped step.
 
-Every collective is named ``grad.opt<k>.<parameter name>`` where ``k`` counts the optimizers this
-process created for the process set, so several DistributedOptimizers (a GAN's generator and
+Every gradient's allreduce is named ``grad.opt<k>.<parameter name>`` (so it negotiates, and shows
+in timelines and errors, as ``allreduce.grad.opt<k>.<parameter name>``; a group's as
+``grouped_allreduce.grad.opt<k>.group<g>.<i>``) where ``k`` counts the optimizers this process
+created for the process set, so several DistributedOptimizers (a GAN's generator and
 discriminator) never collide, and every rank uses the same names as long as the ranks create
 their optimizers in the same order. Parameters are reduced when they require a gradient at the
 time of the step, so freezing or unfreezing layers between steps works (do it on every rank).
@@ -35,13 +37,8 @@ from horovodlite.common.process_sets import _id_of
 from horovodlite.torch import summary
 from horovodlite.torch.collectives import sparse_allreduce_async
 from horovodlite.torch.compression import Compression
-from horovodlite.torch.mpi_ops import (
-    _allreduce_inplace,
-    _site,
-    allreduce_async_,
-    grouped_allreduce_async_,
-    synchronize,
-)
+from horovodlite.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_
+from horovodlite.torch.submission import allreduce_inplace, call_site, op_name, synchronize
 
 STEP_AFTER_SYNC_WARNING = (
     "optimizer.step() called without optimizer.skip_synchronize() context after "
@@ -116,6 +113,7 @@ class _DistributedOptimizer:
         for p in self._hvd_params():
             if p not in self._parameter_names:
                 self._parameter_names[p] = self._hvd_name_new_param(p)
+                self._hvd_negotiated[p] = op_name("allreduce", self._hvd_wire_name(p))
                 self._hvd_delay[p] = self.backward_passes_per_step
             if p.requires_grad and p not in self._hvd_hooks and not self._hvd_local:
                 hook = functools.partial(_on_grad_ready, weakref.ref(self))
@@ -210,10 +208,10 @@ class _DistributedOptimizer:
                 # The common case, once per parameter per step: the gradient itself goes on
                 # the wire, through one binding call with everything resolved in advance.
                 if self._hvd_site is None:  # the user's line that ran backward (stall reports)
-                    self._hvd_site = _site()
-                handle = _allreduce_inplace(grad, self._hvd_wire_name(p), self.op,
-                                            self._hvd_prescale, self._hvd_postscale,
-                                            _id_of(self.process_set), self._hvd_site)
+                    self._hvd_site = call_site()
+                handle = allreduce_inplace(grad, self._hvd_negotiated[p], self.op,
+                                           self._hvd_prescale, self._hvd_postscale,
+                                           _id_of(self.process_set), self._hvd_site)
                 self._hvd_pending[p] = _Pending((p,), handle, (grad,), (None,))
                 return
         dense = []

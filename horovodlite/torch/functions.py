@@ -14,7 +14,7 @@ from horovodlite._extension import load
 from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import global_process_set
 from horovodlite.torch.collectives import allgather, broadcast_, broadcast_async_
-from horovodlite.torch.mpi_ops import synchronize
+from horovodlite.torch.submission import synchronize
 
 _C = load()
 

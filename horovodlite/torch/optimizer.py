@@ -20,10 +20,10 @@ import torch
 
 from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import ProcessSet, _id_of, global_process_set
+from horovodlite.common.reduce_ops import Adasum, Average, Sum
 from horovodlite.torch.adasum_optimizer import _AdasumDeltaOptimizer
 from horovodlite.torch.compression import Compression
 from horovodlite.torch.distributed_optimizer import _check_passes, _DistributedOptimizer
-from horovodlite.torch.mpi_ops import Adasum, Average, Sum
 
 # Per process set: how many DistributedOptimizers this process has created. Part of every
 # collective's name, so two optimizers never share names (and ranks agree on them).
@@ -233,6 +233,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         sparse_as_dense=bool(sparse_as_dense),
         process_set=process_set,
         _parameter_names={},
+        _hvd_negotiated={},  # param -> the name its allreduce negotiates (allreduce_inplace)
         _hvd_named=named,
         _hvd_next_index=0,
         _hvd_prefix=f"grad.opt{count}" + (f".ps{ps_id}" if ps_id else ""),

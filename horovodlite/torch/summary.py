@@ -12,6 +12,7 @@ import os
 import socket
 
 from horovodlite._extension import load
+from horovodlite.torch import submission
 from horovodlite.torch.functions import allgather_object
 
 _C = load()
@@ -66,6 +67,7 @@ def step_completed() -> None:
         summary()
 
 
+@submission.on_reset
 def _reset() -> None:
     global _steps, _every
     _steps, _every = 0, None

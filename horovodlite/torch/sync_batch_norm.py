@@ -33,8 +33,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import global_process_set
+from horovodlite.common.reduce_ops import Sum
 from horovodlite.torch.collectives import allgather_async
-from horovodlite.torch.mpi_ops import Sum, allreduce_async, synchronize
+from horovodlite.torch.mpi_ops import allreduce_async
+from horovodlite.torch.submission import synchronize
 
 
 def _channels_first(x: torch.Tensor) -> torch.Tensor:

@@ -73,7 +73,7 @@ def test_allgather_trailing_dimension_mismatch_names_each_rank():
     with pytest.raises(hvd.HorovodInternalError) as info:
         hvd.synchronize(h)
     msg = str(info.value)
-    assert "allgather 'ag.bad': trailing dimensions mismatch" in msg
+    assert "allgather.ag.bad: trailing dimensions mismatch" in msg
     assert "rank 0 float32[2,3]" in msg and "rank 1 float32[2,4]" in msg
     assert hvd.allgather(torch.ones(1), name="ag.after").numel() == hvd.size()
 

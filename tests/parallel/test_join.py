@@ -38,7 +38,7 @@ def test_join_with_grouped_and_async_allreduces():
 def test_allgather_while_a_rank_has_joined_names_it():
     n, r = hvd.size(), hvd.rank()
     if r != 0:
-        with pytest.raises(hvd.HorovodInternalError, match=r"allgather 'join.gather': rank 0 "
+        with pytest.raises(hvd.HorovodInternalError, match=r"allgather\.join\.gather: rank 0 "
                                                            r"has already called hvd.join\(\)"):
             hvd.allgather(torch.ones(1), name="join.gather")
         with pytest.raises(hvd.HorovodInternalError, match="has already called hvd.join"):

@@ -91,7 +91,7 @@ def test_fused_batch_phases_tile_each_tensors_collective_span():
     tensor's track, NEGOTIATE ends where QUEUE and the ALLREDUCE span start, the phases inside
     follow each other without gaps up to the span's end, and the tensors of one batch share
     their phase times."""
-    names = [f"tile.{i}" for i in range(8)]
+    names = [f"grouped_allreduce.tile.{i}" for i in range(8)]
 
     def steps():
         for step in range(6):
@@ -139,7 +139,7 @@ def test_negotiation_args_name_dtype_and_shape_when_they_change():
     if events is None:
         return
     tid = next(e["tid"] for e in events if e.get("name") == "thread_name"
-               and e["args"]["name"] == "reshaped")
+               and e["args"]["name"] == "allreduce.reshaped")
     negotiate = sorted((e for e in events
                         if e["tid"] == tid and e["name"] == "NEGOTIATE_ALLREDUCE"),
                        key=lambda e: e["ts"])

@@ -1,7 +1,8 @@
 """A rank that never submits a tensor (rank 1 skips 'grad.w'), submits it late, ranks that
-disagree on the name (rank 0 'grad.a', others 'grad.b'), or a DistributedOptimizer step that
-rank 1 skips (its gradients' stall report names the other ranks' backward line). Used by
-tests/test_failures.py."""
+disagree on the name (rank 0 'grad.a', others 'grad.b') or on the op under one name (rank 0
+allreduces 'grad.k', the others allgather it: names are op-prefixed, so these are two names), or
+a DistributedOptimizer step that rank 1 skips (its gradients' stall report names the other ranks'
+backward line). Used by tests/test_failures.py."""
 
 import sys
 import time
@@ -38,6 +39,11 @@ try:
         if r == 1:
             time.sleep(float(sys.argv[2]))  # slow, but it does submit
         hvd.allreduce(torch.ones(2), name="grad.w")
+    elif mode == "ops":
+        if r == 0:
+            hvd.allreduce(torch.ones(2), name="grad.k")
+        else:
+            hvd.allgather(torch.ones(2), name="grad.k")
     else:
         hvd.allreduce(torch.ones(2), name="grad.a" if r == 0 else "grad.b")
     print(f"rank {r}: finished without error", flush=True)

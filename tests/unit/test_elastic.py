@@ -330,7 +330,7 @@ def test_a_host_that_lost_ranks_gets_no_new_ones_for_the_rest_of_the_job(fresh_b
 def test_cooldown_doubles_per_failure_up_to_the_maximum(fresh_blacklist, monkeypatch):
     d = fresh_blacklist
     monkeypatch.setenv("HVDL_BLACKLIST_COOLDOWN", "10,25")
-    assert d.cooldown_range() == (10.0, 25.0)
+    assert d.launch_env.cooldown_range() == (10.0, 25.0)
     assert d.note_lost(["h"], now=100.0) == [("h", 10.0, 1)]
     assert d.blacklisted(now=109.9) == ["h"] and d.blacklisted(now=110.0) == []
     assert d.usable({"h": 2}, now=110.0) == {"h": 2}  # back after the cooldown

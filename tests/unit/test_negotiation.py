@@ -50,6 +50,22 @@ def test_shape_mismatch_error_names_each_rank():
                                  "same shape under one name.")
 
 
+@pytest.mark.parametrize("op,name,label", [
+    (ALLREDUCE, "allreduce.w", "allreduce.w"),  # horovodlite.torch's names: shown as they are
+    (ALLREDUCE, "grouped_allreduce.w.1", "grouped_allreduce.w.1"),
+    (ALLGATHER, "allgather.w", "allgather.w"),
+    (ALLREDUCE, "w", "allreduce 'w'"),  # any other name: with its op, quoted
+    (ALLREDUCE, "myallreduce.w", "allreduce 'myallreduce.w'"),
+    (ALLREDUCE, "broadcast.w", "allreduce 'broadcast.w'"),
+    (ALLGATHER, "sparse_allreduce.w.values", "allgather 'sparse_allreduce.w.values'"),
+])
+def test_messages_show_op_prefixed_names_as_they_are(op, name, label):
+    script = [[[req(name, op=op, shape=[2, 4 + r])] for r in range(2)]]
+    cycles, _ = T.negotiate(2, script)
+    error = cycles[0][0][0]["error"]
+    assert error.startswith(f"{label}: ") and "mismatch: rank 0 float32[2,4]" in error, error
+
+
 @pytest.mark.parametrize("field,values,fragment", [
     ("dtype", [FLOAT32, FLOAT64], "dtype mismatch: rank 0 float32[4], rank 1 float64[4]"),
     ("reduce_op", [1, 4], "reduce op mismatch: rank 0 Sum, rank 1 Max"),

@@ -35,14 +35,13 @@ keeps the same blacklist (they all see the same losses); rank 0's decides.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import threading
 import time
 
-from horovodlite.common import basics
+from horovodlite.common import basics, launch_env
 
 _poller = None
 _requested = 0  # ranks to add, as agreed at the last check
@@ -119,22 +118,12 @@ class _Poller:
             self._stop.wait(self.interval)
 
 
-def cooldown_range() -> tuple | None:
-    """(min, max) seconds from ``--blacklist-cooldown-range`` (HVDL_BLACKLIST_COOLDOWN), or None
-    (blacklisted for the rest of the job)."""
-    value = os.environ.get("HVDL_BLACKLIST_COOLDOWN", "")
-    if not value:
-        return None
-    low, _, high = value.partition(",")
-    return float(low), float(high)
-
-
 def note_lost(hosts, now: float | None = None) -> list:
     """Counts a failure for each host in ``hosts`` (the hosts of ranks just lost; one failure
     per host per call) and blacklists it; returns (host, seconds blacklisted - inf: for the rest
     of the job - and its failures so far) for each."""
     now = time.monotonic() if now is None else now
-    cooldown = cooldown_range()
+    cooldown = launch_env.cooldown_range()
     out = []
     for host in sorted(set(hosts)):
         _failures[host] = _failures.get(host, 0) + 1
@@ -170,7 +159,7 @@ def usable(found: dict, now: float | None = None) -> dict:
 
 
 def active() -> bool:
-    return bool(os.environ.get("HVDL_DISCOVERY_SCRIPT")) and basics.is_initialized()
+    return bool(launch_env.discovery_script()) and basics.is_initialized()
 
 
 def new_host(found: dict, allocation, room: int) -> tuple:
@@ -196,10 +185,8 @@ def updates_agreed() -> tuple:
     add, gone, host = 0, [], ""
     if basics.rank() == 0:
         if _poller is None:
-            _poller = _Poller(os.environ["HVDL_DISCOVERY_SCRIPT"],
-                              float(os.environ.get("HVDL_DISCOVERY_INTERVAL", "1")))
-        caps = [int(os.environ[v]) for v in ("HVDL_ELASTIC_MAX_NP", "HVDL_ELASTIC_SLOTS")
-                if os.environ.get(v, "").isdigit()]
+            _poller = _Poller(launch_env.discovery_script(), launch_env.discovery_interval())
+        caps = [c for c in (launch_env.max_np(), launch_env.slots()) if c is not None]
         found = _poller.hosts
         if found is not None:
             # retiring splits the job's communicator: not for init(comm=...) on a subset of it
@@ -209,9 +196,8 @@ def updates_agreed() -> tuple:
             if not gone:
                 add = max(0, min([sum(growable.values()), *caps]) - basics.size())
             if not gone and add == 0:
-                allocation = {h for h in os.environ.get("HVDL_ELASTIC_HOSTS", "").split(",")
-                              if h} | set(_job_hosts) | _added
-                room = int(os.environ.get("HVDL_ELASTIC_MAX_NP", "0") or 0) - basics.size()
+                allocation = launch_env.allocated_hosts() | set(_job_hosts) | _added
+                room = (launch_env.max_np() or 0) - basics.size()
                 host, add = new_host(growable, allocation, room)
     add, gone, host = broadcast_object((add, gone, host), 0, name="elastic.host_updates")
     _requested, _retiring, _placement = int(add), list(gone), str(host)

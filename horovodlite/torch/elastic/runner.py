@@ -35,13 +35,14 @@ import shutil
 import socket
 import sys
 
-from horovodlite.common import basics
+from horovodlite.common import basics, launch_env
 from horovodlite.common.exceptions import (
     HorovodArgumentError,
     HorovodInternalError,
     HostsUpdatedInterrupt,
 )
 from horovodlite.torch.collectives import barrier
+from horovodlite.torch.mpi_ops import shutdown
 
 #: Resets one ``run`` call performs before it lets the error propagate. A failure that recurs
 #: deterministically (a bug, a rank that keeps failing) would otherwise retry forever.
@@ -57,18 +58,6 @@ def _log(message: str, who: str | None = None) -> None:
         who = "rank ?"
     sys.stderr.write(f"[horovodlite {who} {where}] hvd.elastic: {message}\n")
     sys.stderr.flush()
-
-
-def _job_environment() -> list:
-    """VAR=value of what horovodliterun passes to every rank (its -x variables), for new ranks
-    on a host added to the job: the daemons mpirun started hand the job's environment to the
-    ranks spawned on their hosts, the added host's daemon does not. (MPI_Comm_spawn's "env"
-    info key cannot carry it: info values are limited to 256 bytes.)"""
-    from horovodlite.runner.launch import _FORWARD
-
-    return [f"{k}={v}" for k, v in sorted(os.environ.items())
-            if (k.startswith(("HOROVOD_", "HVDL_")) or k in _FORWARD)
-            and k != "HVDL_NOTICE_FD" and "\n" not in v]
 
 
 def _retire(hosts: list, old_rank: int | None, old_size: int | None) -> None:
@@ -94,13 +83,12 @@ def _reinit(error: BaseException) -> None:
     """Step 4: shut down (telling the peers why) and initialise again - on the survivors, if
     the job lost ranks (an elastic job on an MPI with ULFM: see docs/elastic.md), without the
     ranks of hosts that left the discovery output."""
-    import horovodlite.torch as hvd  # the package imports this module: resolve at call time
     from horovodlite.torch.elastic import discovery
 
     old_rank, old_size = ((basics.rank(), basics.size()) if basics.is_initialized()
                           else (None, None))
     basics._stop(f"elastic reset after {type(error).__name__}: {error}")
-    hvd.shutdown()  # the runtime is already stopped: this clears names, handles, counters
+    shutdown()  # the runtime is already stopped: this clears names, handles, counters
     discovery.forget_job()
     updated = isinstance(error, HostsUpdatedInterrupt)
     retire = discovery.take_retirement() if updated else []
@@ -109,15 +97,18 @@ def _reinit(error: BaseException) -> None:
     add, host = discovery.take_request() if updated else (0, "")
     if add:  # the new ranks run this program too, and join at their hvd.init()
         command, argv = sys.executable, list(sys.orig_argv[1:])
-        if os.environ.get("HVDL_REPORT_TO") and old_size is not None:
+        if launch_env.reports_to() and old_size is not None:
             # under horovodliterun's wrapper, as the ranks mpirun started: the launcher then
             # knows them ("rank 3 (added while training) ... exited with signal 9"); they
             # become ranks old_size.. of the grown job
             argv = ["-m", "horovodlite.runner.task", "--added-as", str(old_size), "--",
                     command, *argv]
         if host:  # through env(1): that host's MPI daemon has no copy of the job's environment
-            command, argv = shutil.which("env") or "/usr/bin/env", [*_job_environment(),
-                                                                     command, *argv]
+            # (the daemons mpirun started hand the job's environment to the ranks spawned on
+            # their hosts, the added host's daemon does not; MPI_Comm_spawn's "env" info key
+            # cannot carry it: info values are limited to 256 bytes)
+            command, argv = shutil.which("env") or "/usr/bin/env", [
+                *launch_env.job_environment(), command, *argv]
         basics._C.request_growth(add, command, argv, host)
     basics._init_again()
     blocked = discovery.note_runtime_losses()  # every rank: the same losses, the same blacklist
@@ -135,9 +126,8 @@ def _reinit(error: BaseException) -> None:
 
 
 def min_np() -> int:
-    """``horovodliterun --min-np`` (HVDL_ELASTIC_MIN_NP); 1 when not given."""
-    value = os.environ.get("HVDL_ELASTIC_MIN_NP", "")
-    return int(value) if value.isdigit() else 1
+    """``horovodliterun --min-np``; 1 when not given."""
+    return launch_env.min_np()
 
 
 class BelowMinNp(HorovodInternalError):

@@ -1,0 +1,162 @@
+"""The environment horovodliterun gives every rank: one definition for the launcher and the ranks.
+
+The launcher (``horovodlite.runner``) writes these variables; the rank wrapper
+(``runner/task.py``) and the runtime (``horovodlite.common``, ``horovodlite.torch``) read them.
+This module imports neither the runner nor torch, so the runtime depends on it and not on the
+launcher.
+
+Written by horovodliterun (``runner/launch.py``) unless said otherwise:
+
+- ``HVDL_ELASTIC``: ``1`` in an elastic job (``--elastic``, implied by the options below).
+- ``HVDL_ELASTIC_MIN_NP``, ``HVDL_ELASTIC_MAX_NP``: ``--min-np`` (1), ``--max-np`` (``-np``).
+- ``HVDL_ELASTIC_SLOTS``, ``HVDL_ELASTIC_HOSTS``: with ``-H``, its slots added up, its hosts.
+- ``HVDL_DISCOVERY_SCRIPT``: ``--host-discovery-script``, as an absolute path.
+- ``HVDL_BLACKLIST_COOLDOWN``: ``--blacklist-cooldown-range`` as ``MIN,MAX`` seconds.
+- ``HVDL_DISCOVERY_INTERVAL``: seconds between runs of the discovery script (default 1); set
+  by the user, forwarded like every ``HVDL_*`` variable.
+- ``HVDL_REPORT_TO``, ``HVDL_REPORT_TOKEN``: where each rank's wrapper reports to
+  (``ADDR[,ADDR...]:PORT``) and the token its reports carry.
+- ``HVDL_NOTICE_FD``: written by the rank wrapper (``runner/task.py``): the read end of the pipe
+  that carries the launcher's notices (a lost host) to the rank.
+
+``HVDL_NOTICE_FD`` is also read by the C++ core (``csrc/core/launcher_notices.cc``), which cannot
+share this definition. Every ``HOROVOD_*`` and ``HVDL_*`` variable of the launcher's environment,
+and the ``FORWARDED`` ones, reach the ranks (mpirun ``-x``); an elastic job's new ranks on an
+added host get them through ``job_environment``.
+"""
+
+from __future__ import annotations
+
+import os
+
+ELASTIC = "HVDL_ELASTIC"
+ELASTIC_MIN_NP = "HVDL_ELASTIC_MIN_NP"
+ELASTIC_MAX_NP = "HVDL_ELASTIC_MAX_NP"
+ELASTIC_SLOTS = "HVDL_ELASTIC_SLOTS"
+ELASTIC_HOSTS = "HVDL_ELASTIC_HOSTS"
+DISCOVERY_SCRIPT = "HVDL_DISCOVERY_SCRIPT"
+DISCOVERY_INTERVAL = "HVDL_DISCOVERY_INTERVAL"
+BLACKLIST_COOLDOWN = "HVDL_BLACKLIST_COOLDOWN"
+REPORT_TO = "HVDL_REPORT_TO"
+REPORT_TOKEN = "HVDL_REPORT_TOKEN"
+NOTICE_FD = "HVDL_NOTICE_FD"
+
+# Environment prefixes, and further variables, that the launcher forwards to every rank.
+PREFIXES = ("HOROVOD_", "HVDL_")
+FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS",
+             "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES", "THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES")
+
+# A rank's exit status when it left an elastic job on purpose (its host left the host discovery
+# output): the rank wrapper reports it as "retired" with status 0 and itself exits 0, so mpirun
+# sees a clean exit.
+RETIRED_STATUS = 83
+
+
+def forwarded(env) -> list:
+    """The names in ``env`` that the launcher passes on to the ranks, sorted."""
+    return sorted(k for k in env if k.startswith(PREFIXES) or k in FORWARDED)
+
+
+def job_environment(env=os.environ) -> list:
+    """``VAR=value`` of what the launcher passed to this rank, for ranks an elastic job starts
+    on a host added to it (that host's MPI daemon has no copy of the job's environment). The
+    notice pipe is this rank's own, and a value with a newline cannot travel as an argument."""
+    return [f"{k}={env[k]}" for k in forwarded(env) if k != NOTICE_FD and "\n" not in env[k]]
+
+
+# ------------------------------------------------------------------------ the launcher writes
+
+
+def elastic_settings(min_np: int, max_np: int, hosts: list | None, discovery_script: str | None,
+                     cooldown: tuple | None) -> dict:
+    """The variables of an elastic job. ``hosts``: ``-H`` as (host, slots) pairs, or None;
+    ``cooldown``: ``--blacklist-cooldown-range`` (MIN, MAX) or None."""
+    env = {ELASTIC: "1", ELASTIC_MIN_NP: str(min_np), ELASTIC_MAX_NP: str(max_np)}
+    if hosts:  # mpirun places new ranks itself only on the slots it was given
+        env[ELASTIC_SLOTS] = str(sum(n for _, n in hosts))
+        env[ELASTIC_HOSTS] = ",".join(h for h, _ in hosts)
+    if discovery_script:
+        env[DISCOVERY_SCRIPT] = discovery_script
+    if cooldown is not None:
+        env[BLACKLIST_COOLDOWN] = ",".join(f"{v:g}" for v in cooldown)
+    return env
+
+
+def report_settings(addresses: list, port: int, token: str) -> dict:
+    """The variables that tell each rank's wrapper where to report to."""
+    return {REPORT_TO: f"{','.join(addresses)}:{port}", REPORT_TOKEN: token}
+
+
+# --------------------------------------------------------------------------- the ranks read
+
+
+def is_elastic(env=os.environ) -> bool:
+    return env.get(ELASTIC) == "1"
+
+
+def _count(name: str, env) -> int | None:
+    value = env.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def min_np(env=os.environ) -> int:
+    """``--min-np``; 1 when not given."""
+    value = _count(ELASTIC_MIN_NP, env)
+    return 1 if value is None else value
+
+
+def max_np(env=os.environ) -> int | None:
+    """``--max-np`` (``-np`` when not given) of an elastic job; None outside one."""
+    return _count(ELASTIC_MAX_NP, env)
+
+
+def slots(env=os.environ) -> int | None:
+    """The slots of ``-H`` added up; None without ``-H``."""
+    return _count(ELASTIC_SLOTS, env)
+
+
+def allocated_hosts(env=os.environ) -> set:
+    """The ``-H`` hosts (empty without ``-H``)."""
+    return {h for h in env.get(ELASTIC_HOSTS, "").split(",") if h}
+
+
+def discovery_script(env=os.environ) -> str:
+    """``--host-discovery-script`` ("" without one)."""
+    return env.get(DISCOVERY_SCRIPT, "")
+
+
+def discovery_interval(env=os.environ) -> float:
+    return float(env.get(DISCOVERY_INTERVAL, "1"))
+
+
+def cooldown_range(env=os.environ) -> tuple | None:
+    """(MIN, MAX) seconds of ``--blacklist-cooldown-range``, or None (blacklisted for the rest
+    of the job)."""
+    value = env.get(BLACKLIST_COOLDOWN, "")
+    if not value:
+        return None
+    low, _, high = value.partition(",")
+    return float(low), float(high)
+
+
+def reports_to(env=os.environ) -> str:
+    """``HVDL_REPORT_TO`` ("" when the ranks do not report: plain mpirun, --no-rank-reports)."""
+    return env.get(REPORT_TO, "")
+
+
+def parse_report_to(value: str) -> list:
+    """'10.0.0.1,127.0.0.1:4567' -> [('10.0.0.1', 4567), ('127.0.0.1', 4567)]."""
+    hosts, _, port = value.rpartition(":")
+    if not hosts or not port.isdigit():
+        raise ValueError(f"{REPORT_TO}={value!r} is not ADDR[,ADDR...]:PORT")
+    return [(h, int(port)) for h in hosts.split(",") if h]
+
+
+__all__ = [
+    "ELASTIC", "ELASTIC_MIN_NP", "ELASTIC_MAX_NP", "ELASTIC_SLOTS", "ELASTIC_HOSTS",
+    "DISCOVERY_SCRIPT", "DISCOVERY_INTERVAL", "BLACKLIST_COOLDOWN", "REPORT_TO", "REPORT_TOKEN",
+    "NOTICE_FD", "PREFIXES", "FORWARDED", "RETIRED_STATUS",
+    "forwarded", "job_environment", "elastic_settings", "report_settings", "is_elastic",
+    "min_np", "max_np", "slots", "allocated_hosts", "discovery_script", "discovery_interval",
+    "cooldown_range", "reports_to", "parse_report_to",
+]
