@@ -9,8 +9,8 @@ import torch
 
 import horovodlite.torch as hvd
 
-if not hvd.gloo_enabled():
-    pytest.skip("the Gloo controller's own behaviour", allow_module_level=True)
+pytestmark = pytest.mark.skipif(not hvd.gloo_enabled(),
+                                reason="the Gloo controller's own behaviour")
 
 
 def test_probes_name_the_controller():
