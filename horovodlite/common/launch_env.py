@@ -19,6 +19,18 @@ Written by horovodliterun (``runner/launch.py``) unless said otherwise:
 - ``HVDL_NOTICE_FD``: written by the rank wrapper (``runner/task.py``): the read end of the pipe
   that carries the launcher's notices (a lost host) to the rank.
 
+Written by the launchers that start Gloo-controller ranks themselves (``horovodliterun --gloo``,
+``horovodlite.ray``, ``horovodlite.spark``), Horovod's names where Horovod has them (a rank reads
+them through ``common/launchers.py``):
+
+- ``HOROVOD_RANK``, ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_RANK``, ``HOROVOD_LOCAL_SIZE``,
+  ``HOROVOD_CROSS_RANK``, ``HOROVOD_CROSS_SIZE``: the rank's place in the job.
+- ``HOROVOD_HOSTNAME``: the launcher's name for the rank's host (ranks with one name share memory).
+- ``HOROVOD_GLOO_RENDEZVOUS_ADDR``, ``HOROVOD_GLOO_RENDEZVOUS_PORT``: the store the launcher hosts.
+- ``HOROVOD_CONTROLLER``: ``gloo``.
+- ``HVDL_RENDEZVOUS_SECRET``: the job's secret; the launcher's store holds its hash, and a worker
+  of another job is refused (``common/rendezvous.py``).
+
 ``HVDL_NOTICE_FD`` is also read by the C++ core (``csrc/core/launcher_notices.cc``), which cannot
 share this definition. Every ``HOROVOD_*`` and ``HVDL_*`` variable of the launcher's environment,
 and the ``FORWARDED`` ones, reach the ranks (mpirun ``-x``); an elastic job's new ranks on an
@@ -40,6 +52,17 @@ BLACKLIST_COOLDOWN = "HVDL_BLACKLIST_COOLDOWN"
 REPORT_TO = "HVDL_REPORT_TO"
 REPORT_TOKEN = "HVDL_REPORT_TOKEN"
 NOTICE_FD = "HVDL_NOTICE_FD"
+GLOO_RANK = "HOROVOD_RANK"
+GLOO_SIZE = "HOROVOD_SIZE"
+GLOO_LOCAL_RANK = "HOROVOD_LOCAL_RANK"
+GLOO_LOCAL_SIZE = "HOROVOD_LOCAL_SIZE"
+GLOO_CROSS_RANK = "HOROVOD_CROSS_RANK"
+GLOO_CROSS_SIZE = "HOROVOD_CROSS_SIZE"
+GLOO_HOSTNAME = "HOROVOD_HOSTNAME"
+GLOO_RENDEZVOUS_ADDR = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
+GLOO_RENDEZVOUS_PORT = "HOROVOD_GLOO_RENDEZVOUS_PORT"
+CONTROLLER = "HOROVOD_CONTROLLER"
+RENDEZVOUS_SECRET = "HVDL_RENDEZVOUS_SECRET"
 
 # Environment prefixes, and further variables, that the launcher forwards to every rank.
 PREFIXES = ("HOROVOD_", "HVDL_")
@@ -85,6 +108,26 @@ def elastic_settings(min_np: int, max_np: int, hosts: list | None, discovery_scr
 def report_settings(addresses: list, port: int, token: str) -> dict:
     """The variables that tell each rank's wrapper where to report to."""
     return {REPORT_TO: f"{','.join(addresses)}:{port}", REPORT_TOKEN: token}
+
+
+def gloo_rank_settings(hosts: list, addr: str, port: int, secret: str) -> list:
+    """The variables of every rank of a Gloo-controller job, in rank order. ``hosts``: each
+    rank's host name, ranks of one host given consecutively or not (local ranks count the ranks
+    of a host in rank order; hosts are numbered in the order of their first rank)."""
+    order = list(dict.fromkeys(hosts))
+    seen: dict = {}
+    out = []
+    for rank, host in enumerate(hosts):
+        local = seen.get(host, 0)
+        seen[host] = local + 1
+        out.append({GLOO_RANK: str(rank), GLOO_SIZE: str(len(hosts)),
+                    GLOO_LOCAL_RANK: str(local), GLOO_CROSS_RANK: str(order.index(host)),
+                    GLOO_CROSS_SIZE: str(len(order)), GLOO_HOSTNAME: host,
+                    GLOO_RENDEZVOUS_ADDR: addr, GLOO_RENDEZVOUS_PORT: str(port),
+                    CONTROLLER: "gloo", RENDEZVOUS_SECRET: secret})
+    for env in out:
+        env[GLOO_LOCAL_SIZE] = str(seen[env[GLOO_HOSTNAME]])
+    return out
 
 
 # --------------------------------------------------------------------------- the ranks read
@@ -156,6 +199,9 @@ __all__ = [
     "ELASTIC", "ELASTIC_MIN_NP", "ELASTIC_MAX_NP", "ELASTIC_SLOTS", "ELASTIC_HOSTS",
     "DISCOVERY_SCRIPT", "DISCOVERY_INTERVAL", "BLACKLIST_COOLDOWN", "REPORT_TO", "REPORT_TOKEN",
     "NOTICE_FD", "PREFIXES", "FORWARDED", "RETIRED_STATUS",
+    "GLOO_RANK", "GLOO_SIZE", "GLOO_LOCAL_RANK", "GLOO_LOCAL_SIZE", "GLOO_CROSS_RANK",
+    "GLOO_CROSS_SIZE", "GLOO_HOSTNAME", "GLOO_RENDEZVOUS_ADDR", "GLOO_RENDEZVOUS_PORT",
+    "CONTROLLER", "RENDEZVOUS_SECRET", "gloo_rank_settings",
     "forwarded", "job_environment", "elastic_settings", "report_settings", "is_elastic",
     "min_np", "max_np", "slots", "allocated_hosts", "discovery_script", "discovery_interval",
     "cooldown_range", "reports_to", "parse_report_to",

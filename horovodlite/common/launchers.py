@@ -39,6 +39,8 @@ import hashlib
 import os
 import re
 
+from horovodlite.common import launch_env as E
+
 # What a launch says about where the ranks meet.
 STORE_HOST = "host"  # rank 0 hosts a TCPStore at (addr, port)
 STORE_CLIENT = "client"  # a TCPStore someone else hosts at (addr, port): launcher, torchrun agent
@@ -91,18 +93,18 @@ def _mpi(env) -> Launch | None:
 
 
 def _horovod_gloo(env) -> Launch | None:
-    if "HOROVOD_RANK" not in env or "HOROVOD_SIZE" not in env:
+    if E.GLOO_RANK not in env or E.GLOO_SIZE not in env:
         return None
-    secret = env.get("HVDL_RENDEZVOUS_SECRET") or None
-    addr = env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
-    port = _int(env, "HOROVOD_GLOO_RENDEZVOUS_PORT")
-    size = _int(env, "HOROVOD_SIZE")
+    secret = env.get(E.RENDEZVOUS_SECRET) or None
+    addr = env.get(E.GLOO_RENDEZVOUS_ADDR)
+    port = _int(env, E.GLOO_RENDEZVOUS_PORT)
+    size = _int(env, E.GLOO_SIZE)
     return Launch(
-        "horovodliterun --gloo" if secret else "a Horovod Gloo launcher", "gloo",
-        rank=_int(env, "HOROVOD_RANK"), size=size,
-        local_rank=_int(env, "HOROVOD_LOCAL_RANK"), local_size=_int(env, "HOROVOD_LOCAL_SIZE"),
-        cross_rank=_int(env, "HOROVOD_CROSS_RANK"), cross_size=_int(env, "HOROVOD_CROSS_SIZE"),
-        host=env.get("HOROVOD_HOSTNAME"),
+        "horovodlite's launcher" if secret else "a Horovod Gloo launcher", "gloo",
+        rank=_int(env, E.GLOO_RANK), size=size,
+        local_rank=_int(env, E.GLOO_LOCAL_RANK), local_size=_int(env, E.GLOO_LOCAL_SIZE),
+        cross_rank=_int(env, E.GLOO_CROSS_RANK), cross_size=_int(env, E.GLOO_CROSS_SIZE),
+        host=env.get(E.GLOO_HOSTNAME),
         store=STORE_CLIENT if addr and port else (STORE_NONE if size == 1 else STORE_HOST),
         addr=addr, port=port, secret=secret,
         job=_job_id("horovod", secret or f"{addr}:{port}"),
@@ -166,9 +168,9 @@ def _slurm(env) -> Launch | None:
         return None
     size = _int(env, "SLURM_NTASKS")
     job = env.get("SLURM_JOB_ID", "0")
-    addr = (env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR") or env.get("MASTER_ADDR")
+    addr = (env.get(E.GLOO_RENDEZVOUS_ADDR) or env.get("MASTER_ADDR")
             or first_slurm_host(env.get("SLURM_JOB_NODELIST", "localhost")))
-    port = (_int(env, "HOROVOD_GLOO_RENDEZVOUS_PORT") or _int(env, "MASTER_PORT")
+    port = (_int(env, E.GLOO_RENDEZVOUS_PORT) or _int(env, "MASTER_PORT")
             or SLURM_PORT_BASE + (int(job) % 1000 if job.isdigit() else 0))
     return Launch(
         "srun", "gloo", rank=_int(env, "SLURM_PROCID"), size=size,
@@ -207,9 +209,9 @@ def detect(env=None, mpi_built: bool = True, gloo_built: bool = True,
            default_group: bool = True) -> Launch:
     """The launch this process is part of (see the table at the top)."""
     env = os.environ if env is None else env
-    forced = env.get("HOROVOD_CONTROLLER", "").strip().lower()
+    forced = env.get(E.CONTROLLER, "").strip().lower()
     if forced not in ("", "mpi", "gloo"):
-        raise ValueError(f"HOROVOD_CONTROLLER={env['HOROVOD_CONTROLLER']!r}: expected mpi or gloo")
+        raise ValueError(f"{E.CONTROLLER}={env[E.CONTROLLER]!r}: expected mpi or gloo")
     mpi = _mpi(env)
     if mpi is not None and forced != "gloo":
         # srun with PMI sets PMI_*/PMIX_* too; MPI then takes precedence over SLURM_* - unless

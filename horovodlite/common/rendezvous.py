@@ -97,9 +97,11 @@ def _tcp_store(launch: Launch, timeout: float, host: bool):
     try:
         if host:
             sock = listening_socket(launch.addr, launch.port)
-            _held["listen"] = sock
-            return dist.TCPStore(launch.addr, launch.port, None, True, delta,
-                                 wait_for_workers=False, master_listen_fd=sock.fileno())
+            try:
+                return dist.TCPStore(launch.addr, launch.port, None, True, delta,
+                                     wait_for_workers=False, master_listen_fd=sock.fileno())
+            finally:
+                sock.detach()  # the store's server owns the descriptor now
         return dist.TCPStore(launch.addr, launch.port, None, False, delta)
     except RendezvousError:
         raise
