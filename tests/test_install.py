@@ -236,3 +236,58 @@ def test_a_regular_install_keeps_the_checkouts_rebuild_on_import(tree, tmp_path)
                 env=_env(PYTHONPATH=str(tree)))
     assert proc.returncode == 0, proc.output[-4000:]
     assert module.stat().st_mtime_ns > before
+
+
+GLOO_ALLREDUCE = (
+    "import os, horovodlite.torch as hvd, torch\n"
+    "hvd.init()\n"
+    "assert hvd.gloo_enabled() and not hvd.mpi_built(), (hvd.gloo_enabled(), hvd.mpi_built())\n"
+    "out = hvd.allreduce(torch.full((5,), float(hvd.rank() + 1)), op=hvd.Sum, name='x')\n"
+    "assert torch.equal(out, torch.full((5,), float(sum(range(1, hvd.size() + 1))))), out\n"
+    "with open(f'result.{hvd.rank()}', 'w') as f:\n"
+    "    print('RESULT', hvd.rank(), hvd.size(), file=f)\n"
+)
+
+
+def _path_without_mpi(tmp_path: Path) -> list:
+    """PATH with every MPI program hidden: folders that hold one are replaced by a folder of
+    links to everything else in them (the compilers live beside Debian's mpicc in /usr/bin)."""
+    out = []
+    for i, folder in enumerate(p for p in os.environ["PATH"].split(":") if p):
+        if not Path(folder, "mpicc").exists() and not Path(folder, "mpirun").exists():
+            out.append(folder)
+            continue
+        shadow = tmp_path / f"path{i}"
+        shadow.mkdir()
+        for entry in Path(folder).iterdir():
+            if not entry.name.startswith(("mpi", "ompi", "orte", "prte", "hydra")):
+                (shadow / entry.name).symlink_to(entry)
+        out.append(str(shadow))
+    return out
+
+
+def test_a_fresh_venv_without_mpi_installs_and_trains(tree, tmp_path):
+    """No MPI on PATH (no mpicc, no mpirun): plain `pip install` builds the Gloo controller
+    only, and torchrun starts a 2-rank job that trains together."""
+    venv = tmp_path / "venv"
+    assert _run([sys.executable, "-m", "venv", str(venv)]).returncode == 0
+    vbin = venv / "bin"
+    path = [str(vbin)] + _path_without_mpi(tmp_path)
+    env = _env(PATH=":".join(path), VIRTUAL_ENV=str(venv))
+    env.pop("HVDL_MPI", None)
+    env.pop("PYTHONPATH", None)
+    pip = [str(vbin / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    proc = _run(pip + ["torch==2.13.0"], env=env)
+    assert proc.returncode == 0, proc.output[-4000:]
+    proc = _run(pip + [str(tree)], env=env)
+    assert proc.returncode == 0, proc.output[-6000:]
+    package = Path(_run([str(vbin / "python"), "-c", "import horovodlite, os; print(os.path."
+                         "dirname(horovodlite.__file__))"], env=env, cwd=tmp_path).stdout.strip())
+    (module,) = package.glob("_C*.so")
+    assert "libmpi" not in _run(["ldd", str(module)]).stdout
+    script = tmp_path / "job.py"
+    script.write_text(GLOO_ALLREDUCE)
+    job = _run([str(vbin / "torchrun"), "--standalone", "--nproc_per_node=2", str(script)],
+               timeout=300, cwd=tmp_path, env=env)
+    assert job.returncode == 0, job.output[-6000:]
+    assert sorted(r[1] for r in _results(tmp_path)) == ["0", "1"], job.output
