@@ -22,6 +22,14 @@ is the collective's whole latency for every library alike:
     horovodliterun -np 1 python benchmarks/allreduce.py --device cuda [--quick]
     horovodliterun -np 2 python benchmarks/allreduce.py --device cuda   # two ranks, one GPU
 
+The controller without MPI (the Gloo controller, what torchrun, Ray and Spark start): part
+``controllers`` restarts horovodlite on it and on MPI in alternation, every round, inside the same
+mpirun job (mpi4py keeps the ranks together), and compares both with raw MPI and torch gloo;
+``--controller gloo`` runs every other part on it:
+
+    horovodliterun -np 2 python benchmarks/allreduce.py --only controllers
+    horovodliterun -np 2 python benchmarks/allreduce.py --controller gloo --only single,fusion
+
 Across hosts (a job with the same number of ranks on several hosts, e.g. the test hosts of
 docs/test_hosts.md) it first compares horovodlite's flat and hierarchical allreduce and allgather
 (restarting horovodlite between them, alternately, every round) with raw MPI and gloo:
@@ -346,6 +354,66 @@ def run_across_hosts(comps, sizes, quick, collective):
     return rows
 
 
+_GLOO_PORT = None
+
+
+def controller_env(controller: str) -> dict:
+    """What makes the next hvd.init() start on `controller`: the Gloo controller gets the
+    variables torchrun would give (rank 0 hosts the store; the address other hosts reach it at)."""
+    global _GLOO_PORT
+    if controller == "mpi":
+        return {"HOROVOD_CONTROLLER": "mpi"}
+    if _GLOO_PORT is None:
+        _GLOO_PORT = COMM.bcast(_free_port() if RANK == 0 else None)
+    host = socket.gethostname()
+    addr = COMM.bcast(socket.gethostbyname(host) if RANK == 0 else None)
+    local = COMM.Split_type(MPI.COMM_TYPE_SHARED)
+    env = {"HOROVOD_CONTROLLER": "gloo", "RANK": RANK, "WORLD_SIZE": SIZE,
+           "LOCAL_RANK": local.Get_rank(), "LOCAL_WORLD_SIZE": local.Get_size(),
+           "MASTER_ADDR": addr if SIZE > local.Get_size() else "127.0.0.1",
+           "MASTER_PORT": _GLOO_PORT - 1}  # rank 0 hosts the store at MASTER_PORT + 1
+    local.Free()
+    return env
+
+
+def run_controllers(comps, sizes, quick, fusion=(200, 64 * KiB)):
+    """horovodlite on MPI and on the Gloo controller (restarted between the two, in alternation,
+    every round), against raw MPI and torch gloo: single sizes, then the fusion case."""
+    others = {c.name: c for c in comps if c.name in ("mpi4py", "gloo")}
+    modes = {"hvdl on MPI": "mpi", "hvdl on Gloo": "gloo"}
+    rounds = 3 if quick else 5
+    rows = []
+    log(f"\n== horovodlite's controllers: MPI and Gloo (no MPI), np={SIZE}, "
+        f"{hvd.cross_size()} host(s), float32 Sum ==")
+    log(f"{'case':>14} {'library':>14} {'time':>12} {'busbw':>12} {'x raw MPI':>10} "
+        f"{'x on MPI':>9} {'x gloo':>8}")
+    cases = [(size_label(n), n, "single", (n,)) for n in sizes]
+    cases.append((f"{fusion[0]}x{size_label(fusion[1])}", fusion[0] * fusion[1], "many", fusion))
+    for label, nbytes, fn, fn_args in cases:
+        samples = {name: [] for name in [*others, *modes]}
+        seconds = 0.05 if quick else 0.2
+        for _ in range(rounds):
+            times = compare({k: getattr(c, fn)(*fn_args) for k, c in others.items()}, 2,
+                            seconds, 1)
+            for name, controller in modes.items():
+                restart_horovodlite(**controller_env(controller))
+                assert hvd.gloo_enabled() == (controller == "gloo")
+                times.update(compare({name: getattr(Horovodlite(), fn)(*fn_args)}, 2, seconds,
+                                     1))
+            for k, v in times.items():
+                samples[k].append(v)
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        for k, t in med.items():
+            log(f"{label:>14} {k:>14} {fmt_time(t):>12} {fmt_bw(busbw(nbytes, t)):>12} "
+                f"{t / med['mpi4py']:10.2f} {t / med['hvdl on MPI']:9.2f} "
+                f"{t / med['gloo'] if 'gloo' in med else float('nan'):8.2f}")
+            rows.append(dict(case=f"controllers {fn}", bytes=nbytes, library=k, seconds=t,
+                             busbw=busbw(nbytes, t), ratio_to_mpi=t / med["mpi4py"],
+                             ratio_to_hvdl_mpi=t / med["hvdl on MPI"]))
+    restart_horovodlite(**controller_env("mpi"))
+    return rows
+
+
 def bg_thread_cpu_seconds() -> float:
     """CPU seconds used so far by horovodlite's background thread (named hvdl-bg)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -586,6 +654,9 @@ def parse_args(argv=None):
     p.add_argument("--only", default="", help="comma list of the parts to run (default: all; "
                                               "hosts runs when the job spans several hosts "
                                               "with the same number of ranks on each)")
+    p.add_argument("--controller", choices=["mpi", "gloo"], default="mpi",
+                   help="the controller horovodlite runs on in every part but `controllers` "
+                        "(gloo: the controller without MPI, started inside this mpirun job)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: the single sizes and the fusion case on CUDA tensors against "
                         "torch.distributed NCCL (or gloo when ranks share a GPU)")
@@ -602,17 +673,18 @@ def main() -> int:
     if args.device == "cuda":
         return run_cuda(args)
     torch.set_num_threads(1)
+    os.environ.update({k: str(v) for k, v in controller_env(args.controller).items()})
     hvd.init()
     comps = competitors(gloo=not args.no_gloo)
-    parts = {"single", "fusion", "idle", "timeline", "rss", "hosts"}
+    parts = {"single", "fusion", "idle", "timeline", "rss", "hosts", "controllers"}
     skip = set(filter(None, args.skip.split(",")))
     if args.only:
         skip |= parts - set(args.only.split(","))
     from horovodlite import _C  # noqa: PLC0415  (after hvd.init: the runtime is up)
 
     log(f"allreduce benchmark: np={SIZE}, {MPI.Get_library_version().splitlines()[0]}, "
-        f"torch {torch.__version__}, {os.cpu_count()} CPUs, horovodlite transport "
-        f"{_C.transport_version()}")
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, horovodlite on "
+        f"{'the Gloo controller' if hvd.gloo_enabled() else _C.transport_version()}")
     sizes = args.sizes or ([4, 1 * KiB, 64 * KiB, 1 * MiB, 16 * MiB] if args.quick else
                            [4, 64, 1 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB,
                             16 * MiB, 64 * MiB])
@@ -622,6 +694,10 @@ def main() -> int:
         for collective in ACROSS_HOSTS:
             rows += run_across_hosts(comps, [16 * MiB] if args.quick else
                                      [1 * MiB, 16 * MiB, 64 * MiB], args.quick, collective)
+    if "controllers" not in skip and hvd.gloo_built():
+        rows += run_controllers(comps, [4, 1 * MiB, 16 * MiB] if args.quick else
+                                [4, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB], args.quick)
+        restart_horovodlite(**controller_env(args.controller))
     if "single" not in skip:
         rows += run_single_sizes(comps, sizes, args.quick)
     if "fusion" not in skip:
