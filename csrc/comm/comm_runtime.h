@@ -46,6 +46,10 @@ struct CommRuntime {
   std::function<void()> stop_watching;
   // Any thread (Context::Abort): ends every wait of the transports early with `why`.
   std::function<void(const std::string& why)> cancel;
+  // After losing ranks, this process may start a new runtime: the transport's next world does
+  // not count the lost ones (the Gloo controller meets in a fresh rendezvous round). MPI's
+  // world does count them until MPI_Finalize, so there a lost rank ends horovodlite here.
+  bool restartable_after_loss = false;
 };
 
 }  // namespace hvdl

@@ -79,6 +79,8 @@ class Context {
   // of this rank with HorovodInternalError(why) and stops the loop without the other ranks.
   void Abort(const std::string& why);
   bool aborted() const { return aborted_.load(); }
+  // An aborted context of a transport that can start a new world without the lost ranks.
+  bool restartable_after_loss() const { return comm_.restartable_after_loss; }
   // The loop stopped to recover from failed ranks (elastic): like an aborted context, it may
   // have left requests posted on its buffers, and its communicators are revoked (freeing them
   // may wait for the lost ranks), so it must be kept alive, never destroyed.

@@ -18,7 +18,7 @@ Context& Runtime::RequireContext() {
 }
 
 void Runtime::retire_aborted(std::unique_ptr<Context> ctx) {
-  ranks_lost_ = true;
+  if (!ctx->restartable_after_loss()) ranks_lost_ = true;
   ctx.release();  // leaked on purpose
 }
 

@@ -21,9 +21,10 @@ class Runtime {
   std::mutex& lifecycle_mutex() { return lifecycle_mu_; }
   void set_context(std::unique_ptr<Context> ctx) { context_ = std::move(ctx); }
   std::unique_ptr<Context> take_context() { return std::move(context_); }
-  // After a context that lost ranks of the job (Context::aborted): MPI still counts them, so
-  // the process neither starts horovodlite again nor finalizes MPI (which would wait for them),
-  // and the context is kept alive for ever (MPI may still hold requests into its memory).
+  // After a context that lost ranks of the job (Context::aborted): it is kept alive for ever
+  // (the transport may still hold requests into its memory). Unless its transport can start
+  // a world without them (Context::restartable_after_loss), the process neither starts
+  // horovodlite again nor finalizes MPI (which still counts the lost ranks and would wait).
   void retire_aborted(std::unique_ptr<Context> ctx);
   // A context that recovered from failed ranks: kept alive (leaked); init works again.
   void retire_recovered(std::unique_ptr<Context> ctx) { ctx.release(); }

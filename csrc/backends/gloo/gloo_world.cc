@@ -103,6 +103,7 @@ Status BuildGloo(const GlooLaunch& launch, const Config& config, const LocalPart
     w->watchdog.reset();
   };
   out->cancel = [w](const std::string& why) { w->waits.Cancel(why); };
+  out->restartable_after_loss = true;  // the next round meets without the lost ranks
   out->owner = std::move(world);
   return Status::Ok();
 }
