@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 
+from horovodlite.common import launch_env
 from horovodlite.runner.rank_call import call_as_rank, shutdown_runtime
 
 
@@ -30,7 +31,7 @@ class RankWorker:
         """This rank's variables (for the actor's life: it serves only this job), then the
         executable, whose constructor may already call ``hvd.init()``."""
         os.environ.update({k: str(v) for k, v in env.items()})
-        self.rank = int(env["HOROVOD_RANK"])
+        self.rank = int(env[launch_env.GLOO_RANK])
         if executable_cls is not None:
             self.executable = call_as_rank(executable_cls, args, kwargs)
 
