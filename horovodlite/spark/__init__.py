@@ -113,7 +113,8 @@ def run(fn, args=(), kwargs=None, num_proc: int | None = None,
     the top); returns each rank's result, in rank order.
 
     num_proc: the number of ranks (default: the SparkContext's ``defaultParallelism``); the
-    cluster must have that many task slots free at once (a barrier stage).
+    cluster must have that many task slots free at once (a barrier stage; with fewer, Spark
+    waits, then fails the job: spark.scheduler.barrier.maxConcurrentTasksCheck.*).
     start_timeout: seconds the ranks wait for each other at ``hvd.init()`` (default 30,
     ``HOROVOD_GLOO_TIMEOUT_SECONDS``). env: variables added to each rank's environment.
     nics: one network interface for the Gloo transport between hosts.
