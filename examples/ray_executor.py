@@ -59,6 +59,8 @@ def train(steps, lr, use_gpu=False):
 
     hvd.init()
     device = torch.device("cuda", hvd.local_rank()) if use_gpu else torch.device("cpu")
+    if use_gpu:
+        torch.cuda.set_device(device)  # one GPU per rank: the executor made it local_rank's
     x, y = make_data()
     x, y = x[hvd.rank()::hvd.size()].to(device), y[hvd.rank()::hvd.size()].to(device)
     torch.manual_seed(hvd.rank())  # different starts on purpose: the broadcast aligns them

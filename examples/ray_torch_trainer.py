@@ -64,7 +64,9 @@ def train_func(config):
     import horovodlite.torch as hvd
 
     hvd.init()  # reuses Ray Train's process group store: no launcher variables needed
-    device = ray.train.torch.get_device()
+    device = ray.train.torch.get_device()  # this worker's GPU (Ray Train's choice), or CPU
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     x, y = make_data()
     x, y = x[hvd.rank()::hvd.size()].to(device), y[hvd.rank()::hvd.size()].to(device)
     torch.manual_seed(hvd.rank())  # different starts on purpose: the broadcast aligns them

@@ -62,6 +62,8 @@ def train_fn(steps, lr, use_gpu):
 
     hvd.init()  # torchrun's variables: rank, size, local rank and its store
     device = torch.device("cuda", hvd.local_rank()) if use_gpu else torch.device("cpu")
+    if use_gpu:
+        torch.cuda.set_device(device)  # one GPU per rank
     x, y = make_data()
     x, y = x[hvd.rank()::hvd.size()].to(device), y[hvd.rank()::hvd.size()].to(device)
     torch.manual_seed(hvd.rank())  # different starts on purpose: the broadcast aligns them
