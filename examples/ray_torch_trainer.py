@@ -60,11 +60,12 @@ def weights(model):
 def train_func(config):
     """Runs on every Ray Train worker, after Ray Train set up torch.distributed."""
     import ray.train
+    from ray.train.torch import get_device
 
     import horovodlite.torch as hvd
 
     hvd.init()  # reuses Ray Train's process group store: no launcher variables needed
-    device = ray.train.torch.get_device()  # this worker's GPU (Ray Train's choice), or CPU
+    device = get_device()  # this worker's GPU (Ray Train's choice), or CPU
     if device.type == "cuda":
         torch.cuda.set_device(device)
     x, y = make_data()
