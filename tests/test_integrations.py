@@ -33,10 +33,12 @@ LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_
 no_ray = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None,
     reason="Ray is not installed (pip install 'ray[train]'; scripts/install.sh --test does)")
-no_spark = pytest.mark.skipif(
-    importlib.util.find_spec("pyspark") is None or shutil.which("java") is None,
-    reason="PySpark or a Java runtime is missing (pip install pyspark; apt-get install "
-           "default-jre-headless; scripts/install.sh --test does both)")
+SPARK_MISSING = (
+    "PySpark is not installed (pip install pyspark; scripts/install.sh --test does)"
+    if importlib.util.find_spec("pyspark") is None else
+    "Spark needs a Java runtime and none is on PATH (apt-get install default-jre-headless; "
+    "scripts/install.sh --test does, as root)" if shutil.which("java") is None else "")
+no_spark = pytest.mark.skipif(bool(SPARK_MISSING), reason=SPARK_MISSING or "-")
 
 
 def clean_env(**extra) -> dict:
