@@ -79,10 +79,15 @@ class RayExecutor:
                  cpus_per_worker: float = 1, use_gpu: bool = False,
                  gpus_per_worker: float | None = None, use_current_placement_group: bool = True,
                  placement_strategy: str = "PACK", min_workers: int | None = None,
-                 max_workers: int | None = None, **elastic):
-        if min_workers is not None or max_workers is not None or elastic:
-            raise ValueError("RayExecutor: elastic training (min_workers, max_workers, "
-                             f"{', '.join(elastic) or '...'}) is not supported by horovodlite.ray")
+                 max_workers: int | None = None, reset_limit: int | None = None,
+                 cooldown_range: tuple | None = None, elastic_timeout: float = 600,
+                 override_discovery: bool = True):
+        elastic = {"min_workers": min_workers, "max_workers": max_workers,
+                   "reset_limit": reset_limit, "cooldown_range": cooldown_range}
+        given = [k for k, v in elastic.items() if v is not None]
+        if given:  # elastic_timeout and override_discovery only matter with these
+            raise ValueError(f"RayExecutor: elastic training ({', '.join(given)}) is not "
+                             "supported by horovodlite.ray")
         if (num_workers is None) == (num_hosts is None):
             raise ValueError("RayExecutor: give num_workers, or num_hosts (with "
                              f"num_workers_per_host); got num_workers={num_workers}, "
