@@ -4,8 +4,9 @@
 #   bash scripts/install.sh          # runtime: torch (if missing), MPI, mpi4py, scikit-learn (for
 #                                    # the examples), horovodlite (editable)
 #   bash scripts/install.sh --test   # plus the test and benchmark dependencies, the other MPIs the
-#                                    # install tests build against, and (only where nvcc exists)
-#                                    # NCCL headers for the CUDA compile check
+#                                    # install tests build against, Ray and PySpark (and Java via
+#                                    # apt-get when root) for the integration tests, and (only
+#                                    # where nvcc exists) NCCL headers for the CUDA compile check
 #
 # MPI, chosen by HVDL_MPI:
 #   system  the MPI whose mpicc is first on PATH outside this Python environment (a cluster's
@@ -98,7 +99,20 @@ pip_install "setuptools>=64" wheel numpy cloudpickle tqdm scikit-learn
 # mpi4py needs an MPI: none without one.
 [[ "$choice" == none ]] || pip_install "mpi4py>=4"
 if [[ "${1:-}" == "--test" ]]; then
-  pip_install pytest pytest-timeout hypothesis matplotlib ruff build
+  pip_install pytest pytest-timeout hypothesis matplotlib ruff build pyyaml
+  # The integration tests' Ray and Spark (tests/test_integrations.py), with the installed torch
+  # pinned in the same command so that nothing they pull can replace it.
+  torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
+  say "installing Ray and PySpark for the integration tests (torch stays $torch_version)"
+  pip_install "ray[train]==2.60.*" "pyspark==4.3.*" "torch==$torch_version"
+  if ! command -v java >/dev/null 2>&1; then  # Spark needs a Java runtime (17 or newer)
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+      say "installing Java for Spark (apt-get install default-jre-headless)"
+      apt-get update -qq && apt-get install -y -qq --no-install-recommends default-jre-headless >/dev/null
+    else
+      say "no java on PATH and not root with apt-get: the Spark tests will be skipped" >&2
+    fi
+  fi
   bash scripts/install_test_mpis.sh
   bash scripts/fetch_nccl.sh  # no-op without nvcc
 fi

@@ -22,7 +22,9 @@ Kubeflow,          ``GROUP_WORLD_SIZE``, ``MASTER_PORT``,
 TorchDistributor)  ``TORCHELASTIC_USE_AGENT_STORE``, ``TORCHELASTIC_RUN_ID``
 Slurm ``srun``     ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,      Gloo (MPI
                    ``SLURM_STEP_TASKS_PER_NODE``/``SLURM_TASKS_PER_NODE``,     when srun
-                   ``SLURM_NODEID``, ``SLURM_JOB_NODELIST``, ``SLURM_JOB_ID``  gives PMI)
+                   ``SLURM_NODEID``, ``SLURM_JOB_ID`` (the port),              gives PMI)
+                   ``SLURM_STEP_NODELIST``/``SLURM_JOB_NODELIST`` (the
+                   first host: rank 0's)
 none               -                                                           MPI if built
                                                                                (a singleton),
                                                                                else Gloo, 1 rank
@@ -137,15 +139,13 @@ def _torchrun(env) -> Launch | None:
 
 
 def first_slurm_host(nodelist: str) -> str:
-    """The first host of a Slurm node list: ``node[03-05,7],gpu1`` gives ``node03``."""
-    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    """The first host of a Slurm node list: ``node[03-05,7],gpu1`` gives ``node03``,
+    ``rack[1-2]-n[01-04]`` gives ``rack1-n01``: the first name (up to a comma outside
+    brackets), each bracket replaced by its first number."""
+    m = re.match(r"(?:[^,\[]|\[[^\]]*\])+", nodelist.strip())
     if not m:
         return nodelist
-    prefix, ranges = m.group(1), m.group(2)
-    if not ranges:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return prefix + first
+    return re.sub(r"\[([^\]]*)\]", lambda b: re.split(r"[-,]", b.group(1))[0], m.group(0))
 
 
 def _slurm_tasks_on_node(env) -> int | None:
@@ -168,8 +168,10 @@ def _slurm(env) -> Launch | None:
         return None
     size = _int(env, "SLURM_NTASKS")
     job = env.get("SLURM_JOB_ID", "0")
-    addr = (env.get(E.GLOO_RENDEZVOUS_ADDR) or env.get("MASTER_ADDR")
-            or first_slurm_host(env.get("SLURM_JOB_NODELIST", "localhost")))
+    # The step's first node runs its rank 0; a step may use only some of the job's nodes.
+    nodes = (env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+             or env.get("SLURM_NODELIST") or "localhost")
+    addr = env.get(E.GLOO_RENDEZVOUS_ADDR) or env.get("MASTER_ADDR") or first_slurm_host(nodes)
     port = (_int(env, E.GLOO_RENDEZVOUS_PORT) or _int(env, "MASTER_PORT")
             or SLURM_PORT_BASE + (int(job) % 1000 if job.isdigit() else 0))
     return Launch(
