@@ -24,6 +24,7 @@ Waits are bounded by ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (30 by default); a missing
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -144,6 +145,14 @@ def check_secret(store, launch: Launch, timeout: float) -> None:
             "refused. Check HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT: two jobs share the address.")
 
 
+def job_token(store) -> str:
+    """A name for the job that its store holds: the first rank to ask draws it (compare-and-set),
+    so two jobs whose launchers left nothing to tell them apart (a default group set up from a
+    tcp:// address) never share key prefixes or shared-memory names on one host."""
+    mine = os.urandom(6).hex()
+    return store.compare_set("horovodlite/job-token", "", mine).decode()
+
+
 def gather_ranks(ns, launch: Launch, timeout: float) -> list:
     """Every rank's {"host", "pid"} in rank order, once all have published."""
     ns.set(f"rank/{launch.rank}", json.dumps({"host": launch.host or host_id(),
@@ -213,6 +222,8 @@ def meet(launch: Launch, round_: int = 0) -> dict:
     timeout = timeout_seconds()
     store = base_store(launch, timeout)
     check_secret(store, launch, timeout)
+    if launch.store == STORE_DEFAULT_GROUP:
+        launch = dataclasses.replace(launch, job=job_token(store))
     ns = dist.PrefixStore(f"horovodlite/{launch.job}/{round_}/", store)
     ranks = gather_ranks(ns, launch, timeout)
     hosts = [r["host"] for r in ranks]
