@@ -1,0 +1,120 @@
+"""Rendezvous rounds of an elastic job on the Gloo controller: one definition for the driver
+(``horovodliterun --gloo --elastic``) and its workers.
+
+The driver hosts the job's store and decides who is in the job; it publishes each change as a
+new ROUND. A worker has a stable id for its whole life (``HVDL_WORKER_ID``, e.g. ``host1:0``,
+given at its start); its rank may change from round to round.
+
+Keys (not prefixed; the job's store is the driver's):
+
+- ``horovodlite/elastic/round``: the latest round number k (text).
+- ``horovodlite/elastic/round/<k>``: that round's ``Round`` as JSON.
+- ``horovodlite/elastic/reset/<k>``: a counter; a worker whose training failed in round k adds
+  one and waits for round k+1 (the driver publishes it once the job's membership is settled).
+
+A round assigns ranks 0..size-1 to worker ids: the survivors of the previous round first, in
+their old rank order (so rank 0 - whose state ``hvd.elastic`` broadcasts - stays rank 0 while it
+lives), then the workers added by host discovery. A round may instead END the job (``end``: the
+reason, e.g. fewer workers than ``--min-np``): every worker stops with that reason. Each round
+is a fresh rendezvous prefix (``horovodlite/<job>/<k>/``) and fresh shared-memory segments, so
+nothing of a world that lost ranks is reused.
+
+Workers learn of a round in two ways: after a failure (``wait_round``, bounded by
+``--elastic-timeout``), and at ``state.commit()`` when rank 0 sees a newer round than the job's
+(``hvd.elastic``'s ``HostsUpdatedInterrupt``: the job grows or retires hosts between commits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import time
+
+PREFIX = "horovodlite/elastic"
+ROUND_KEY = f"{PREFIX}/round"
+
+
+def round_key(k: int) -> str:
+    return f"{PREFIX}/round/{k}"
+
+
+def reset_key(k: int) -> str:
+    return f"{PREFIX}/reset/{k}"
+
+
+@dataclasses.dataclass
+class Round:
+    number: int
+    workers: list  # worker ids, rank order
+    hosts: list  # each rank's host, rank order
+    reason: str = ""  # one line: why this round ("start", "lost host h1 (ranks 2, 3)", ...)
+    end: str = ""  # non-empty: the job ends, for this reason
+    commit_step: int | None = None  # filled by the workers' logs, not the driver
+
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    def rank_of(self, worker: str) -> int | None:
+        return self.workers.index(worker) if worker in self.workers else None
+
+    def to_json(self) -> str:
+        return json.dumps({"number": self.number, "workers": self.workers, "hosts": self.hosts,
+                           "reason": self.reason, "end": self.end})
+
+    @classmethod
+    def from_json(cls, text) -> Round:
+        d = json.loads(text)
+        return cls(d["number"], list(d["workers"]), list(d["hosts"]), d.get("reason", ""),
+                   d.get("end", ""))
+
+
+# ---------------------------------------------------------------------------------- the driver
+
+
+def publish(store, r: Round) -> None:
+    """Makes round ``r`` the job's latest (its assignment first, then the pointer to it)."""
+    store.set(round_key(r.number), r.to_json())
+    store.set(ROUND_KEY, str(r.number))
+
+
+def resets_requested(store, k: int) -> int:
+    """How many workers asked to leave round k after a failure."""
+    return int(store.add(reset_key(k), 0))
+
+
+# --------------------------------------------------------------------------------- the workers
+
+
+def latest(store) -> int:
+    return int(store.get(ROUND_KEY).decode()) if store.check([ROUND_KEY]) else -1
+
+
+def read(store, k: int) -> Round:
+    return Round.from_json(store.get(round_key(k)).decode())
+
+
+def request_reset(store, k: int) -> None:
+    store.add(reset_key(k), 1)
+
+
+def wait_round(store, after: int, timeout: float, poll: float = 0.2) -> Round:
+    """The first round newer than ``after`` (the latest, if several were published meanwhile).
+    Raises TimeoutError after ``timeout`` seconds, ConnectionError if the store is gone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            k = latest(store)
+        except Exception as e:  # noqa: BLE001 - the store's own errors (DistNetworkError, ...)
+            raise ConnectionError(f"the elastic driver's store is unreachable: {e}") from None
+        if k > after:
+            return read(store, k)
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no new rendezvous round from the elastic driver within "
+                               f"{timeout:g} s (--elastic-timeout)")
+        time.sleep(poll)
+
+
+def store_timeout(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
