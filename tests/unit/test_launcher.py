@@ -91,9 +91,13 @@ def test_hosts_and_mpich():
 
 
 def test_missing_mpi_launcher_is_a_clear_error(monkeypatch, capsys):
+    """--mpi without an mpirun fails saying what to install (without --mpi, the default is then
+    Gloo: test_launcher_gloo.py)."""
     monkeypatch.setattr(launch, "find_mpirun", lambda record=None: None)
-    assert launch.main(["-np", "2", "python", "x.py"]) == 127
-    assert "no MPI launcher" in capsys.readouterr().err
+    monkeypatch.setattr(launch, "mpi_built", lambda: True)
+    assert launch.main(["--mpi", "-np", "2", "python", "x.py"]) == 127
+    err = capsys.readouterr().err
+    assert "no MPI launcher" in err and "horovodliterun --gloo" in err
 
 
 def test_runs_a_real_job():
