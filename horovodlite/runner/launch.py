@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="horovodliterun",
         description="Launch a horovodlite training job, with mpirun or (--gloo) by itself.",
         epilog="Everything after the options is the command each rank runs.",
+        # the command's own options must reach it: with abbreviations, argparse took
+        # `train.py --time` for an ambiguous --timeline-... and refused the command line
+        allow_abbrev=False,
     )
     p.add_argument("-np", "--num-proc", type=int, help="number of ranks (required to launch)")
     mode = p.add_mutually_exclusive_group()

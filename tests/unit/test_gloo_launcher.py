@@ -70,6 +70,12 @@ def test_what_gloo_mode_refuses(capsys, argv, says):
     assert says in capsys.readouterr().err
 
 
+def test_the_commands_own_options_reach_it():
+    args = parse("-np", "2", "python", "train.py", "--time", "--verbose", "-np", "5", "-i", "x")
+    assert args.num_proc == 2 and not args.verbose and args.ssh_identity_file is None
+    assert args.command == ["python", "train.py", "--time", "--verbose", "-np", "5", "-i", "x"]
+
+
 def test_start_timeout_default_and_environment(monkeypatch):
     monkeypatch.delenv("HOROVOD_START_TIMEOUT", raising=False)
     assert parse("-np", "2", "x").start_timeout == 30
