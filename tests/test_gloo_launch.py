@@ -113,3 +113,15 @@ def test_ranks_that_do_not_start_in_time_fail_the_job(tmp_path):
     assert "horovodliterun: rank(s) 0 did not start within 3 s (--start-timeout)" in out, out
     assert "  rank 0 on unreachable.invalid did not start within 3 s (--start-timeout)" in out
     assert took < 30, out
+
+
+def test_a_host_that_cannot_be_reached_ends_the_job_at_once():
+    rc, out, took = gloo_job(2, "check", launch_args=(
+        "-H", "localhost:1,unreachable.invalid:1", "--network-interface", "lo",
+        "--ssh-agent", "false"))  # an ssh that fails to connect
+    assert rc == 1, out
+    assert "rank 1 on unreachable.invalid exited with status 1 before it started; ending the " \
+           "job" in out, out
+    assert "  rank 1 on unreachable.invalid never started: its --ssh-agent exited with status 1" \
+           in out, out
+    assert took < 20, out

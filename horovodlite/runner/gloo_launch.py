@@ -239,6 +239,9 @@ class GlooJob:
         failure = self.failure(reports)
         if failure is not None:
             self.first_failure = failure
+            if failure[0] in reports.unconfirmed(self.size):  # the others cannot even meet
+                say(f"{failure[2]} before it started; ending the job")
+                return now
             if any(p.running() for p in self.ranks):
                 say(f"{failure[2]}; the other ranks get {self.grace:g} s to end")
             return now + self.grace
@@ -259,7 +262,7 @@ class GlooJob:
         for p in self.ranks:
             if p.rank in seen:
                 continue
-            how = "its ssh" if not p.local else "it"
+            how = "it" if p.local else ("its --ssh-agent" if self.args.ssh_agent else "its ssh")
             if p.rank in self.not_started:
                 problems.append(f"rank {p.rank} on {p.host} did not start within "
                                 f"{self.start_timeout:g} s (--start-timeout)")
