@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import subprocess
 import sys
 import time
@@ -317,14 +316,15 @@ def test_gloo_a_host_whose_processes_die_is_named_by_every_survivor(hosts, tmp_p
 
 
 def test_hostfile_and_a_login_environment_without_root_permission(hosts, tmp_path):
+    """--hostfile, and --ssh-agent handed to mpirun, from an environment without Open MPI's
+    run-as-root variables (horovodliterun must pass --allow-run-as-root to the daemons)."""
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# two machines\nhvdl-host0 slots=1\nhvdl-host1 slots=2\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
     cmd = [*_on_host0(), "env", "-u", "OMPI_ALLOW_RUN_AS_ROOT", "-u",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", sys.executable, "-m", "horovodlite.runner.launch",
            "-np", "3", "--hostfile", str(hostfile), "--network-interface", "eth0",
-           "--mpi-args", shlex.join(["--prtemca", "plm_ssh_agent", HOSTCTL]),
-           sys.executable, "-c", TOPOLOGY]
+           "--ssh-agent", HOSTCTL, sys.executable, "-c", TOPOLOGY]  # PRRTE's plm_ssh_agent
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     hosts_seen = sorted(line.split()[-1] for line in r.stdout.splitlines()
