@@ -17,7 +17,15 @@ from types import SimpleNamespace
 import pytest
 
 from horovodlite.common import launch_env as le
-from horovodlite.runner import config_file, gloo_launch, launch, rank_output, remote, task
+from horovodlite.runner import (
+    config_file,
+    gloo_launch,
+    launch,
+    mpi_launch,
+    rank_output,
+    remote,
+    task,
+)
 
 
 def parse(*argv):
@@ -44,7 +52,7 @@ def test_gloo_and_mpi_exclude_each_other(capsys):
 def test_the_default_mode_follows_the_build_and_says_why(monkeypatch, capsys, built, mpirun,
                                                          chosen, why):
     monkeypatch.setattr(launch, "mpi_built", lambda: built)
-    monkeypatch.setattr(launch, "find_mpirun", lambda record=None: mpirun)
+    monkeypatch.setattr(mpi_launch, "find_mpirun", lambda record=None: mpirun)
     assert launch.choose_controller(parse("-np", "2", "x")) == chosen
     assert capsys.readouterr().out == ""
     assert launch.choose_controller(parse("--verbose", "-np", "2", "x")) == chosen
@@ -252,7 +260,7 @@ def test_mpi_mode_hands_the_agent_to_mpirun(flavor, major, agent, port, want):
         argv = ["--ssh-agent", agent, *argv]
     if port:
         argv = ["-p", str(port), *argv]
-    cmd = launch.build_command(parse(*argv), "mpirun", flavor, {}, openmpi_major=major)
+    cmd = mpi_launch.build_command(parse(*argv), "mpirun", flavor, {}, openmpi_major=major)
     got = [a for a in cmd if a in want]
     assert got == want and cmd[-2:] == ["python", "x"]
 
@@ -298,11 +306,11 @@ def test_mpirun_is_ended_when_ranks_do_not_start_in_time(capsys):
 
     late: list = []
     start = time.monotonic()
-    status = launch._run([sys.executable, "-c", "import time; time.sleep(60)"],
+    status = mpi_launch._run([sys.executable, "-c", "import time; time.sleep(60)"],
                          dict(os.environ), Reports(), 2, start_timeout=0.5, late=late)
     assert time.monotonic() - start < 10 and status != 0 and late == [1]
     assert "rank(s) 1 did not start within 0.5 s (--start-timeout)" in capsys.readouterr().err
-    assert launch._slot_host("a:1,b:2", 1) == " (on b)" and launch._slot_host(None, 1) == ""
+    assert mpi_launch.slot_host("a:1,b:2", 1) == " (on b)" and mpi_launch.slot_host(None, 1) == ""
 
 
 def test_the_wrapper_understands_its_options():
