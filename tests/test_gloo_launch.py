@@ -2,7 +2,8 @@
 asserting): ranks placed and reducing together at np 2 and 3, a rank exiting 3 or killed in a
 collective named by the launcher and (killed) by every survivor within
 HOROVOD_GLOO_TIMEOUT_SECONDS, a worker of another job refused at the rendezvous while the job
-goes on, --output-filename and --config-file, and ranks that never start. Each job is bounded in
+goes on (and the rendezvous and reports not listening on other addresses), --output-filename and
+--config-file, and ranks that never start or cannot be started. Each job is bounded in
 time. Across test hosts: tests/test_multihost.py; the parallel test files: tests/test_parallel.py.
 """
 
@@ -86,6 +87,7 @@ def test_a_worker_of_another_job_is_refused_and_the_job_goes_on():
     assert rc == 0, out
     assert re.search(r"^\[0\]<stdout>:REFUSED .*belongs to another horovodlite job", out,
                      re.M), out
+    assert re.search(r"^\[0\]<stdout>:NOT ON ", out, re.M), out  # only on the job's address
     assert sorted(ok_lines(out)) == [0, 1], out
 
 

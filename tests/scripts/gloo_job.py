@@ -11,7 +11,9 @@
                                        for the HorovodInternalError they get, and exit 1
     python gloo_job.py foreign         before init, rank 0 starts a worker with another job's
                                        secret, claiming rank 1, at this job's rendezvous: it must
-                                       be refused with the message; then the job runs as "check"
+                                       be refused with the message; and neither the rendezvous
+                                       nor the reports answer on this machine's other addresses;
+                                       then the job runs as "check"
 """
 
 import os
@@ -91,6 +93,18 @@ def foreign() -> None:
     assert "belongs to another horovodlite job" in worker.stderr, worker.stderr
     assert "this worker is refused" in worker.stderr, worker.stderr
     print("REFUSED", worker.stderr.strip().splitlines()[-1], flush=True)
+    from horovodlite.runner.report import interface_addresses
+
+    addr = os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
+    ports = [int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
+             int(os.environ["HVDL_REPORT_TO"].rpartition(":")[2])]
+    others = [a for a in interface_addresses() if a != addr]
+    for other in others:
+        for port in ports:
+            with socket.socket() as s:
+                s.settimeout(5)
+                assert s.connect_ex((other, port)) != 0, f"{other}:{port} answers"
+    print("NOT ON", ",".join(others) or "(no other address here)", flush=True)
 
 
 def main() -> None:
