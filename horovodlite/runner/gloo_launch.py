@@ -128,6 +128,7 @@ class GlooJob:
         self.ranks: list[RankProcess] = []
         self.not_started: list[int] = []  # ranks the start timeout caught
         self.first_failure: tuple | None = None  # failure(): the first the launcher saw
+        self.killed: list[int] = []  # ranks still running after SIGTERM, killed
         self.forwarder = rank_output.Forwarder()
 
     # -- starting ------------------------------------------------------------------------------
@@ -203,6 +204,7 @@ class GlooJob:
                 if stage == 1:
                     p.proc.send_signal(signal.SIGTERM)
                 else:
+                    self.killed.append(p.rank)
                     os.killpg(p.proc.pid, signal.SIGKILL)
             except OSError:
                 pass
@@ -225,6 +227,8 @@ class GlooJob:
                     deadline = self._check(reports, now - began, now)
                 if deadline is not None and now >= deadline and stage < 2:
                     stage += 1
+                    if stage == 2:  # a wrapper killed reports nothing: no lost host for that
+                        reports.expect_endings()
                     self.signal_all(stage)
                     deadline = now + TERM_GRACE
                 time.sleep(POLL)
@@ -257,7 +261,12 @@ class GlooJob:
     # -- the outcome ---------------------------------------------------------------------------
     def outcome(self, reports) -> tuple:
         """(problems, exit status) once every rank has ended."""
-        problems = reports.summary(self.size)
+        killed = {f"rank {p.rank} on {p.host} ended without reporting its exit status": p
+                  for p in self.ranks if p.rank in self.killed}
+        problems = [p if p not in killed else
+                    f"rank {killed[p].rank} on {killed[p].host} was killed by horovodliterun: it "
+                    f"was still running {TERM_GRACE:g} s after SIGTERM"
+                    for p in reports.summary(self.size)]
         seen = {r.rank for r in reports.ranks}
         for p in self.ranks:
             if p.rank in seen:
