@@ -4,7 +4,7 @@
     horovodliterun --gloo -np 4 -H node1:2,node2:2 python train.py
 
 Which: ``--mpi`` or ``--gloo``; by default MPI when this build has MPI and an mpirun is found,
-else Gloo (``--verbose`` says which and why). MPI mode (``mpi_launch.py``) runs mpirun with what
+else Gloo (``--verbose`` then says why). MPI mode (``mpi_launch.py``) runs mpirun with what
 a user would otherwise have to remember; Gloo mode (``gloo_launch.py``) starts the ranks itself
 - here, or through ssh/``--ssh-agent`` (``remote.py``) - and hosts their rendezvous. The
 options, the rank reports and the outcome are the same in both modes; they may also come from
@@ -191,7 +191,7 @@ def mpi_built() -> bool:
 
 
 def choose_controller(args) -> str:
-    """'mpi' or 'gloo' (see the top); explains the default with --verbose."""
+    """'mpi' or 'gloo' (see the top); with --verbose, says why when the default is Gloo."""
     built = mpi_built()
     if args.controller == "mpi" and not built:
         _parser().error("--mpi: this horovodlite was built without MPI; use --gloo (or rebuild "
@@ -205,9 +205,8 @@ def choose_controller(args) -> str:
         chosen, why = "gloo", "this build has MPI but no mpirun or mpiexec is on PATH"
     else:
         chosen, why = "gloo", "this build has no MPI"
-    if args.verbose:
-        print(f"horovodliterun: {'MPI (mpirun)' if chosen == 'mpi' else 'Gloo'} mode: {why} "
-              "(--mpi/--gloo choose)", flush=True)
+    if args.verbose and chosen == "gloo":  # (MPI mode's --verbose shows the mpirun command)
+        print(f"horovodliterun: Gloo mode: {why} (--mpi/--gloo choose)", flush=True)
     return chosen
 
 
