@@ -95,7 +95,7 @@ cmake_ok() {  # a cmake on PATH, 3.19 or newer
 }
 cmake_ok || pip_install "cmake>=3.19"
 command -v ninja >/dev/null 2>&1 || pip_install ninja
-pip_install "setuptools>=64" wheel numpy cloudpickle tqdm scikit-learn
+pip_install "setuptools>=64" wheel numpy cloudpickle tqdm pyyaml scikit-learn
 # mpi4py needs an MPI: none without one.
 [[ "$choice" == none ]] || pip_install "mpi4py>=4"
 if [[ "${1:-}" == "--test" ]]; then

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import subprocess
 import sys
 import time
@@ -184,15 +183,21 @@ def _raised(folder: Path) -> dict:
     return found
 
 
-def _run_and_lose(tmp_path, spec: str, np_: int, lose) -> tuple:
+def _gloo_args(spec: str) -> tuple:
+    # horovodliterun --gloo reaches the other hosts through the same agent mpirun uses
+    return ("--gloo", "-H", spec, "--ssh-agent", HOSTCTL)
+
+
+def _run_and_lose(tmp_path, spec: str, np_: int, lose, gloo: bool = False) -> tuple:
     script = tmp_path / "lost_host_job.py"
     script.write_text(LOST_JOB)
     cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_),
-           *_launch_args(spec), sys.executable, str(script)]
+           *(_gloo_args(spec) if gloo else _launch_args(spec)), sys.executable, str(script)]
     log = tmp_path / "job.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+               HOROVOD_GLOO_TIMEOUT_SECONDS="10")
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
         deadline = time.monotonic() + 120
         while log.read_text().count("UP") < np_ and time.monotonic() < deadline:
@@ -272,15 +277,54 @@ def test_a_host_cut_off_is_named_and_nothing_runs_on(hosts, tmp_path):
     assert _job_processes() == []
 
 
+# ------------------------------------------------------- Gloo mode: horovodliterun --gloo
+
+GLOO_JOB = [sys.executable, "tests/scripts/gloo_job.py"]
+
+
+def test_gloo_job_across_hosts(hosts):
+    """horovodliterun --gloo on hvdl-host0: its two ranks start here, hvdl-host1's through the
+    agent; every rank asserts its place and a few collectives over the hierarchical control
+    plane and routed transports (shared memory inside a host, Gloo between). The time per
+    allreduce is printed (run with -s), not asserted: the hosts share two cores."""
+    spec, slots = LAYOUTS["2x2"]
+    cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", "4",
+           *_gloo_args(spec), *GLOO_JOB, "check", "--time"]
+    r = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1",
+                                               PYTHONUNBUFFERED="1"),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout
+    got = sorted(tuple(m.group(2).split()) for m in
+                 re.finditer(r"^\[(\d)\]<stdout>:OK (.*)$", r.stdout, re.M))
+    want = sorted(tuple(str(v) for v in (row[:6] + row[7:])) for row in expected_topology(slots))
+    assert got == want, r.stdout
+    print(re.search(r"TIMING .*", r.stdout).group(0))
+
+
+def test_gloo_a_host_whose_processes_die_is_named_by_every_survivor(hosts, tmp_path):
+    rc, took, out, raised = _run_and_lose(tmp_path, LAYOUTS["2x2"][0], 4,
+                                          lambda: _kill_host("hvdl-host1"), gloo=True)
+    assert rc != 0, out
+    assert sorted(raised) == [0, 1], out
+    for rank, (after, msg) in raised.items():  # the launcher's notice, well within the timeout
+        assert "lost hvdl-host1 (ranks 2, 3)" in msg and after < 10, (rank, after, msg)
+    assert "horovodliterun: lost hvdl-host1 (ranks 2, 3)" in out, out
+    assert "the job did not complete" in out and "FINISHED" not in out, out
+    assert took < 60, f"took {took:.0f} s:\n{out}"
+    time.sleep(1)
+    assert _job_processes() == []
+
+
 def test_hostfile_and_a_login_environment_without_root_permission(hosts, tmp_path):
+    """--hostfile, and --ssh-agent handed to mpirun, from an environment without Open MPI's
+    run-as-root variables (horovodliterun must pass --allow-run-as-root to the daemons)."""
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# two machines\nhvdl-host0 slots=1\nhvdl-host1 slots=2\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
     cmd = [*_on_host0(), "env", "-u", "OMPI_ALLOW_RUN_AS_ROOT", "-u",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", sys.executable, "-m", "horovodlite.runner.launch",
            "-np", "3", "--hostfile", str(hostfile), "--network-interface", "eth0",
-           "--mpi-args", shlex.join(["--prtemca", "plm_ssh_agent", HOSTCTL]),
-           sys.executable, "-c", TOPOLOGY]
+           "--ssh-agent", HOSTCTL, sys.executable, "-c", TOPOLOGY]  # PRRTE's plm_ssh_agent
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     hosts_seen = sorted(line.split()[-1] for line in r.stdout.splitlines()

@@ -1,8 +1,11 @@
-"""Runs every tests/parallel/test_*.py file under ``horovodliterun -np N`` for N in 1, 2, 3.
+"""Runs every tests/parallel/test_*.py file under ``horovodliterun -np N`` for N in 1, 2, 3, and
+some of them under ``horovodliterun --gloo`` (the controller without MPI) for N in 2, 3.
 
-Each rank runs pytest on the file and asserts on its own; a failing rank makes mpirun exit
+Each rank runs pytest on the file and asserts on its own; a failing rank makes the launcher exit
 non-zero, and a hang is bounded by a timeout (the stall inspector turns a missing collective into
 an error on every rank first). On failure the tail of every rank's output is shown.
+``launch_command`` builds the launch for each launcher; a new launcher is one more entry there
+and in ``CASES``.
 """
 
 from __future__ import annotations
@@ -23,17 +26,38 @@ PARALLEL = sorted(p.name for p in (HERE / "parallel").glob("test_*.py")
                   if not p.name.startswith("test_gpu"))
 SIZES = [int(n) for n in os.environ.get("HVDL_TEST_SIZES", "1,2,3").split(",")]
 TIMEOUT = int(os.environ.get("HVDL_PARALLEL_TIMEOUT", "300"))
+# The files the Gloo controller runs too: data movement, errors, the optimizer, its own init.
+GLOO = ["test_allreduce.py", "test_collectives.py", "test_errors.py", "test_optimizer_api.py",
+        "test_gloo_init.py"]
+CASES = ([("mpi", m, n) for m in PARALLEL for n in SIZES] +
+         [("gloo", m, n) for m in GLOO for n in SIZES if n in (2, 3)])
+
+
+def launch_command(launcher: str, np_: int, launch_args: tuple = ()) -> list:
+    """The command that starts ``np_`` ranks with ``launcher``, up to the ranks' command."""
+    run = [sys.executable, "-m", "horovodlite.runner.launch"]
+    if launcher == "mpi":
+        return [*run, "--mpi", "-np", str(np_), *launch_args]
+    if launcher == "gloo":
+        return [*run, "--gloo", "-np", str(np_), *launch_args]
+    raise ValueError(f"unknown launcher {launcher!r}")
+
+
+def _mpi_built() -> bool:
+    from horovodlite.runner.launch import mpi_built
+    return mpi_built()
 
 
 def run_parallel(np_: int, target: str, extra_env: dict | None = None,
                  timeout: int = TIMEOUT, launch_args: tuple = (),
-                 on_host: list | None = None) -> subprocess.CompletedProcess:
+                 on_host: list | None = None, launcher: str = "mpi") -> subprocess.CompletedProcess:
     """Runs ``pytest target`` on every rank; returns the CompletedProcess (output combined).
 
     The job runs in its own process group so that a timeout kills every rank, and its output
     goes to a file so that a hang still shows what each rank printed last. ``launch_args`` go
     to horovodliterun (e.g. -H for test hosts); ``on_host`` prefixes the launch (e.g. the test
-    hosts' ``hostctl.sh run hvdl-host0``, to launch from that host as on a cluster).
+    hosts' ``hostctl.sh run hvdl-host0``, to launch from that host as on a cluster);
+    ``launcher`` is one of ``launch_command``'s.
     """
     env = dict(os.environ)
     env.update({
@@ -45,8 +69,8 @@ def run_parallel(np_: int, target: str, extra_env: dict | None = None,
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": env.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "60"),
     })
     env.update(extra_env or {})
-    cmd = [*(on_host or []), sys.executable, "-m", "horovodlite.runner.launch",
-           "-np", str(np_), *launch_args, sys.executable, "-m", "pytest", "-x", "-q",
+    cmd = [*(on_host or []), *launch_command(launcher, np_, launch_args),
+           sys.executable, "-m", "pytest", "-x", "-q",
            "-p", "no:cacheprovider",
            "--timeout", str(max(timeout - 30, 60)), "-o", "addopts=", target]
     with tempfile.TemporaryFile(mode="w+") as log:
@@ -68,13 +92,16 @@ def _as_tuple(proc: subprocess.CompletedProcess) -> tuple:
     return proc.returncode, proc.stdout, proc
 
 
-@pytest.mark.parametrize("np_", SIZES, ids=lambda n: f"np{n}")
-@pytest.mark.parametrize("module", PARALLEL)
-def test_parallel(module, np_):
+@pytest.mark.parametrize("launcher, module, np_", CASES,
+                         ids=[f"{launcher}-{m}-np{n}" for launcher, m, n in CASES])
+def test_parallel(launcher, module, np_):
+    if launcher == "mpi" and not _mpi_built():
+        pytest.skip("this build has no MPI")
     proc = retry_if_launcher_did_not_start(
-        lambda: _as_tuple(run_parallel(np_, f"tests/parallel/{module}")))[2]
+        lambda: _as_tuple(run_parallel(np_, f"tests/parallel/{module}", launcher=launcher)))[2]
     if proc.returncode != 0:
-        pytest.fail(f"np={np_} {module} failed (exit {proc.returncode}):\n{proc.stdout[-10000:]}")
+        pytest.fail(f"{launcher} np={np_} {module} failed (exit {proc.returncode}):\n"
+                    f"{proc.stdout[-10000:]}")
 
 
 def test_process_set_barriers_at_np4():

@@ -156,7 +156,7 @@ def init(comm=None, process_sets=None) -> None:
         dynamic, static = _process_set_args(process_sets)
         _C.init(comm_f2c=f2c, ranks=ranks, process_sets=_ps._static_rank_lists(static),
                 dynamic=dynamic)
-        if comm is None:
+        if comm is None and not launch_env.is_elastic():  # elastic jobs shrink and grow
             _check_launch(launch)
         _launch = launch
         _started(static, comm, process_sets)

@@ -16,6 +16,8 @@ Written by horovodliterun (``runner/launch.py``) unless said otherwise:
   by the user, forwarded like every ``HVDL_*`` variable.
 - ``HVDL_REPORT_TO``, ``HVDL_REPORT_TOKEN``: where each rank's wrapper reports to
   (``ADDR[,ADDR...]:PORT``) and the token its reports carry.
+- ``HVDL_OUTPUT_FILENAME``: ``--output-filename``, as an absolute path: the rank wrapper copies
+  its command's output into ``rank.N/stdout`` and ``rank.N/stderr`` there.
 - ``HVDL_NOTICE_FD``: written by the rank wrapper (``runner/task.py``): the read end of the pipe
   that carries the launcher's notices (a lost host) to the rank.
 
@@ -30,6 +32,11 @@ them through ``common/launchers.py``):
 - ``HOROVOD_CONTROLLER``: ``gloo``.
 - ``HVDL_RENDEZVOUS_SECRET``: the job's secret; the launcher's store holds its hash, and a worker
   of another job is refused (``common/rendezvous.py``).
+- ``HOROVOD_GLOO_IFACE``: ``--network-interface`` (its first interface): the one the ranks' Gloo
+  connections between hosts use.
+
+``SECRETS`` (the rendezvous secret, the report token) never travel on a command line: a rank
+that ``horovodliterun --gloo`` starts through ssh gets them on its stdin (``runner/remote.py``).
 
 ``HVDL_NOTICE_FD`` is also read by the C++ core (``csrc/core/launcher_notices.cc``), which cannot
 share this definition. Every ``HOROVOD_*`` and ``HVDL_*`` variable of the launcher's environment,
@@ -52,6 +59,7 @@ BLACKLIST_COOLDOWN = "HVDL_BLACKLIST_COOLDOWN"
 REPORT_TO = "HVDL_REPORT_TO"
 REPORT_TOKEN = "HVDL_REPORT_TOKEN"
 NOTICE_FD = "HVDL_NOTICE_FD"
+OUTPUT_FILENAME = "HVDL_OUTPUT_FILENAME"
 GLOO_RANK = "HOROVOD_RANK"
 GLOO_SIZE = "HOROVOD_SIZE"
 GLOO_LOCAL_RANK = "HOROVOD_LOCAL_RANK"
@@ -63,6 +71,8 @@ GLOO_RENDEZVOUS_ADDR = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
 GLOO_RENDEZVOUS_PORT = "HOROVOD_GLOO_RENDEZVOUS_PORT"
 CONTROLLER = "HOROVOD_CONTROLLER"
 RENDEZVOUS_SECRET = "HVDL_RENDEZVOUS_SECRET"
+GLOO_IFACE = "HOROVOD_GLOO_IFACE"
+SECRETS = (RENDEZVOUS_SECRET, REPORT_TOKEN)
 
 # Environment prefixes, and further variables, that the launcher forwards to every rank.
 PREFIXES = ("HOROVOD_", "HVDL_")
@@ -198,10 +208,10 @@ def parse_report_to(value: str) -> list:
 __all__ = [
     "ELASTIC", "ELASTIC_MIN_NP", "ELASTIC_MAX_NP", "ELASTIC_SLOTS", "ELASTIC_HOSTS",
     "DISCOVERY_SCRIPT", "DISCOVERY_INTERVAL", "BLACKLIST_COOLDOWN", "REPORT_TO", "REPORT_TOKEN",
-    "NOTICE_FD", "PREFIXES", "FORWARDED", "RETIRED_STATUS",
+    "NOTICE_FD", "OUTPUT_FILENAME", "PREFIXES", "FORWARDED", "RETIRED_STATUS",
     "GLOO_RANK", "GLOO_SIZE", "GLOO_LOCAL_RANK", "GLOO_LOCAL_SIZE", "GLOO_CROSS_RANK",
     "GLOO_CROSS_SIZE", "GLOO_HOSTNAME", "GLOO_RENDEZVOUS_ADDR", "GLOO_RENDEZVOUS_PORT",
-    "CONTROLLER", "RENDEZVOUS_SECRET", "gloo_rank_settings",
+    "CONTROLLER", "RENDEZVOUS_SECRET", "GLOO_IFACE", "SECRETS", "gloo_rank_settings",
     "forwarded", "job_environment", "elastic_settings", "report_settings", "is_elastic",
     "min_np", "max_np", "slots", "allocated_hosts", "discovery_script", "discovery_interval",
     "cooldown_range", "reports_to", "parse_report_to",

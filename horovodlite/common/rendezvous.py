@@ -31,6 +31,7 @@ import json
 import os
 import socket
 
+from horovodlite.common import launch_env
 from horovodlite.common.launchers import (
     STORE_CLIENT,
     STORE_DEFAULT_GROUP,
@@ -40,7 +41,7 @@ from horovodlite.common.launchers import (
 
 SECRET_KEY = "horovodlite/secret"
 TIMEOUT_VAR = "HOROVOD_GLOO_TIMEOUT_SECONDS"
-IFACE_VARS = ("HOROVOD_GLOO_IFACE", "GLOO_SOCKET_IFNAME")
+IFACE_VARS = (launch_env.GLOO_IFACE, "GLOO_SOCKET_IFNAME")
 
 # What keeps the job's store and process group alive while the runtime uses them.
 _held: dict = {}

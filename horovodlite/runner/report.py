@@ -222,11 +222,16 @@ class ReportServer:
             running = any(r.status is None and r.lost is None for r in self.ranks)
         return len(done) >= size and not running  # (ranks added while training included)
 
+    def expect_endings(self) -> None:
+        """The launcher itself ends the job now (or has ended it): a connection that closes from
+        here on is no lost host."""
+        self._ending = True
+
     def wait_for_exits(self, timeout: float) -> None:
         """Once mpirun has ended: waits up to `timeout` s for the ranks still connected to report
         their exit status. After a lost host, mpirun may end before the survivors have raised
         and exited; their statuses are still worth reporting."""
-        self._ending = True
+        self.expect_endings()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:

@@ -2,10 +2,14 @@
 
     python -m horovodlite.runner.task -- python train.py ...
     python -m horovodlite.runner.task --added-as N -- python train.py ...
+    python -m horovodlite.runner.task --secrets-on-stdin -- python train.py ...
 
 (The second form starts the ranks an elastic job adds while training, which become ranks N,
 N+1, ... of the grown job: MPI_Comm_spawn runs it, not mpirun, and the launcher lists them as
-"added while training".)
+"added while training". The third is how ``horovodliterun --gloo`` starts a rank on another
+host through ssh: the job's secrets come on stdin as ``NAME=value`` lines ended by an empty
+line, not on the command line that ``ps`` shows (``remote.py``); the command then gets an empty
+stdin.)
 
 mpirun's own exit status does not prove that a job completed: measured with Open MPI 5, a job
 whose second host died ("lost communication with a remote daemon") ended with status 0. So each
@@ -15,9 +19,11 @@ pid, a heartbeat every HEARTBEAT seconds, and "exited" with the command's status
 then knows which ranks finished, which failed and which vanished with their host (see
 ``report.py``).
 
-The command runs as a child with this process's stdin/stdout/stderr; signals the launcher's
-daemon sends (TERM, INT, HUP, USR1, USR2) are passed on to it. The child is ended (TERM, then
-KILL after KILL_GRACE s) when this process's parent - the MPI daemon - dies, or when the launcher
+The command runs as a child with this process's stdin/stdout/stderr (with ``--output-filename``,
+HVDL_OUTPUT_FILENAME, its stdout and stderr are also copied to files: ``rank_output.py``); signals
+the launcher's daemon sends (TERM, INT, HUP, USR1, USR2) are passed on to it. The child is ended
+(TERM, then KILL after KILL_GRACE s) when this process's parent - the MPI daemon, horovodliterun
+or the ssh session that started it - dies, or when the launcher
 has been unreachable for LAUNCHER_LOST seconds after having been reached: a rank must never run
 on after its job ended (a cut network link leaves no one else to stop it). If the launcher
 cannot be reached at the start, the command runs anyway and the launcher says it could not
@@ -37,6 +43,7 @@ import time
 
 from horovodlite.common import launch_env
 from horovodlite.common.launch_env import RETIRED_STATUS, parse_report_to
+from horovodlite.runner import rank_output
 
 HEARTBEAT = 2.0
 LAUNCHER_LOST = 30.0
@@ -45,10 +52,32 @@ CONNECT_TIMEOUT = 3.0
 
 
 def rank_from_env(env=os.environ) -> int | None:
-    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+    names = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", launch_env.GLOO_RANK)
+    if env.get(launch_env.CONTROLLER) == "gloo":  # horovodliterun --gloo's rank
+        names = (launch_env.GLOO_RANK,)
+    for name in names:
         if env.get(name, "").isdigit():
             return int(env[name])
     return None
+
+
+def host_from_env(env=os.environ) -> str:
+    """The rank's host as the launcher names it (-H under --gloo), else this machine's name."""
+    return env.get(launch_env.GLOO_HOSTNAME) or socket.gethostname()
+
+
+def read_secrets(stream) -> dict:
+    """``NAME=value`` lines up to an empty line (or the end) from ``stream`` (binary): the
+    secrets ``horovodliterun --gloo`` sends a remote rank (``launch_env.SECRETS`` only)."""
+    found = {}
+    for line in iter(stream.readline, b""):
+        text = line.decode().rstrip("\n")
+        if not text:
+            break
+        name, _, value = text.partition("=")
+        if name in launch_env.SECRETS:
+            found[name] = value
+    return found
 
 
 def connect(addresses: list, token: str, hello: dict) -> socket.socket | None:
@@ -145,7 +174,8 @@ def watch(child: subprocess.Popen, reporter: Reporter, rank, parent: int, done: 
     """Heartbeats; ends the child when the daemon (our parent) or the launcher is gone."""
     while not done.wait(HEARTBEAT):
         if os.getppid() != parent:
-            sys.stderr.write(f"horovodlite: rank {rank}: its MPI daemon is gone; ending it\n")
+            sys.stderr.write(f"horovodlite: rank {rank}: its launcher (MPI daemon, horovodliterun "
+                             "or ssh session) is gone; ending it\n")
             end(child)
             return
         if reporter.sock is not None:
@@ -158,28 +188,68 @@ def watch(child: subprocess.Popen, reporter: Reporter, rank, parent: int, done: 
                 return
 
 
-def main(argv: list | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    added_as = None  # an added rank: the first rank number of its spawn
-    if len(argv) >= 2 and argv[0] == "--added-as" and argv[1].isdigit():
-        added_as, argv = int(argv[1]), argv[2:]
+USAGE = ("usage: python -m horovodlite.runner.task [--added-as N] [--secrets-on-stdin] -- "
+         "COMMAND...\n")
+
+
+def _options(argv: list) -> tuple:
+    """(added_as, secrets_on_stdin, command) from the wrapper's arguments; command None if
+    they are not understood."""
+    added_as, secrets_on_stdin = None, False
+    while argv and argv[0] != "--":
+        if len(argv) >= 2 and argv[0] == "--added-as" and argv[1].isdigit():
+            added_as, argv = int(argv[1]), argv[2:]
+        elif argv[0] == "--secrets-on-stdin":
+            secrets_on_stdin, argv = True, argv[1:]
+        else:
+            break
     if argv and argv[0] == "--":
         argv = argv[1:]
+    return added_as, secrets_on_stdin, (argv or None)
+
+
+def _start(argv: list, env: dict, rank, stdin) -> tuple:
+    """Starts the command; returns (child, the threads copying its output to files, if any).
+    Raises OSError when it cannot be started."""
+    folder = env.get(launch_env.OUTPUT_FILENAME)
+    pipes = subprocess.PIPE if folder else None
+    # close_fds=False: the command gets every inheritable descriptor this process got, as
+    # with exec - MPICH's launcher hands each rank its PMI connection as one (PMI_FD). Our
+    # own socket is not inheritable (PEP 446).
+    child = subprocess.Popen(argv, close_fds=False, env=env, stdin=stdin, stdout=pipes,
+                             stderr=pipes)
+    copies = []
+    if folder:
+        paths = rank_output.output_files(folder, rank)
+        for stream, console in (("stdout", 1), ("stderr", 2)):
+            pipe = getattr(child, stream)
+            copies.append(rank_output.tee(os.dup(pipe.fileno()), console, paths[stream]))
+            pipe.close()
+    return child, copies
+
+
+def main(argv: list | None = None) -> int:
+    added_as, secrets_on_stdin, argv = _options(list(sys.argv[1:] if argv is None else argv))
     if not argv:
-        sys.stderr.write("usage: python -m horovodlite.runner.task [--added-as N] -- COMMAND...\n")
+        sys.stderr.write(USAGE)
         return 2
+    stdin = None
+    if secrets_on_stdin:  # before anything reads the token or the secret
+        os.environ.update(read_secrets(sys.stdin.buffer))
+        stdin = subprocess.DEVNULL
     rank = rank_from_env()  # an added rank's is its rank among the ranks spawned with it
     if added_as is not None and rank is not None:
         rank += added_as
     sock = None
     report_to = launch_env.reports_to()
+    host = host_from_env()
     if report_to:
-        hello = {"event": "started", "rank": rank, "host": socket.gethostname(),
+        hello = {"event": "started", "rank": rank, "host": host,
                  "pid": os.getpid(), "added": added_as is not None}
         sock = connect(parse_report_to(report_to), os.environ.get(launch_env.REPORT_TOKEN, ""),
                        hello)
         if sock is None:
-            sys.stderr.write(f"horovodlite: rank {rank} on {socket.gethostname()} cannot reach "
+            sys.stderr.write(f"horovodlite: rank {rank} on {host} cannot reach "
                              f"horovodliterun at {report_to}; running without exit reports\n")
     # The runtime in the rank reads the launcher's notices (a lost host) from this pipe.
     notice_read, notices = os.pipe() if sock is not None else (None, None)
@@ -191,10 +261,7 @@ def main(argv: list | None = None) -> int:
     reporter = Reporter(sock, rank, notices)
     parent = os.getppid()
     try:
-        # close_fds=False: the command gets every inheritable descriptor this process got, as
-        # with exec - MPICH's launcher hands each rank its PMI connection as one (PMI_FD). Our
-        # own socket is not inheritable (PEP 446).
-        child = subprocess.Popen(argv, close_fds=False, env=env)
+        child, copies = _start(argv, env, rank, stdin)
     except OSError as e:
         sys.stderr.write(f"horovodlite: rank {rank}: cannot run {argv[0]!r}: {e.strerror}\n")
         reporter.send({"event": "exited", "status": 127})
@@ -221,6 +288,8 @@ def main(argv: list | None = None) -> int:
         except InterruptedError:
             continue
     done.set()
+    for t in copies:  # the rest of its output into the files (its own children may hold on)
+        t.join(timeout=KILL_GRACE)
     if status == RETIRED_STATUS and launch_env.is_elastic():
         reporter.send({"event": "exited", "status": 0, "retired": True})
         if sock is not None:

@@ -42,3 +42,10 @@ def test_communicators_need_mpi():
         hvd.init(comm=[0])
     hvd.init()
     assert hvd.is_initialized()
+
+
+@pytest.mark.skipif("HVDL_RENDEZVOUS_SECRET" not in os.environ,
+                    reason="started by horovodliterun --gloo")
+def test_no_mpi_launcher_variables_reach_a_gloo_rank():
+    leaked = [k for k in os.environ if k.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))]
+    assert leaked == []

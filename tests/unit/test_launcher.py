@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from horovodlite.runner import launch
+from horovodlite.runner import launch, mpi_launch
 
 
 def parse(*argv):
@@ -19,7 +19,7 @@ def test_openmpi_command_has_the_flags_users_need():
                  "python", "train.py", "--epochs", "2")
     env = {"PATH": "/bin", "HOROVOD_FUSION_THRESHOLD": "2097152", "HOROVOD_CYCLE_TIME": "0.5",
            "UNRELATED": "x"}
-    cmd = launch.build_command(args, "/usr/bin/mpirun", "openmpi", env)
+    cmd = mpi_launch.build_command(args, "/usr/bin/mpirun", "openmpi", env)
     assert cmd[:3] == ["/usr/bin/mpirun", "-np", "3"]
     assert "--oversubscribe" in cmd and ["--bind-to", "none"] == cmd[cmd.index("--bind-to"):][:2]
     assert cmd[-4:] == ["python", "train.py", "--epochs", "2"]
@@ -51,7 +51,7 @@ def test_ranks_get_the_allocator_settings_unless_the_user_chose():
     assert mine["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
     off = launch.rank_environment(args, {"HOROVOD_MALLOC_TUNING": "0"})
     assert "GLIBC_TUNABLES" not in off
-    cmd = launch.build_command(args, "mpirun", "openmpi", env)
+    cmd = mpi_launch.build_command(args, "mpirun", "openmpi", env)
     assert "GLIBC_TUNABLES" in [cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"]
 
 
@@ -84,16 +84,20 @@ def test_init_keeps_gradient_sized_blocks_in_the_heap():
 
 def test_hosts_and_mpich():
     args = parse("-np", "4", "-H", "a:2,b:2", "python", "x")
-    cmd = launch.build_command(args, "mpirun", "openmpi", {})
+    cmd = mpi_launch.build_command(args, "mpirun", "openmpi", {})
     assert ["-H", "a:2,b:2"] == cmd[3:5] and "--oversubscribe" not in cmd
-    cmd = launch.build_command(args, "mpiexec", "mpich", {"HOROVOD_CYCLE_TIME": "1"})
+    cmd = mpi_launch.build_command(args, "mpiexec", "mpich", {"HOROVOD_CYCLE_TIME": "1"})
     assert "-hosts" in cmd and "-genvlist" in cmd
 
 
 def test_missing_mpi_launcher_is_a_clear_error(monkeypatch, capsys):
-    monkeypatch.setattr(launch, "find_mpirun", lambda record=None: None)
-    assert launch.main(["-np", "2", "python", "x.py"]) == 127
-    assert "no MPI launcher" in capsys.readouterr().err
+    """--mpi without an mpirun fails saying what to install (without --mpi, the default is then
+    Gloo: test_launcher_gloo.py)."""
+    monkeypatch.setattr(mpi_launch, "find_mpirun", lambda record=None: None)
+    monkeypatch.setattr(launch, "mpi_built", lambda: True)
+    assert launch.main(["--mpi", "-np", "2", "python", "x.py"]) == 127
+    err = capsys.readouterr().err
+    assert "no MPI launcher" in err and "horovodliterun --gloo" in err
 
 
 def test_runs_a_real_job():
@@ -128,20 +132,20 @@ def test_hostfile_forms_and_errors(tmp_path):
 
 def test_network_interface_pins_runtime_and_mpi_tcp():
     args = parse("-np", "4", "-H", "a:2,b:2", "--network-interface", "eth1", "python", "x")
-    cmd = launch.build_command(args, "mpirun", "openmpi", {}, openmpi_major=5)
+    cmd = mpi_launch.build_command(args, "mpirun", "openmpi", {}, openmpi_major=5)
     assert ["--prtemca", "oob_tcp_if_include", "eth1"] == cmd[cmd.index("--prtemca"):][:3]
     assert ["--mca", "btl_tcp_if_include", "eth1"] == cmd[cmd.index("--mca"):][:3]
-    cmd = launch.build_command(args, "mpirun", "openmpi", {}, openmpi_major=4)
+    cmd = mpi_launch.build_command(args, "mpirun", "openmpi", {}, openmpi_major=4)
     assert "--prtemca" not in cmd and ["--mca", "oob_tcp_if_include", "eth1"] == \
         cmd[cmd.index("--mca"):][:3]
-    cmd = launch.build_command(args, "mpiexec", "mpich", {})
+    cmd = mpi_launch.build_command(args, "mpiexec", "mpich", {})
     assert ["-iface", "eth1"] == cmd[cmd.index("-iface"):][:2]
 
 
 def test_mpi_args_are_shell_words():
     args = parse("-np", "2", "--mpi-args", "--mca plm_rsh_agent 'ssh -p 2222' -x FOO", "python",
                  "x")
-    cmd = launch.build_command(args, "mpirun", "openmpi", {})
+    cmd = mpi_launch.build_command(args, "mpirun", "openmpi", {})
     assert cmd[-6:-2] == ["plm_rsh_agent", "ssh -p 2222", "-x", "FOO"]
 
 
@@ -275,7 +279,7 @@ def test_the_wrapper_numbers_an_added_rank_from_its_spawn(monkeypatch):
 def test_an_elastic_job_whose_ranks_all_exited_is_ended_if_mpirun_lingers(monkeypatch, capsys):
     """PRRTE 3.0 once hung in its teardown after every rank of an elastic job had exited: the
     launcher ends mpirun then, instead of waiting forever."""
-    monkeypatch.setattr(launch, "ELASTIC_DONE_GRACE", 0.5)
+    monkeypatch.setattr(mpi_launch, "ELASTIC_DONE_GRACE", 0.5)
 
     class AllExited:
         lost_hosts: dict = {}
@@ -284,7 +288,7 @@ def test_an_elastic_job_whose_ranks_all_exited_is_ended_if_mpirun_lingers(monkey
             return True
 
     start = time.monotonic()
-    status = launch._run([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ),
-                         AllExited(), 2, elastic=True)
+    status = mpi_launch._run([sys.executable, "-c", "import time; time.sleep(60)"],
+                             dict(os.environ), AllExited(), 2, elastic=True)
     assert time.monotonic() - start < 20 and status != 0
     assert "mpirun has not ended the job; sending it SIGTERM" in capsys.readouterr().err
