@@ -25,26 +25,27 @@ Status Wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what,
   const double timeout_seconds = waits->timeout_seconds;
   const auto deadline =
       Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
-  while (true) {
-    if (waits->cancelled) return waits->Cancelled();
-    try {
-      // Work::wait(timeout) throws when the slice ends first; the work stays pending.
-      work->wait(std::chrono::milliseconds(200));
-      return Status::Ok();
-    } catch (const std::exception& e) {
-      if (work->isCompleted()) {
-        std::string message = e.what();
-        const size_t cut = message.find('\n');
-        if (cut != std::string::npos) message.resize(cut);
-        return Status::Internal(what + " failed: " + message);
-      }
-    }
+  if (waits->cancelled) return waits->Cancelled();
+  try {
+    // One wait for the whole time: a c10d Gloo send or receive whose Work::wait(timeout) times
+    // out is over - the work completes with the timeout and Gloo closes the pair - so waiting
+    // in slices (200 ms, as before) failed every transfer that took longer than a slice (a
+    // 16 MiB allreduce at 2+1 across the test hosts, 1 Gbit/s). A peer that dies or a closed
+    // connection ends the wait at once; a cancel (a lost host, a launcher's notice) is seen by
+    // the next wait.
+    work->wait(std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));
+    return Status::Ok();
+  } catch (const std::exception& e) {
     if (Clock::now() >= deadline) {
       return Status::Internal(what + ": nothing for " + std::to_string(static_cast<int>(
                                   timeout_seconds)) +
                               " s (HOROVOD_GLOO_TIMEOUT_SECONDS); the rank or its host may be "
                               "lost, or the link to it cut");
     }
+    std::string message = e.what();
+    const size_t cut = message.find('\n');
+    if (cut != std::string::npos) message.resize(cut);
+    return Status::Internal(what + " failed: " + message);
   }
 }
 

@@ -1,9 +1,10 @@
 // Waiting for c10d work: what every Gloo-backed piece shares.
 //
 // A c10d operation runs on the process group's own threads and completes a Work. WaitWork blocks
-// on it (a condition-variable wait: no spinning) in slices, so that the wait can give up after
-// the launch's timeout with a message naming the peer it was waiting for, and never lets a c10d
-// exception escape: failures come back as a Status. Background thread.
+// on it (a condition-variable wait: no spinning) once, for the launch's timeout - a Gloo send or
+// receive whose wait timed out is over, so it cannot be waited for in slices - and gives up
+// with a message naming the peer it was waiting for; it never lets a c10d exception escape:
+// failures come back as a Status. Background thread.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -33,7 +34,8 @@ struct GlooWaits {
 };
 
 // `what` describes the operation and the peer(s) for the message ("receive from rank 3 (host
-// h1)"); the wait is bounded by waits.timeout_seconds and ends when waits is cancelled.
+// h1)"); the wait is bounded by waits.timeout_seconds; a cancelled `waits` fails it at once if
+// cancelled before it starts (a wait under way runs to its end or the timeout).
 Status WaitWork(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what,
                 GlooWaits* waits);
 
