@@ -17,11 +17,12 @@ What it does, in order:
    ``[rank]<stdout>:`` prefix (``rank_output.py``).
 4. Watching: every rank reports "started" to the launcher; one that has not within
    ``--start-timeout`` seconds fails the job at once, naming it. When a rank fails (exits
-   non-zero, is killed, or its host is lost), the others get HOROVOD_GLOO_TIMEOUT_SECONDS
-   (+ FAIL_GRACE) to raise HorovodInternalError naming it and end by themselves - the Gloo
-   controller's own watchdog and shared-memory liveness checks see to that - then whatever
-   still runs is ended (SIGTERM, SIGKILL TERM_GRACE s later). SIGINT/SIGTERM/SIGHUP to the
-   launcher end the ranks the same way.
+   non-zero, is killed, or its host is lost), the launcher tells the others at once (the rank
+   reports' notices: their runtime fails its collectives naming it, as the Gloo controller's
+   own watchdog and shared-memory liveness checks would, later, on other hosts), and they get
+   HOROVOD_GLOO_TIMEOUT_SECONDS (+ FAIL_GRACE) to raise HorovodInternalError and end by
+   themselves; then whatever still runs is ended (SIGTERM, SIGKILL TERM_GRACE s later).
+   SIGINT/SIGTERM/SIGHUP to the launcher end the ranks the same way.
 5. The outcome, as in MPI mode: exit 0 only if every rank exited 0; otherwise each rank that
    failed, was killed, was lost or never started is named, and the exit status is that of the
    first failure the launcher saw (128 + N for signal N; 1 for a lost host).
@@ -174,19 +175,19 @@ class GlooJob:
 
     # -- watching ------------------------------------------------------------------------------
     def failure(self, reports) -> tuple | None:
-        """The first sign that the job failed: (rank or None, exit status or None, in words);
-        None while there is none."""
+        """The first sign that the job failed: (rank or None, exit status or None, in words,
+        host or None); None while there is none."""
         if reports.lost_hosts:
             host, why = next(iter(reports.lost_hosts.items()))
-            return None, None, f"lost {host}: {why}"
+            return None, None, f"lost {host}: {why}", None
         for r in sorted(reports.ranks, key=lambda r: r.last_heard):  # the earliest exit first
             if r.status not in (None, 0):
                 return r.rank, r.status, f"rank {r.rank} on {r.host} exited with " \
-                                         f"{describe(r.status)}"
+                                         f"{describe(r.status)}", r.host
         for p in self.ranks:
             if p.status() not in (None, 0):
                 return p.rank, p.status(), f"rank {p.rank} on {p.host} exited with " \
-                                           f"{describe(p.status())}"
+                                           f"{describe(p.status())}", p.host
         return None
 
     def unstarted(self, reports) -> list:
@@ -243,7 +244,10 @@ class GlooJob:
         failure = self.failure(reports)
         if failure is not None:
             self.first_failure = failure
-            if failure[0] in reports.unconfirmed(self.size):  # the others cannot even meet
+            rank, status, _, host = failure
+            if rank is not None:  # a lost host was told to the survivors already
+                reports.tell_failed(rank, host, f"it exited with {describe(status)}")
+            if rank in reports.unconfirmed(self.size):  # the others cannot even meet
                 say(f"{failure[2]} before it started; ending the job")
                 return now
             if any(p.running() for p in self.ranks):

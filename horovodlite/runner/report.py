@@ -1,5 +1,6 @@
 """horovodliterun's side of the rank reports (see ``task.py``): who started, who is alive, who
-exited with what, and which hosts were lost.
+exited with what, and which hosts were lost; and the launcher's word to the survivors (a lost
+host; under --gloo also a failed rank).
 
 A rank is *lost* when its connection closes without an exit status (its processes were killed,
 e.g. the machine crashed) or when nothing came from it for LOST_AFTER seconds (its network went
@@ -175,6 +176,12 @@ class ReportServer:
             rank.status = int(msg.get("status", 1))
             rank.retired = bool(msg.get("retired", False))
         return True
+
+    def tell_failed(self, rank: int, host: str, why: str) -> None:
+        """Tells every rank still running that ``rank`` on ``host`` failed (``why``: "it exited
+        with status 3"); each one's runtime then fails its collectives naming it (the Gloo
+        launch: nothing else tells the ranks of other hosts at once)."""
+        self._tell_survivors({"event": "failed", "rank": rank, "host": host, "why": why})
 
     def _tell_survivors(self, message: dict) -> None:
         line = (json.dumps(message) + "\n").encode()

@@ -132,18 +132,23 @@ class Reporter:
             msg = json.loads(line)
         except ValueError:
             return
-        if msg.get("event") == "lost":  # say it here too: every survivor names the lost host
+        if msg.get("event") == "lost":  # a host lost: its ranks' connections ended, or silence
             ranks = msg.get("ranks") or []
             what = (f"lost {msg.get('host')} (rank{'s' if len(ranks) > 1 else ''} "
                     f"{', '.join(map(str, ranks))}): {msg.get('why')}")
-            sys.stderr.write(f"horovodlite: rank {self.rank} on {socket.gethostname()}: {what}; "
-                             "the job ends\n")
-            sys.stderr.flush()
-            if self.notices is not None:  # the rank's runtime raises HorovodInternalError(what)
-                try:
-                    os.write(self.notices, (what.replace("\n", " ") + "\n").encode())
-                except OSError:
-                    pass
+        elif msg.get("event") == "failed":  # under --gloo: a rank exited with an error
+            what = f"lost rank {msg.get('rank')} (host {msg.get('host')}): {msg.get('why')}"
+        else:
+            return
+        # say it here too: every survivor names the lost ranks
+        sys.stderr.write(f"horovodlite: rank {self.rank} on {socket.gethostname()}: {what}; "
+                         "the job ends\n")
+        sys.stderr.flush()
+        if self.notices is not None:  # the rank's runtime raises HorovodInternalError(what)
+            try:
+                os.write(self.notices, (what.replace("\n", " ") + "\n").encode())
+            except OSError:
+                pass
 
     def send(self, message: dict) -> bool:
         if self.sock is None:
