@@ -1,10 +1,10 @@
-"""Elastic jobs on MPI with ULFM (``horovodliterun --elastic``): ranks are killed (SIGKILL) in the
+"""Elastic jobs on MPI with ULFM (``horovodliterun --elastic --mpi``): ranks are killed (SIGKILL) in the
 middle of training and the survivors continue from the last commit at the smaller size.
 
 Each job runs tests/scripts/elastic_train.py: every survivor compares its final weights with a
 one-process reference that trained with every rank up to the commit the job continued from and
 with the survivors after it, and prints ``FINAL rank R size S ...``. Across hosts:
-test_multihost.py.
+test_multihost.py. The same jobs without MPI (horovodliterun as the driver): test_elastic_gloo.py.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ pytestmark = pytest.mark.skipif(
 
 def run_elastic(np_: int, *args: str, launcher: tuple = ("--elastic",), timeout: int = 120):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "horovodlite.runner.launch", *launcher, "-np", str(np_),
-           sys.executable, SCRIPT, *args]
+    cmd = [sys.executable, "-m", "horovodlite.runner.launch", "--mpi", *launcher, "-np",
+           str(np_), sys.executable, SCRIPT, *args]
 
     def run():
         start = time.monotonic()
@@ -93,7 +93,8 @@ def test_growing_from_2_to_3_ranks_with_host_discovery(tmp_path):
     every rank sees HostsUpdatedInterrupt, a third rank is spawned and merged into the job, it
     receives the state by the sync, and all three finish with identical weights."""
     slots, script = discovery_script(tmp_path, "localhost:2\n")
-    cmd = [sys.executable, "-m", "horovodlite.runner.launch", "--min-np", "2", "--max-np", "3",
+    cmd = [sys.executable, "-m", "horovodlite.runner.launch", "--mpi", "--min-np", "2",
+           "--max-np", "3",
            "--host-discovery-script", str(script), "-np", "2", sys.executable, SCRIPT,
            "--compare", "ranks", "--step-seconds", "0.1", "--epochs", "6"]
     rc, out, _ = run_with_event(cmd, tmp_path / "job.log", 2,
@@ -164,4 +165,7 @@ def test_launcher_checks_the_elastic_flags(tmp_path):
                          "needs --host-discovery-script")]:
         p = subprocess.run([sys.executable, "-m", "horovodlite.runner.launch", "-np", "2",
                             *extra, "true"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and says in p.stderr, (extra, p.stderr)
+        p = subprocess.run([sys.executable, "-m", "horovodlite.runner.launch", "--mpi", "-np",
+                            "2", *extra, "true"], capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and says in p.stderr, (extra, p.stderr)

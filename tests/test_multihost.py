@@ -421,7 +421,7 @@ def test_elastic_the_ranks_of_one_host_die_and_the_other_host_finishes(hosts):
     ranks of hvdl-host0 continue from the last commit and match the reference."""
     spec, slots = LAYOUTS["2x2"]
     r = launch(spec, sum(slots), [*ELASTIC, "--kill", "2:1:2", "--kill", "3:1:2"],
-               extra=("--elastic",), timeout=240)
+               extra=("--elastic", "--mpi"), timeout=240)
     assert r.returncode == 0, r.stdout
     finals = re.findall(r"FINAL rank (\d) size (\d) epochs 2", r.stdout)
     assert sorted(finals) == [("0", "2"), ("1", "2")], r.stdout
@@ -436,7 +436,8 @@ def test_elastic_a_whole_host_lost_ends_the_job_with_an_error_not_a_hang(hosts, 
     the survivors cannot go on, but the job must end quickly and say so."""
     spec, slots = LAYOUTS["2x2"]
     cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", "4",
-           *_launch_args(spec, "--elastic"), *ELASTIC, "--step-seconds", "0.2", "--epochs", "12"]
+           *_launch_args(spec, "--elastic", "--mpi"), *ELASTIC, "--step-seconds", "0.2",
+           "--epochs", "12"]
     rc, out, lost_at = run_with_event(cmd, tmp_path / "job.log", 4,
                                       lambda: _kill_host("hvdl-host1"), 90, cwd=ROOT, settle=2)
     assert rc != 0, out
@@ -456,7 +457,8 @@ def test_elastic_a_host_left_out_by_discovery_retires_its_ranks(hosts, tmp_path)
     with 3 ranks up to it and 2 after it."""
     listing, script = discovery_script(tmp_path, "hvdl-host0:2\nhvdl-host1:1\n")
     cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", "3",
-           *_launch_args("hvdl-host0:2,hvdl-host1:1", "--host-discovery-script", str(script)),
+           *_launch_args("hvdl-host0:2,hvdl-host1:1", "--mpi", "--host-discovery-script",
+                         str(script)),
            *ELASTIC, "--retired", "--step-seconds", "0.1", "--epochs", "4"]
     rc, out, _ = run_with_event(cmd, tmp_path / "job.log", 3,
                                 lambda: listing.write_text("hvdl-host0:2\n"), 180, cwd=ROOT,
@@ -480,7 +482,8 @@ def test_elastic_grows_onto_a_host_outside_h(hosts, tmp_path):
     identical weights."""
     listing, script = discovery_script(tmp_path, "hvdl-host0:2\n")
     cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", "2",
-           *_launch_args("hvdl-host0:2", "--max-np", "3", "--host-discovery-script", str(script)),
+           *_launch_args("hvdl-host0:2", "--mpi", "--max-np", "3", "--host-discovery-script",
+                         str(script)),
            *ELASTIC, "--compare", "ranks", "--step-seconds", "0.1", "--epochs", "6"]
     rc, out, _ = run_with_event(cmd, tmp_path / "job.log", 2,
                                 lambda: listing.write_text("hvdl-host0:2\nhvdl-host1:1\n"), 180,

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 
@@ -29,7 +30,24 @@ int ClaimDescriptor() {
   return static_cast<int>(fd);
 }
 
+std::atomic<int> g_round{-1};
+
+// A line's "@<round> " prefix: false (drop it) when it names a round before this process's;
+// otherwise the prefix is removed.
+bool Current(std::string* line) {
+  if (line->empty() || (*line)[0] != '@') return true;
+  const size_t space = line->find(' ');
+  if (space == std::string::npos) return true;
+  char* end = nullptr;
+  const long round = std::strtol(line->c_str() + 1, &end, 10);
+  if (end != line->c_str() + space) return true;
+  line->erase(0, space + 1);
+  return round >= g_round.load();
+}
+
 }  // namespace
+
+void LauncherNotices::SetRound(int round) { g_round.store(round); }
 
 int LauncherNotices::DescriptorFromEnv() {
   static const int fd = ClaimDescriptor();
@@ -70,7 +88,7 @@ void LauncherNotices::Read(int fd) {
     for (size_t eol; (eol = pending.find('\n')) != std::string::npos;) {
       std::string line = pending.substr(0, eol);
       pending.erase(0, eol + 1);
-      if (!line.empty()) on_notice_(line);
+      if (!line.empty() && Current(&line)) on_notice_(line);
     }
   }
 }

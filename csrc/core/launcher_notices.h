@@ -8,6 +8,10 @@
 //
 //     lost <host> (<ranks>): <why>
 //
+// An elastic job's driver (horovodliterun --elastic) prefixes each line with the rendezvous
+// round it concerns, "@<round> lost ...": a rank that has moved on to a later round (SetRound)
+// drops it - it reached the pipe after this rank had already recovered from that loss.
+//
 // A thread owned by the Context reads the pipe and hands each line to a callback, which fails
 // the runtime (Context::Abort): every pending handle and every later submission raises
 // HorovodInternalError with the line. Without HVDL_NOTICE_FD (plain mpirun) nothing starts.
@@ -33,6 +37,8 @@ class LauncherNotices {
   // The descriptor from HVDL_NOTICE_FD as the process's first call found it, or -1 if unset,
   // malformed or not a pipe.
   static int DescriptorFromEnv();
+  // The rendezvous round this process is in (elastic jobs); notices of earlier rounds are dropped.
+  static void SetRound(int round);
 
  private:
   void Read(int fd);

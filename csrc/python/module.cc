@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "core/launcher_notices.h"
 #include "python/runtime.h"
 #include "runtime/build_info.h"
 #include "runtime/job_control.h"
@@ -64,6 +65,8 @@ void InitGloo(const py::dict& found, std::vector<std::vector<int>> process_sets,
   g.process_group = found["process_group"].cast<std::string>();
   g.shm_prefix = found["shm_prefix"].cast<std::string>();
   g.timeout_seconds = found["timeout_seconds"].cast<double>();
+  // an elastic job's round: the launcher's notices about earlier rounds are stale from now on
+  if (found.contains("round")) LauncherNotices::SetRound(found["round"].cast<int>());
   Start(launch, std::move(process_sets), dynamic);
 }
 

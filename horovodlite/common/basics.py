@@ -140,7 +140,6 @@ def init(comm=None, process_sets=None) -> None:
         launch = launchers.detect(mpi_built=bool(_C.mpi_built()), gloo_built=gloo_built())
         if launch.controller == "gloo":
             _init_gloo(launch, comm, process_sets)
-            _launch = launch
             return
         if not _C.mpi_built():
             raise HorovodInternalError(
@@ -185,18 +184,26 @@ def _check_launch(launch) -> None:
 
 def _init_gloo(launch, comm, process_sets) -> None:
     """The Gloo controller: meet through the launch's store (common/rendezvous.py), start."""
-    global _init_args
+    global _launch
     from horovodlite.common import rendezvous
 
     if comm is not None:
         raise HorovodArgumentError(
             f"init(comm=...): a communicator or rank list needs the MPI controller; this process "
             f"was started by {launch.describe()}")
-    if launch.size is None or launch.rank is None:
+    if not launch.worker and (launch.size is None or launch.rank is None):
         raise HorovodInternalError(f"{launch.describe()}: its rank and size are not known")
     dynamic, static = _process_set_args(process_sets)
     try:
-        found = rendezvous.meet(launch, _rounds)
+        if launch.worker:  # an elastic job's worker: the driver's round gives rank and size
+            from horovodlite.common import elastic_worker
+
+            launch, number = elastic_worker.join(launch)
+            found = rendezvous.meet(launch, number, wait=launch_env.elastic_timeout(),
+                                    superseded=elastic_worker.superseded)
+            found["round"] = number  # the launcher's notices of earlier rounds are stale
+        else:
+            found = rendezvous.meet(launch, _rounds)
     except rendezvous.RendezvousError as e:
         raise HorovodInternalError(str(e)) from None
     try:
@@ -205,6 +212,7 @@ def _init_gloo(launch, comm, process_sets) -> None:
         rendezvous.release()
         raise
     _check_launch(launch)
+    _launch = launch
     _started(static, comm, process_sets)
 
 

@@ -50,7 +50,7 @@ class Round:
     hosts: list  # each rank's host, rank order
     reason: str = ""  # one line: why this round ("start", "lost host h1 (ranks 2, 3)", ...)
     end: str = ""  # non-empty: the job ends, for this reason
-    commit_step: int | None = None  # filled by the workers' logs, not the driver
+    retired: list = dataclasses.field(default_factory=list)  # workers leaving on purpose
 
     @property
     def size(self) -> int:
@@ -61,13 +61,13 @@ class Round:
 
     def to_json(self) -> str:
         return json.dumps({"number": self.number, "workers": self.workers, "hosts": self.hosts,
-                           "reason": self.reason, "end": self.end})
+                           "reason": self.reason, "end": self.end, "retired": self.retired})
 
     @classmethod
     def from_json(cls, text) -> Round:
         d = json.loads(text)
         return cls(d["number"], list(d["workers"]), list(d["hosts"]), d.get("reason", ""),
-                   d.get("end", ""))
+                   d.get("end", ""), list(d.get("retired", [])))
 
 
 # ---------------------------------------------------------------------------------- the driver
@@ -114,6 +114,31 @@ def wait_round(store, after: int, timeout: float, poll: float = 0.2) -> Round:
             raise TimeoutError(f"no new rendezvous round from the elastic driver within "
                                f"{timeout:g} s (--elastic-timeout)")
         time.sleep(poll)
+
+
+def wait_listing(store, worker: str, timeout: float, poll: float = 0.2) -> Round:
+    """The latest round that lists ``worker`` or ends the job: a worker's first round (one the
+    driver added waits here until the job takes it in, at the others' next commit)."""
+    after = -1
+    deadline = time.monotonic() + timeout
+    while True:
+        r = wait_round(store, after, max(0.0, deadline - time.monotonic()), poll)
+        if r.end or r.rank_of(worker) is not None:
+            return r
+        after = r.number
+
+
+def parse_hosts(text: str) -> dict:
+    """host -> slots of a host discovery script's output (Horovod's format: one ``host:slots``
+    a line; a line without ``:slots`` counts as one slot), in its order."""
+    hosts: dict = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        host, _, slots = line.partition(":")
+        hosts[host.strip()] = hosts.get(host.strip(), 0) + (int(slots) if slots.strip() else 1)
+    return hosts
 
 
 def store_timeout(seconds: float) -> datetime.timedelta:

@@ -72,6 +72,8 @@ GLOO_RENDEZVOUS_PORT = "HOROVOD_GLOO_RENDEZVOUS_PORT"
 CONTROLLER = "HOROVOD_CONTROLLER"
 RENDEZVOUS_SECRET = "HVDL_RENDEZVOUS_SECRET"
 GLOO_IFACE = "HOROVOD_GLOO_IFACE"
+WORKER_ID = "HVDL_WORKER_ID"  # an elastic Gloo job's worker: its number for the job's life
+ELASTIC_TIMEOUT = "HVDL_ELASTIC_TIMEOUT"  # --elastic-timeout: how long a worker waits for a round
 SECRETS = (RENDEZVOUS_SECRET, REPORT_TOKEN)
 
 # Environment prefixes, and further variables, that the launcher forwards to every rank.
@@ -140,11 +142,32 @@ def gloo_rank_settings(hosts: list, addr: str, port: int, secret: str) -> list:
     return out
 
 
+def elastic_worker_settings(worker: int, host: str, addr: str, port: int, secret: str,
+                            min_np: int, max_np: int, elastic_timeout: float) -> dict:
+    """The variables of one worker of an elastic Gloo job (``horovodliterun --elastic``): no
+    rank or size - each rendezvous round gives them (``common/elastic_rounds.py``) - but the
+    worker's number, its host's name, and where the driver's store is."""
+    return {WORKER_ID: str(worker), GLOO_HOSTNAME: host, GLOO_RENDEZVOUS_ADDR: addr,
+            GLOO_RENDEZVOUS_PORT: str(port), CONTROLLER: "gloo", RENDEZVOUS_SECRET: secret,
+            ELASTIC: "1", ELASTIC_MIN_NP: str(min_np), ELASTIC_MAX_NP: str(max_np),
+            ELASTIC_TIMEOUT: f"{elastic_timeout:g}"}
+
+
 # --------------------------------------------------------------------------- the ranks read
 
 
 def is_elastic(env=os.environ) -> bool:
     return env.get(ELASTIC) == "1"
+
+
+def worker_id(env=os.environ) -> str:
+    """An elastic Gloo job's worker number ("" outside one)."""
+    return env.get(WORKER_ID, "")
+
+
+def elastic_timeout(env=os.environ) -> float:
+    """``--elastic-timeout``: how long a worker waits for the driver's next round (600 s)."""
+    return float(env.get(ELASTIC_TIMEOUT, "600"))
 
 
 def _count(name: str, env) -> int | None:
@@ -212,6 +235,7 @@ __all__ = [
     "GLOO_RANK", "GLOO_SIZE", "GLOO_LOCAL_RANK", "GLOO_LOCAL_SIZE", "GLOO_CROSS_RANK",
     "GLOO_CROSS_SIZE", "GLOO_HOSTNAME", "GLOO_RENDEZVOUS_ADDR", "GLOO_RENDEZVOUS_PORT",
     "CONTROLLER", "RENDEZVOUS_SECRET", "GLOO_IFACE", "SECRETS", "gloo_rank_settings",
+    "WORKER_ID", "ELASTIC_TIMEOUT", "elastic_worker_settings", "worker_id", "elastic_timeout",
     "forwarded", "job_environment", "elastic_settings", "report_settings", "is_elastic",
     "min_np", "max_np", "slots", "allocated_hosts", "discovery_script", "discovery_interval",
     "cooldown_range", "reports_to", "parse_report_to",

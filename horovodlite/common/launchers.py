@@ -11,6 +11,10 @@ launcher           variables                                                   c
 =================  ==========================================================  ===========
 forced             ``HOROVOD_CONTROLLER=mpi|gloo``                             as named
 mpirun / mpiexec   ``OMPI_COMM_WORLD_SIZE``, ``PMI_SIZE``, ``PMIX_RANK``       MPI
+horovodliterun     ``HVDL_WORKER_ID``, ``HOROVOD_GLOO_RENDEZVOUS_ADDR|PORT``,  Gloo (rank
+--elastic          ``HOROVOD_HOSTNAME``, ``HVDL_RENDEZVOUS_SECRET``            and size from
+                                                                               the driver's
+                                                                               rounds)
 horovodliterun     ``HOROVOD_RANK``, ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_*``,    Gloo
 --gloo, Horovod's  ``HOROVOD_CROSS_*``, ``HOROVOD_GLOO_RENDEZVOUS_ADDR|PORT``,
 Gloo launchers     ``HOROVOD_HOSTNAME``, ``HVDL_RENDEZVOUS_SECRET``
@@ -69,6 +73,7 @@ class Launch:
     port: int | None = None
     secret: str | None = None  # a per-job secret: a worker of another job is refused
     job: str = "job"  # names the job's keys in the store and its shared memory
+    worker: str = ""  # an elastic Gloo job's worker number: rank and size come from its rounds
     why: str = ""  # one line: what in the environment decided this
 
     def describe(self) -> str:
@@ -92,6 +97,18 @@ def _mpi(env) -> Launch | None:
             return Launch("mpirun", "mpi", rank=_int(env, rank_var), size=_int(env, size_var),
                           why=f"{rank_var if rank_var in env else size_var} is set")
     return None
+
+
+def _elastic_worker(env) -> Launch | None:
+    worker = env.get(E.WORKER_ID, "")
+    if not worker:
+        return None
+    addr, port = env.get(E.GLOO_RENDEZVOUS_ADDR), _int(env, E.GLOO_RENDEZVOUS_PORT)
+    secret = env.get(E.RENDEZVOUS_SECRET) or None
+    return Launch("horovodliterun --elastic", "gloo", host=env.get(E.GLOO_HOSTNAME),
+                  store=STORE_CLIENT, addr=addr, port=port, secret=secret,
+                  job=_job_id("elastic", secret or f"{addr}:{port}"), worker=worker,
+                  why=f"{E.WORKER_ID}={worker} is set (an elastic job's worker)")
 
 
 def _horovod_gloo(env) -> Launch | None:
@@ -220,7 +237,7 @@ def detect(env=None, mpi_built: bool = True, gloo_built: bool = True,
         # this build has no MPI, where the Slurm variables still give a Gloo launch.
         if mpi_built or forced == "mpi":
             return mpi
-    for probe in (_horovod_gloo, lambda e: _default_group() if default_group else None,
+    for probe in (_elastic_worker, _horovod_gloo, lambda e: _default_group() if default_group else None,
                   _torchrun, _slurm):
         found = probe(env)
         if found is not None:

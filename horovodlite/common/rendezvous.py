@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import socket
+import time
 
 from horovodlite.common import launch_env
 from horovodlite.common.launchers import (
@@ -116,6 +117,13 @@ def _tcp_store(launch: Launch, timeout: float, host: bool):
 def base_store(launch: Launch, timeout: float):
     import torch.distributed as dist
 
+    if launch.worker:  # an elastic worker meets through the driver's store, round after round
+        held = _held.get("driver_store")
+        if held is None:
+            held = _tcp_store(launch, timeout, host=False)
+            check_secret(held, launch, timeout)
+            _held["driver_store"] = held
+        return held
     if launch.store == STORE_DEFAULT_GROUP:
         return dist.distributed_c10d._get_default_store()
     if launch.store == STORE_CLIENT:
@@ -154,20 +162,44 @@ def job_token(store) -> str:
     return store.compare_set("horovodlite/job-token", "", mine).decode()
 
 
-def gather_ranks(ns, launch: Launch, timeout: float) -> list:
-    """Every rank's {"host", "pid"} in rank order, once all have published."""
+class Superseded(RendezvousError):
+    """An elastic job's driver published a newer round while this one was meeting."""
+
+
+def _wait_all(ns, keys: list, timeout: float, superseded) -> bool:
+    """Whether every key was set within ``timeout``; checks ``superseded()`` (a reason, or "")
+    every 0.2 s while waiting, and raises Superseded with it."""
+    if superseded is None:
+        try:
+            ns.wait(keys, datetime.timedelta(seconds=timeout))
+            return True
+        except Exception:
+            return False
+    deadline = time.monotonic() + timeout
+    while not ns.check(keys):
+        why = superseded()
+        if why:
+            raise Superseded(why)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def gather_ranks(ns, launch: Launch, timeout: float, superseded=None) -> list:
+    """Every rank's {"host", "pid"} in rank order, once all have published. ``superseded``: see
+    ``_wait_all`` (elastic jobs)."""
     ns.set(f"rank/{launch.rank}", json.dumps({"host": launch.host or host_id(),
                                               "pid": os.getpid()}))
     keys = [f"rank/{r}" for r in range(launch.size)]
-    try:
-        ns.wait(keys, datetime.timedelta(seconds=timeout))
-    except Exception:
+    if not _wait_all(ns, keys, timeout, superseded):
         missing = [r for r in range(launch.size) if not ns.check([f"rank/{r}"])]
         shown = ", ".join(str(r) for r in missing[:16]) + (" ..." if len(missing) > 16 else "")
         raise RendezvousError(
             f"rank {launch.rank}: rank(s) {shown} of {launch.size} did not reach the rendezvous "
-            f"at {launch.addr}:{launch.port} within {timeout:g} s ({TIMEOUT_VAR}); were they "
-            "started, with the same job settings?") from None
+            f"at {launch.addr}:{launch.port} within {timeout:g} s "
+            f"({'--elastic-timeout' if launch.worker else TIMEOUT_VAR}); were they started, "
+            "with the same job settings?")
     values = ns.multi_get(keys) if hasattr(ns, "multi_get") else [ns.get(k) for k in keys]
     return [json.loads(v) for v in values]
 
@@ -216,17 +248,21 @@ def gloo_group(ns, launch: Launch, timeout: float, name: str):
     return group
 
 
-def meet(launch: Launch, round_: int = 0) -> dict:
-    """Meets the other ranks (see the top); returns what the C++ core's init_gloo takes."""
+def meet(launch: Launch, round_: int = 0, wait: float | None = None, superseded=None) -> dict:
+    """Meets the other ranks (see the top); returns what the C++ core's init_gloo takes.
+    ``wait``: how long to wait for the others (HOROVOD_GLOO_TIMEOUT_SECONDS by default; an
+    elastic round waits for ranks that join at their next commit); ``superseded``: see
+    ``_wait_all``."""
     import torch.distributed as dist
 
     timeout = timeout_seconds()
     store = base_store(launch, timeout)
-    check_secret(store, launch, timeout)
+    if not launch.worker:
+        check_secret(store, launch, timeout)
     if launch.store == STORE_DEFAULT_GROUP:
         launch = dataclasses.replace(launch, job=job_token(store))
     ns = dist.PrefixStore(f"horovodlite/{launch.job}/{round_}/", store)
-    ranks = gather_ranks(ns, launch, timeout)
+    ranks = gather_ranks(ns, launch, timeout if wait is None else wait, superseded)
     hosts = [r["host"] for r in ranks]
     found = {"rank": launch.rank, "size": launch.size, "hosts": hosts,
              "timeout_seconds": timeout, "process_group": "", **layout(hosts, launch.rank)}
@@ -242,8 +278,8 @@ def meet(launch: Launch, round_: int = 0) -> dict:
 
 
 def release() -> None:
-    """After shutdown: the process group leaves the registry; the store is kept (a later init
-    of an elastic job meets again through it)."""
+    """After shutdown: the process group leaves the registry; the stores are kept (a later init
+    of an elastic job meets again through them)."""
     from torch._C import _distributed_c10d as c10d
 
     name = _held.pop("name", None)

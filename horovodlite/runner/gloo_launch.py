@@ -92,6 +92,38 @@ def rank_env(base: dict, settings: dict) -> dict:
     return env
 
 
+def start_rank(label: int, host: str, here: bool, env: dict, args, forwarder) -> subprocess.Popen:
+    """Starts one rank (the wrapper ``task.py`` around the command) here or on ``host`` through
+    ssh or ``--ssh-agent``; its output goes to ``forwarder`` prefixed with ``[label]``."""
+    cwd = os.getcwd()
+    wrapper = [sys.executable, "-m", "horovodlite.runner.task"]
+    if here:
+        argv = [*wrapper, "--", *args.command]
+    else:
+        argv = remote.remote_command(
+            host, [*wrapper, "--secrets-on-stdin", "--", *args.command], env, cwd,
+            args.ssh_agent, args.ssh_port, args.ssh_identity_file)
+    if args.verbose:
+        print(f"horovodliterun: rank {label} on {host}: {shlex.join(argv)}", flush=True)
+    try:
+        proc = subprocess.Popen(
+            argv, env=env if here else None, cwd=cwd,
+            stdin=subprocess.DEVNULL if here else subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as e:
+        raise SystemExit(f"horovodliterun: cannot start rank {label} on {host}: "
+                         f"{argv[0]}: {e.strerror}") from None
+    if not here:
+        try:
+            proc.stdin.write(remote.secrets_block(env))
+            proc.stdin.close()
+        except OSError:
+            pass  # it ended already: its status says why
+    forwarder.add(label, "stdout", proc.stdout)
+    forwarder.add(label, "stderr", proc.stderr)
+    return proc
+
+
 @dataclass
 class RankProcess:
     rank: int
@@ -142,36 +174,10 @@ class GlooJob:
         return [dict(s, **extra) for s in server.rank_environment(self.hosts)]
 
     def start(self, server, reports) -> None:
-        cwd = os.getcwd()
-        wrapper = [sys.executable, "-m", "horovodlite.runner.task"]
         for rank, settings in enumerate(self.settings(server, reports)):
-            host, here = self.hosts[rank], self.local[rank]
-            env = rank_env(self.base_env, settings)
-            if here:
-                argv = [*wrapper, "--", *self.args.command]
-            else:
-                argv = remote.remote_command(
-                    host, [*wrapper, "--secrets-on-stdin", "--", *self.args.command], env, cwd,
-                    self.args.ssh_agent, self.args.ssh_port, self.args.ssh_identity_file)
-            if self.args.verbose:
-                print(f"horovodliterun: rank {rank} on {host}: {shlex.join(argv)}", flush=True)
-            try:
-                proc = subprocess.Popen(
-                    argv, env=env if here else None, cwd=cwd,
-                    stdin=subprocess.DEVNULL if here else subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-            except OSError as e:
-                raise SystemExit(f"horovodliterun: cannot start rank {rank} on {host}: "
-                                 f"{argv[0]}: {e.strerror}") from None
-            if not here:
-                try:
-                    proc.stdin.write(remote.secrets_block(env))
-                    proc.stdin.close()
-                except OSError:
-                    pass  # it ended already: its status says why
-            self.forwarder.add(rank, "stdout", proc.stdout)
-            self.forwarder.add(rank, "stderr", proc.stderr)
-            self.ranks.append(RankProcess(rank, host, here, proc))
+            proc = start_rank(rank, self.hosts[rank], self.local[rank],
+                              rank_env(self.base_env, settings), self.args, self.forwarder)
+            self.ranks.append(RankProcess(rank, self.hosts[rank], self.local[rank], proc))
 
     # -- watching ------------------------------------------------------------------------------
     def failure(self, reports) -> tuple | None:

@@ -101,9 +101,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", choices=["trace", "debug", "info", "warning", "error", "fatal"],
                    help="HOROVOD_LOG_LEVEL")
     p.add_argument("--elastic", action="store_true",
-                   help="MPI mode: keep training when ranks or hosts are lost (Open MPI 5 with "
-                        "ULFM; implied by --min-np): the survivors continue from the last "
-                        "commit of hvd.elastic.run")
+                   help="keep training when workers or whole hosts are lost (implied by "
+                        "--min-np, --max-np, --host-discovery-script): the survivors continue "
+                        "from the last commit of hvd.elastic.run, and the job grows onto hosts "
+                        "the discovery script adds. Runs without MPI: horovodliterun is the "
+                        "job's driver and survives lost processes, hosts and cut links (not "
+                        "the loss of its own host). With --mpi: Open MPI 5's ULFM, which "
+                        "survives lost processes only; a lost host ends that job")
+    p.add_argument("--reset-limit", type=int,
+                   help="elastic (Gloo): end the job after this many resets that followed "
+                        "failures (default: no limit)")
+    p.add_argument("--elastic-timeout", type=float,
+                   help="elastic (Gloo): how long a worker waits for the next rendezvous round "
+                        "or for the workers of a round to meet (default 600 s)")
     p.add_argument("--min-np", type=int,
                    help="elastic: the fewest ranks to go on with (default 1)")
     p.add_argument("--max-np", type=int,
@@ -226,7 +236,17 @@ def main(argv: list | None = None) -> int:
         if args.hosts:
             _parser().error("give -H or --hostfile, not both")
         args.hosts = read_hostfile(args.hostfile)
+    if args.min_np is not None or args.max_np is not None or args.host_discovery_script:
+        args.elastic = True
+    if args.elastic and args.controller is None:
+        args.controller = "gloo"  # elastic jobs run without MPI unless --mpi says otherwise
+    if (args.reset_limit is not None or args.elastic_timeout is not None) and (
+            args.controller == "mpi"):
+        _parser().error("--reset-limit and --elastic-timeout are for elastic jobs without MPI "
+                        "(--elastic without --mpi)")
     if choose_controller(args) == "gloo":
+        if args.elastic:
+            mpi_launch.check_elastic(args, _parser().error)
         return _main_gloo(args)
     return mpi_launch.run(args, rank_environment(args, os.environ), _parser().error)
 
@@ -234,17 +254,17 @@ def main(argv: list | None = None) -> int:
 def _main_gloo(args) -> int:
     from horovodlite.runner import gloo_launch  # noqa: PLC0415
 
-    if args.elastic or args.min_np is not None or args.max_np is not None \
-            or args.host_discovery_script:
-        _parser().error("--gloo: elastic jobs (--elastic, --min-np, --max-np, "
-                        "--host-discovery-script) run on MPI for now; elastic Gloo jobs come "
-                        "with a later change")
     for given, flag in ((args.mpi_args, "--mpi-args"), (args.no_rank_reports,
                                                         "--no-rank-reports")):
         if given:
             _parser().error(f"--gloo: {flag} is for MPI mode")
     env = rank_environment(args, os.environ)
-    return gloo_launch.run(args, host_slots(args.hosts) if args.hosts else [], env)
+    slots = host_slots(args.hosts) if args.hosts else []
+    if args.elastic:
+        from horovodlite.runner import elastic_driver  # noqa: PLC0415
+
+        return elastic_driver.run(args, slots, env)
+    return gloo_launch.run(args, slots, env)
 
 
 __all__ = ["main", "parse_args", "choose_controller", "mpi_built", "rank_environment",

@@ -64,6 +64,9 @@ class ReportServer:
         # Elastic jobs learn of lost ranks from MPI itself (ULFM) and go on without them: the
         # survivors must not be told to abort.
         self.tell_survivors = tell_survivors
+        # An elastic Gloo job's current rendezvous round (its driver sets it): the news sent to
+        # the survivors names it, so that a rank already in a later round ignores it.
+        self.round: int | None = None
         self.on_lost = on_lost or (lambda host, ranks, why: None)
         self.ranks: list[Rank] = []
         self.lost_hosts: dict[str, str] = {}
@@ -184,6 +187,8 @@ class ReportServer:
         self._tell_survivors({"event": "failed", "rank": rank, "host": host, "why": why})
 
     def _tell_survivors(self, message: dict) -> None:
+        if self.round is not None:  # an elastic job: the round the news concerns
+            message = dict(message, round=self.round)
         line = (json.dumps(message) + "\n").encode()
         for conn, (_, rank) in list(self._conns.items()):
             if rank is not None and rank.status is None and rank.lost is None:

@@ -55,6 +55,8 @@ def rank_from_env(env=os.environ) -> int | None:
     names = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", launch_env.GLOO_RANK)
     if env.get(launch_env.CONTROLLER) == "gloo":  # horovodliterun --gloo's rank
         names = (launch_env.GLOO_RANK,)
+    if launch_env.worker_id(env):  # horovodliterun --elastic: the worker's number
+        names = (launch_env.WORKER_ID,)
     for name in names:
         if env.get(name, "").isdigit():
             return int(env[name])
@@ -141,12 +143,13 @@ class Reporter:
         else:
             return
         # say it here too: every survivor names the lost ranks
-        sys.stderr.write(f"horovodlite: rank {self.rank} on {socket.gethostname()}: {what}; "
-                         "the job ends\n")
-        sys.stderr.flush()
+        goes_on = ("the job goes on without it" if launch_env.worker_id() else "the job ends")
+        who = f"worker {self.rank}" if launch_env.worker_id() else f"rank {self.rank}"
+        say(f"horovodlite: {who} on {socket.gethostname()}: {what}; {goes_on}")
         if self.notices is not None:  # the rank's runtime raises HorovodInternalError(what)
             try:
-                os.write(self.notices, (what.replace("\n", " ") + "\n").encode())
+                tag = f"@{msg['round']} " if isinstance(msg.get("round"), int) else ""
+                os.write(self.notices, (tag + what.replace("\n", " ") + "\n").encode())
             except OSError:
                 pass
 
@@ -159,6 +162,16 @@ class Reporter:
                 return True
             except OSError:
                 return False
+
+
+def say(line: str) -> None:
+    """One line to stderr - which may be a pipe to a launcher that is gone: never raises (the
+    watch must still end the rank then)."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def end(child: subprocess.Popen) -> None:
@@ -179,16 +192,16 @@ def watch(child: subprocess.Popen, reporter: Reporter, rank, parent: int, done: 
     """Heartbeats; ends the child when the daemon (our parent) or the launcher is gone."""
     while not done.wait(HEARTBEAT):
         if os.getppid() != parent:
-            sys.stderr.write(f"horovodlite: rank {rank}: its launcher (MPI daemon, horovodliterun "
-                             "or ssh session) is gone; ending it\n")
+            say(f"horovodlite: rank {rank}: its launcher (MPI daemon, horovodliterun or ssh "
+                "session) is gone; ending it")
             end(child)
             return
         if reporter.sock is not None:
             reporter.send({"event": "alive"})
             if time.monotonic() - reporter.last_heard > LAUNCHER_LOST:
-                sys.stderr.write(f"horovodlite: rank {rank} on {socket.gethostname()}: "
-                                 f"horovodliterun unreachable for {LAUNCHER_LOST:.0f} s (its host "
-                                 "or the network to it is down); ending the rank\n")
+                say(f"horovodlite: rank {rank} on {socket.gethostname()}: horovodliterun "
+                    f"unreachable for {LAUNCHER_LOST:.0f} s (its host or the network to it is "
+                    "down); ending the rank")
                 end(child)
                 return
 

@@ -23,6 +23,7 @@ import torch
 
 import horovodlite.torch as hvd
 from horovodlite._extension import load
+from horovodlite.common import elastic_worker
 from horovodlite.torch.elastic.sampler import partition
 
 _C = load()  # recoveries() and last_recovery_map(): which ranks each recovery lost
@@ -123,7 +124,11 @@ def main():
     seen = [_C.recoveries()]
 
     def on_reset():
-        if _C.recoveries() > seen[0]:  # this reset followed a recovery: who did it lose?
+        if elastic_worker.active():  # horovodliterun --elastic: the round lists who is in
+            now = [int(w) for w in elastic_worker.current().workers]
+            gone_since.extend(r for r in live if r not in now)
+            live[:] = [r for r in live if r in now]
+        elif _C.recoveries() > seen[0]:  # this reset followed a recovery: who did it lose?
             seen[0] = _C.recoveries()
             new_rank = _C.last_recovery_map()
             gone_since.extend(r for i, r in enumerate(live) if new_rank[i] < 0)

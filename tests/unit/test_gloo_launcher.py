@@ -71,8 +71,8 @@ def test_mpi_mode_needs_an_mpi_build(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--elastic"], "elastic Gloo jobs come with a later change"),
-    (["--min-np", "1"], "elastic Gloo jobs come with a later change"),
+    (["--elastic", "--mpi-args", "-x FOO"], "--mpi-args is for MPI mode"),
+    (["--min-np", "3"], "--min-np 3 must be between 1 and -np (2)"),
     (["--mpi-args", "-x FOO"], "--mpi-args is for MPI mode"),
     (["--no-rank-reports"], "--no-rank-reports is for MPI mode"),
 ])
@@ -80,6 +80,13 @@ def test_what_gloo_mode_refuses(capsys, argv, says):
     with pytest.raises(SystemExit):
         launch.main(["--gloo", "-np", "2", *argv, "python", "x.py"])
     assert says in capsys.readouterr().err
+
+
+def test_elastic_defaults_to_gloo_and_its_flags_need_it(capsys):
+    with pytest.raises(SystemExit):
+        launch.main(["--mpi", "--elastic", "--reset-limit", "2", "-np", "2", "python", "x.py"])
+    assert "--reset-limit and --elastic-timeout are for elastic jobs without MPI" in \
+        capsys.readouterr().err
 
 
 def test_the_commands_own_options_reach_it():

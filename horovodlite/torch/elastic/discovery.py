@@ -42,6 +42,7 @@ import threading
 import time
 
 from horovodlite.common import basics, launch_env
+from horovodlite.common.elastic_rounds import parse_hosts
 
 _poller = None
 _requested = 0  # ranks to add, as agreed at the last check
@@ -53,18 +54,6 @@ _added: set = set()  # hosts this job grew onto beyond -H (now part of its alloc
 _failures: dict = {}  # host -> how many times the job lost ranks on it
 _blocked_until: dict = {}  # blacklisted host -> time.monotonic() it comes back (inf: never)
 _lost_seen = 0  # entries of the runtime's lost-host record already counted
-
-
-def parse_hosts(text: str) -> dict:
-    """host -> slots of a discovery script's output, in its order."""
-    hosts: dict = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        host, _, slots = line.partition(":")
-        hosts[host.strip()] = hosts.get(host.strip(), 0) + (int(slots) if slots.strip() else 1)
-    return hosts
 
 
 def parse_slots(text: str) -> int:

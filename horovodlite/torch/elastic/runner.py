@@ -35,7 +35,7 @@ import shutil
 import socket
 import sys
 
-from horovodlite.common import basics, launch_env
+from horovodlite.common import basics, elastic_worker, launch_env
 from horovodlite.common.exceptions import (
     HorovodArgumentError,
     HorovodInternalError,
@@ -79,11 +79,47 @@ def _retire(hosts: list, old_rank: int | None, old_size: int | None) -> None:
              f"discovery output); {len(new_rank) - len(gone)} remain", who)
 
 
+def _reinit_gloo(error: BaseException) -> None:
+    """Step 4 for a worker of ``horovodliterun --elastic`` (the Gloo controller): shut down,
+    then continue in the driver's next rendezvous round - asked for after a failure, published
+    already after HostsUpdatedInterrupt - with the rank it gives; leave if the round retires
+    this worker (its host left the discovery output)."""
+    old_rank, old_size = ((basics.rank(), basics.size()) if basics.is_initialized()
+                          else (None, None))
+    basics._stop(f"elastic reset after {type(error).__name__}: {error}")
+    shutdown()
+    updated = isinstance(error, HostsUpdatedInterrupt)
+    r = elastic_worker.next_round(failed=not updated)
+    if elastic_worker.leaving(r):
+        _log(f"rank {old_rank} retires: its host {socket.gethostname()} is no longer in the "
+             "host discovery output; leaving the job", f"rank {old_rank}/{old_size}")
+        raise SystemExit(launch_env.RETIRED_STATUS)
+    basics._init_again()
+    if basics.rank() == 0:
+        _log(f"round {r.number}: {r.reason}; {basics.size()} rank"
+             f"{'s' if basics.size() != 1 else ''} on {', '.join(dict.fromkeys(r.hosts))}")
+    _check_min_np(error)
+
+
+def _restarted_by_torchrun() -> bool:
+    """torchrun with --max-restarts: its agent restarts every worker after a failure (they
+    resume from the user's checkpoint), so a reset here would only wait for the dead."""
+    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
+
+
 def _reinit(error: BaseException) -> None:
     """Step 4: shut down (telling the peers why) and initialise again - on the survivors, if
     the job lost ranks (an elastic job on an MPI with ULFM: see docs/elastic.md), without the
     ranks of hosts that left the discovery output."""
     from horovodlite.torch.elastic import discovery
+
+    if elastic_worker.active():
+        return _reinit_gloo(error)
+    if _restarted_by_torchrun() and isinstance(error, HorovodInternalError):
+        _log(f"{error}; ending this worker: torchrun restarts the job (--max-restarts "
+             f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS')}), from your last checkpoint")
+        basics._stop(f"ended for torchrun to restart the job after: {error}")
+        raise TorchrunRestart(str(error)) from error
 
     old_rank, old_size = ((basics.rank(), basics.size()) if basics.is_initialized()
                           else (None, None))
@@ -134,6 +170,10 @@ class BelowMinNp(HorovodInternalError):
     """Fewer ranks than ``--min-np`` are left: ``run`` stops instead of resetting again."""
 
 
+class TorchrunRestart(HorovodInternalError):
+    """Under torchrun --max-restarts a failure ends the worker: torchrun restarts them all."""
+
+
 def _check_min_np(error: BaseException) -> None:
     size, floor = basics.size(), min_np()
     if size < floor:
@@ -182,7 +222,8 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
             try:
                 reset(error)
                 break
-            except BelowMinNp:
+            except (BelowMinNp, TorchrunRestart, elastic_worker.JobEnded,
+                    elastic_worker.NotInJob):
                 raise
             except HorovodInternalError as exc:  # the re-initialisation failed too
                 if resets >= reset_limit:
@@ -201,6 +242,8 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
 def _retiring() -> bool:
     from horovodlite.torch.elastic import discovery
 
+    if elastic_worker.active():  # the driver's next round drops workers on purpose
+        return elastic_worker.retiring()
     return bool(discovery.retiring())
 
 

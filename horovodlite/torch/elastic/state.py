@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import copy
 
+import torch
+
 from horovodlite.common.basics import is_initialized, rank
 from horovodlite.common.exceptions import HostsUpdatedInterrupt
-from horovodlite.torch.collectives import barrier
+from horovodlite.torch.collectives import barrier, broadcast
 from horovodlite.torch.elastic.handlers import handler_for
 from horovodlite.torch.functions import broadcast_object
 
@@ -72,8 +74,17 @@ class State:
         then (see discovery.py). Otherwise it never
         raises; raise ``HostsUpdatedInterrupt`` yourself to re-synchronise without rolling
         back."""
+        from horovodlite.common import elastic_worker
         from horovodlite.torch.elastic import discovery
 
+        if elastic_worker.active() and is_initialized():  # horovodliterun --elastic (Gloo)
+            newer = elastic_worker.newer_round() if rank() == 0 else -1
+            newer = int(broadcast(torch.tensor([newer], dtype=torch.int64), 0,
+                                  name="elastic.round").item())
+            elastic_worker.announce(newer)
+            if newer >= 0:
+                raise HostsUpdatedInterrupt(skip_sync=False)
+            return
         if discovery.active():
             add, retire = discovery.updates_agreed()
             if add > 0 or retire:

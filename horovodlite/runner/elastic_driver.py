@@ -1,0 +1,419 @@
+"""horovodliterun --elastic: the driver of an elastic job on the Gloo controller.
+
+    horovodliterun --elastic -np 4 --min-np 2 -H node1:2,node2:2 python train.py
+    horovodliterun --elastic -np 2 --max-np 4 --host-discovery-script ./hosts.sh python train.py
+
+The launcher is the job's driver for its whole life. It starts each worker (here, or through
+ssh or ``--ssh-agent``) with a worker number of its own and no rank; hosts the job's store
+(``rendezvous_server.py``); publishes who is in the job as rendezvous ROUNDS
+(``common/elastic_rounds.py``: worker numbers in rank order); watches its workers through their
+reports (``report.py``); and polls ``--host-discovery-script``. The workers meet in each round
+under a fresh key prefix, with the rank it gives them (``common/elastic_worker.py``).
+
+What changes the job, each said in one line and published as a new round:
+
+- **Lost**: a worker that exits with an error, or a host lost (its workers' report connections
+  closed without an exit status: killed; or nothing heard for 15 s: a cut link). Its workers
+  leave the job at once: the survivors are told (their collectives fail naming it, so
+  ``hvd.elastic.run`` restores the last commit and asks for the next round), the host is
+  blacklisted (``--blacklist-cooldown-range``, else for the rest of the job), and the next round
+  is published without them.
+- **A reset with nobody lost** (a worker's training failed, and it asked for a new round): once
+  every worker of the round asked, or after HOROVOD_GLOO_TIMEOUT_SECONDS (the loss that caused
+  it may not be known yet), the same workers meet again.
+- **Growth**: the discovery script lists slots beyond the job's, up to ``--max-np``, on hosts
+  not blacklisted: new workers start there and the next round lists them; the running workers
+  learn of it at their next ``state.commit()`` (``HostsUpdatedInterrupt``).
+- **Retirement**: a host the script no longer lists: its workers are left out of the next round
+  (after one last sync, so what they processed counts) and exit as retired.
+
+The job ends when its workers finish (exit 0 once every worker of the last round did), when
+fewer than ``--min-np`` are left or ``--reset-limit`` rounds followed failures (a last round
+that says so ends every worker), or on SIGINT/SIGTERM/SIGHUP. The driver's host is the job's
+single point of failure: workers that lose its store end with an error naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from horovodlite.common import elastic_rounds, launch_env
+from horovodlite.runner import rank_output, remote
+from horovodlite.runner.gloo_launch import (
+    POLL,
+    TERM_GRACE,
+    describe,
+    job_address,
+    rank_env,
+    say,
+    start_rank,
+)
+from horovodlite.runner.report import ReportServer, interface_addresses
+
+LOOPBACK = ("localhost", "localhost.localdomain", "127.0.0.1", "::1")
+EXIT_GRACE = 10.0  # after the job ended, for its workers to exit by themselves
+DEFAULT_ELASTIC_TIMEOUT = 600.0  # Horovod's --elastic-timeout default
+
+
+@dataclass
+class Worker:
+    number: int
+    host: str
+    local: bool
+    proc: subprocess.Popen
+    status: int | None = None  # exit status, once known (negative: signal)
+    left: str = ""  # why it is out of the job ("" while in it, or finished)
+    retired: bool = False
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class Blacklist:
+    cooldown: tuple | None  # (MIN, MAX) seconds, or None: for the rest of the job
+    failures: dict = field(default_factory=dict)
+    until: dict = field(default_factory=dict)
+
+    def add(self, host: str, now: float) -> str:
+        self.failures[host] = self.failures.get(host, 0) + 1
+        if self.cooldown is None:
+            self.until[host] = float("inf")
+            return "for the rest of the job"
+        seconds = min(self.cooldown[1], self.cooldown[0] * 2 ** (self.failures[host] - 1))
+        self.until[host] = now + seconds
+        return f"for {seconds:g} s (--blacklist-cooldown-range)"
+
+    def blocked(self, host: str, now: float) -> bool:
+        return self.until.get(host, 0.0) > now
+
+
+class ElasticJob:
+    def __init__(self, args, slots: list, base_env: dict):
+        self.args = args
+        self.base_env = base_env
+        self.min_np = args.min_np or 1
+        self.max_np = args.max_np or args.num_proc
+        self.elastic_timeout = args.elastic_timeout or DEFAULT_ELASTIC_TIMEOUT
+        self.reset_limit = args.reset_limit
+        self.names = remote.local_names(interface_addresses())
+        self.slots: dict = {}  # host -> slots: -H, then the discovery script's
+        for host, n in slots:
+            self.slots[self.name(host)] = self.slots.get(self.name(host), 0) + n
+        from horovodlite.common.rendezvous import timeout_seconds
+
+        try:
+            self.gloo_timeout = timeout_seconds(base_env)
+        except ValueError as e:
+            raise SystemExit(f"horovodliterun: {e}") from None
+        if args.host_discovery_script:
+            found = self.discover()
+            if found is None:
+                raise SystemExit("horovodliterun: --host-discovery-script failed at the start")
+            self.slots = found
+        others = [h for h in self.slots if not self.local(h)]
+        self.addr = job_address(args.network_interface, others)
+        self.workers: dict[int, Worker] = {}
+        self.members: list[int] = []  # the current round's workers, rank order
+        self.round = -1
+        self.blacklist = Blacklist(args.blacklist_cooldown_range)
+        self.failure_rounds = 0
+        self.ended = ""  # why the driver ended the job
+        self.first_status: int | None = None  # the first failed worker's status
+        self.forwarder = rank_output.Forwarder()
+        self.seen_lost: set = set()
+        self.next_discovery = 0.0
+        self.reset_since: float | None = None
+        self.server = None
+        self.reports = None
+
+    # -- hosts ---------------------------------------------------------------------------------
+    def local(self, host: str) -> bool:
+        return host in LOOPBACK or remote.is_local(host, self.names)
+
+    def discover(self) -> dict | None:
+        """host -> slots the script lists now; None when it fails (the last answer stands)."""
+        try:
+            out = subprocess.run([self.args.host_discovery_script], capture_output=True,
+                                 text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            say(f"--host-discovery-script: {e}; keeping the last host list")
+            return None
+        if out.returncode != 0:
+            say(f"--host-discovery-script exited with status {out.returncode}; keeping the "
+                "last host list")
+            return None
+        found: dict = {}
+        for host, slots in elastic_rounds.parse_hosts(out.stdout).items():
+            name = self.name(host)
+            found[name] = found.get(name, 0) + slots
+        return found
+
+    @staticmethod
+    def name(host: str) -> str:
+        """A host's name in the job: a loopback name (``localhost:4``, the usual discovery
+        output for one machine) is this machine's."""
+        return socket.gethostname() if host in LOOPBACK else host
+
+    def running_on(self, host: str) -> int:
+        return sum(1 for w in self.members if self.workers[w].host == host)
+
+    # -- workers -------------------------------------------------------------------------------
+    def spawn(self, host: str) -> int:
+        number = len(self.workers)
+        settings = launch_env.elastic_worker_settings(
+            number, host, self.server.addr, self.server.port, self.server.secret, self.min_np,
+            self.max_np, self.elastic_timeout)
+        settings.update(launch_env.report_settings([self.addr], self.reports.port,
+                                                   self.reports.token))
+        if self.args.network_interface:
+            settings[launch_env.GLOO_IFACE] = self.args.network_interface.split(",")[0]
+        if self.args.output_filename:
+            settings[launch_env.OUTPUT_FILENAME] = os.path.abspath(self.args.output_filename)
+        here = self.local(host)
+        proc = start_rank(number, host, here, rank_env(self.base_env, settings), self.args,
+                          self.forwarder)
+        self.workers[number] = Worker(number, host, here, proc)
+        return number
+
+    def publish(self, reason: str, end: str = "", retired: list = ()) -> None:
+        self.round += 1
+        hosts = [self.workers[w].host for w in self.members]
+        elastic_rounds.publish(self.server.store, elastic_rounds.Round(
+            self.round, [str(w) for w in self.members], hosts, reason, end,
+            [str(w) for w in retired]))
+        self.reset_since = None
+        self.reports.round = self.round
+        if end:
+            say(f"round {self.round}: the job ends: {end}")
+            self.ended = end
+        else:
+            layout = ", ".join(f"{h}:{hosts.count(h)}" for h in dict.fromkeys(hosts))
+            say(f"round {self.round}: {len(self.members)} worker"
+                f"{'s' if len(self.members) != 1 else ''} ({layout})" +
+                (": the job starts" if self.round == 0 else ", from their last commit"))
+
+    def rank_names(self, workers: list) -> str:
+        """'ranks 2, 3' (their ranks in the current round; worker numbers of those not in it)."""
+        ranks = [self.members.index(w) if w in self.members else w for w in workers]
+        return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}"
+
+    # -- watching ------------------------------------------------------------------------------
+    def _statuses(self) -> None:
+        """Each worker's exit status, from its report (the real one, behind ssh) or its process."""
+        reported = {r.rank: r for r in self.reports.ranks}
+        for w in self.workers.values():
+            if w.status is not None:
+                continue
+            r = reported.get(w.number)
+            if r is not None and r.status is not None:
+                w.status, w.retired = r.status, r.retired
+            elif not w.running() and (r is None or not r.connected):
+                w.status = w.proc.poll()
+                w.status = 128 - w.status if w.status < 0 else w.status
+
+    def _losses(self, now: float) -> list:
+        """What left the job since the last look, one line each; removes it from the members."""
+        lines = []
+        for host, why in list(self.reports.lost_hosts.items()):
+            if host in self.seen_lost:
+                continue
+            self.seen_lost.add(host)
+            gone = [w for w in self.members if self.workers[w].host == host]
+            if not gone:
+                continue
+            names = self.rank_names(gone)
+            for w in gone:
+                self.workers[w].left = f"lost with its host: {why}"
+            self.members = [w for w in self.members if w not in gone]
+            lines.append(f"lost {host} ({names}): {why}; blacklisted "
+                         f"{self.blacklist.add(host, now)}")
+        for number in list(self.members):
+            w = self.workers[number]
+            if w.status is None or w.status == 0:
+                continue
+            names = self.rank_names([number])
+            self.members.remove(number)
+            w.left = f"exited with {describe(w.status)}"
+            if self.first_status is None:
+                self.first_status = w.status
+            self.reports.tell_failed(number, w.host, f"it exited with {describe(w.status)}")
+            lines.append(f"{names} (worker {number}) on {w.host} exited with "
+                         f"{describe(w.status)}; {w.host} blacklisted "
+                         f"{self.blacklist.add(w.host, now)}")
+        return lines
+
+    def _discovery(self, now: float) -> tuple:
+        """(workers to retire, hosts grown onto) from the discovery script, when it is time."""
+        if not self.args.host_discovery_script or now < self.next_discovery:
+            return [], []
+        self.next_discovery = now + launch_env.discovery_interval(self.base_env)
+        found = self.discover()
+        if found is None:
+            return [], []
+        listed = {h for h in found}
+        job_hosts = {self.workers[w].host for w in self.members}
+        if job_hosts and not job_hosts & listed:
+            return [], []  # lists none of the job's hosts: taken for a broken script
+        retire = [w for w in self.members if self.workers[w].host not in listed]
+        if retire:
+            return retire, []
+        self.slots = found
+        room = self.max_np - len(self.members)
+        grown = []
+        for host, slots in found.items():
+            free = slots - self.running_on(host)
+            while free > 0 and room > 0 and not self.blacklist.blocked(host, now):
+                self.members.append(self.spawn(host))
+                grown.append(host)
+                free -= 1
+                room -= 1
+        return [], grown
+
+    def _reset_wanted(self, now: float) -> bool:
+        """A reset asked for with nobody lost: meet again once all asked, or after the timeout."""
+        asked = elastic_rounds.resets_requested(self.server.store, self.round)
+        if asked == 0:
+            return False
+        if self.reset_since is None:
+            self.reset_since = now
+        return asked >= len(self.members) or now - self.reset_since >= self.gloo_timeout
+
+    def step(self, now: float) -> None:
+        """One look at the job; publishes a round when it changed."""
+        self._statuses()
+        lost = self._losses(now)
+        retire, grown = self._discovery(now) if not lost else ([], [])
+        reasons = list(lost)
+        if retire:
+            hosts = sorted({self.workers[w].host for w in retire})
+            reasons.append(f"{', '.join(hosts)} left the host discovery output: "
+                           f"{self.rank_names(retire)} retire")
+            self.members = [w for w in self.members if w not in retire]
+            for w in retire:
+                self.workers[w].left = "retired: its host left the host discovery output"
+        if grown:
+            hosts = ", ".join(f"{h}:{grown.count(h)}" for h in dict.fromkeys(grown))
+            reasons.append(f"added {len(grown)} worker{'s' if len(grown) > 1 else ''} on {hosts} "
+                           "(host discovery); they join at the next commit")
+        if not reasons and self._reset_wanted(now):
+            reasons.append("a worker's training failed; the same workers meet again")
+            lost = ["reset"]
+        for line in reasons:
+            say(line)
+        if not reasons:
+            return
+        if lost:
+            self.failure_rounds += 1
+        if not self.members or len(self.members) < self.min_np:
+            self.publish("; ".join(reasons), end=f"{len(self.members)} worker"
+                         f"{'s' if len(self.members) != 1 else ''} left, fewer than --min-np "
+                         f"{self.min_np}")
+        elif self.reset_limit is not None and self.failure_rounds > self.reset_limit:
+            self.publish("; ".join(reasons), end=f"more than --reset-limit {self.reset_limit} "
+                                                 "resets")
+        else:
+            self.publish("; ".join(reasons), retired=retire)
+
+    def done(self) -> bool:
+        """Every worker of the job has finished (or none runs any more)."""
+        if not any(w.running() for w in self.workers.values()):
+            return True
+        return bool(self.members) and all(self.workers[w].status == 0 for w in self.members)
+
+    def signal_all(self, sig) -> None:
+        for w in self.workers.values():
+            if w.running():
+                try:
+                    os.killpg(w.proc.pid, sig)
+                except OSError:
+                    pass
+
+    def run(self, initial: list) -> int:
+        from horovodlite.runner.rendezvous_server import RendezvousServer
+
+        asked: list = []
+        previous = {sig: signal.signal(sig, lambda s, _f: asked.append(s))
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        self.reports = ReportServer(bind=self.addr, on_lost=lambda *_: None)
+        try:
+            with RendezvousServer(self.addr, timeout_seconds=self.elastic_timeout) as server:
+                self.server = server
+                self.members = [self.spawn(h) for h in initial]
+                self.publish("the job starts")
+                self.next_discovery = time.monotonic() + launch_env.discovery_interval(
+                    self.base_env)
+                self._watch(asked)
+                self.forwarder.join(3.0)
+                self.reports.wait_for_exits(3.0)
+                self._statuses()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.signal_all(signal.SIGKILL)
+            self.reports.close()
+        return self.outcome()
+
+    def _watch(self, asked: list) -> None:
+        """Until no worker runs: looks at the job every POLL s; once it ended (or finished with
+        workers out of it still running, e.g. behind a cut link), SIGTERM to what still runs,
+        SIGKILL TERM_GRACE s later."""
+        deadline = None
+        stage = 0
+        while any(w.running() for w in self.workers.values()):
+            now = time.monotonic()
+            if asked and not self.ended:
+                self.publish("", end=f"horovodliterun was asked to stop "
+                                     f"({signal.Signals(asked[0]).name})")
+                deadline = now
+            if not self.ended:
+                self.step(now)
+            if deadline is None and self.ended:
+                deadline = now + EXIT_GRACE  # the workers end themselves on the last round
+            elif deadline is None and self.done():
+                deadline = now
+            if deadline is not None and now >= deadline:
+                self.reports.expect_endings()
+                if stage == 2:
+                    return
+                stage += 1
+                self.signal_all(signal.SIGTERM if stage == 1 else signal.SIGKILL)
+                deadline = now + TERM_GRACE
+            time.sleep(POLL)
+
+    def outcome(self) -> int:
+        finished = [w for w in self.members if self.workers[w].status == 0]
+        departures = [f"worker {w.number} on {w.host}: {w.left}"
+                      for w in self.workers.values() if w.left]
+        if self.ended or len(finished) < self.min_np or len(finished) < len(self.members):
+            why = self.ended or (f"{len(finished)} of the last round's {len(self.members)} "
+                                 "workers finished")
+            say(f"the elastic job did not complete: {why}")
+            for line in departures:
+                say(f"  {line}")
+            return self.first_status if self.first_status and self.first_status > 0 else 1
+        if departures:
+            say(f"the elastic job completed with {len(finished)} workers, without:")
+            for line in departures:
+                say(f"  {line}")
+        return 0
+
+
+def run(args, slots: list, base_env: dict) -> int:
+    """Runs the elastic job (see the top); returns horovodliterun's exit status."""
+    job = ElasticJob(args, slots, base_env)
+    hosts = job.slots
+    initial: list = []
+    for host, n in hosts.items():
+        initial += [host] * n
+    if not initial:  # no -H and no discovery script: every worker here
+        initial = [socket.gethostname()] * args.num_proc
+    if len(initial) < args.num_proc:
+        raise SystemExit(f"horovodliterun: -np {args.num_proc} but the hosts given have "
+                         f"{len(initial)} slot(s); the Gloo launcher starts one worker per slot")
+    return job.run(initial[:args.num_proc])
