@@ -493,3 +493,171 @@ def test_elastic_grows_onto_a_host_outside_h(hosts, tmp_path):
     assert ("hvd.elastic: started 1 new rank on hvdl-host1, added to the job (host discovery): "
             "ranks 2..2") in out, out
     assert re.search(r"continuing from commit \d+ with 2 -> 3 ranks", out), out
+
+
+# ------------------------------------------- elastic without MPI (horovodliterun as the driver)
+
+
+def _elastic_gloo(tmp_path, spec: str, np_: int, event, *script_args: str, extra=(),
+                  ranks_up: int | None = None, timeout: float = 180, env=None) -> tuple:
+    """horovodliterun --elastic on hvdl-host0 (the driver), workers placed by ``spec`` through
+    the agent; ``event()`` once every worker is up. Returns (rc, output, the event's wall
+    time)."""
+    cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "--elastic", "-np",
+           str(np_), "-H", spec, "--ssh-agent", HOSTCTL, "--network-interface", "eth0", *extra,
+           *ELASTIC, *script_args]
+    wall: list = []
+
+    def at_event():
+        wall.append(time.time())
+        event()
+
+    rc, out, _ = run_with_event(cmd, tmp_path / "job.log", ranks_up or np_, at_event, timeout,
+                                cwd=ROOT, settle=2,
+                                env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "10", **(env or {})})
+    return rc, out, wall[0]
+
+
+def _recovered_after(out: str, event_wall: float) -> float:
+    """Seconds from the event to the survivors' first step at the new size."""
+    resumed = [float(t) for t in re.findall(r"RESUMED rank \d+ at ([\d.]+)", out)]
+    assert resumed, out
+    return min(resumed) - event_wall
+
+
+def test_gloo_elastic_a_host_whose_processes_die_the_other_host_finishes(hosts, tmp_path):
+    """2 hosts x 2 workers; every process of hvdl-host1 SIGKILLed mid-training: the two
+    workers of hvdl-host0 restore the last commit, meet in round 1 and finish with the
+    weights of the reference (4 ranks up to that commit, 2 after it)."""
+    spec, _ = LAYOUTS["2x2"]
+    rc, out, lost = _elastic_gloo(tmp_path, spec, 4, lambda: _kill_host("hvdl-host1"),
+                                  "--step-seconds", "0.2", "--epochs", "10")
+    assert rc == 0, out
+    finals = re.findall(r"FINAL rank (\d) size (\d) epochs 10 steps", out)
+    assert sorted(finals) == [("0", "2"), ("1", "2")], out
+    assert re.search(r"LOSSES rank 0 \[\(\d+, \d+, \[2, 3\]\)\]", out), out
+    assert "horovodliterun: lost hvdl-host1 (ranks 2, 3)" in out, out
+    assert "horovodliterun: round 1: 2 workers (hvdl-host0:2), from their last commit" in out
+    assert re.search(r"continuing from commit \d+ with 4 -> 2 ranks", out), out
+    took = _recovered_after(out, lost)
+    print(f"killed host: first step at the new size {took:.1f} s after the loss")
+    assert took < 10, out
+
+
+def test_gloo_elastic_a_host_cut_off_the_other_host_finishes(hosts, tmp_path):
+    """The same with hvdl-host1's link cut (ip link set ... down): nothing closes, the silence
+    is the sign - detected within the timeout (HOROVOD_GLOO_TIMEOUT_SECONDS=10, the launcher's
+    15 s), then the same result; the cut-off workers end themselves."""
+    spec, _ = LAYOUTS["2x2"]
+
+    def cut():
+        subprocess.run(["ip", "link", "set", "hvdl-veth1", "down"], check=True)
+
+    try:
+        rc, out, lost = _elastic_gloo(tmp_path, spec, 4, cut, "--step-seconds", "0.2",
+                                      "--epochs", "14")
+    finally:
+        subprocess.run(["ip", "link", "set", "hvdl-veth1", "up"], check=True)
+    assert rc == 0, out
+    finals = re.findall(r"FINAL rank (\d) size (\d) epochs 14 steps", out)
+    assert sorted(finals) == [("0", "2"), ("1", "2")], out
+    assert re.search(r"LOSSES rank 0 \[\(\d+, \d+, \[2, 3\]\)\]", out), out
+    took = _recovered_after(out, lost)
+    print(f"cut link: first step at the new size {took:.1f} s after the cut")
+    assert took < 10 + 15, out
+    deadline = time.monotonic() + 60
+    while _elastic_processes() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _elastic_processes() == []
+
+
+def _elastic_processes() -> list:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "elastic_train.py" in line]
+
+
+def test_gloo_elastic_grows_onto_a_third_host(hosts, tmp_path):
+    """-H hvdl-host0:2, --max-np 3; the discovery script adds hvdl-host2:1 while training: the
+    driver starts a worker there, the job meets it at the next commit, and all three finish
+    with identical weights."""
+    listing, script = discovery_script(tmp_path, "hvdl-host0:2\n")
+    rc, out, _ = _elastic_gloo(
+        tmp_path, "hvdl-host0:2", 2, lambda: listing.write_text("hvdl-host0:2\nhvdl-host2:1\n"),
+        "--compare", "ranks", "--step-seconds", "0.1", "--epochs", "8",
+        extra=("--max-np", "3", "--host-discovery-script", str(script)),
+        env={"HVDL_DISCOVERY_INTERVAL": "0.2"})
+    assert rc == 0, out
+    assert sorted(re.findall(r"FINAL rank (\d) size 3 epochs 8 agree", out)) == ["0", "1", "2"]
+    assert ("horovodliterun: added 1 worker on hvdl-host2:1 (host discovery); they join at the "
+            "next commit") in out, out
+    assert "round 1: 3 workers (hvdl-host0:2, hvdl-host2:1)" in out, out
+
+
+def test_gloo_elastic_a_second_loss_during_recovery(hosts, tmp_path):
+    """hvdl-host0:2, hvdl-host1:1, hvdl-host2:1: hvdl-host2 is killed, and the worker of
+    hvdl-host1 dies inside the recovery (its reset callback): host 0's two workers finish with
+    the reference's weights."""
+    rc, out, _ = _elastic_gloo(tmp_path, "hvdl-host0:2,hvdl-host1:1,hvdl-host2:1", 4,
+                               lambda: _kill_host("hvdl-host2"), "--kill-in-reset", "2",
+                               "--step-seconds", "0.2", "--epochs", "10")
+    assert rc == 0, out
+    assert sorted(re.findall(r"FINAL rank (\d) size (\d) epochs 10 steps", out)) == [
+        ("0", "2"), ("1", "2")], out
+    assert re.search(r"LOSSES rank 0 \[\(\d+, \d+, \[2, 3\]\)\]", out), out
+    assert "horovodliterun: lost hvdl-host2 (rank 3)" in out, out
+
+
+def test_gloo_elastic_the_drivers_host_lost(hosts, tmp_path):
+    """Workers on hvdl-host1 and hvdl-host2, the driver on hvdl-host0, which is killed whole:
+    the workers end by themselves (they lost the driver's store and its reports), none trains
+    on or waits for ever."""
+    cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "--elastic", "-np",
+           "2", "-H", "hvdl-host1:1,hvdl-host2:1", "--ssh-agent", HOSTCTL,
+           "--network-interface", "eth0", *ELASTIC, "--step-seconds", "0.2", "--epochs", "60"]
+    log = tmp_path / "job.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+               HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        deadline = time.monotonic() + 120
+        while log.read_text().count("UP rank") < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert log.read_text().count("UP rank") == 2, log.read_text()
+        time.sleep(1)
+        lost_at = time.monotonic()
+        _kill_host("hvdl-host0")
+        proc.wait()
+    while _elastic_processes() and time.monotonic() - lost_at < 90:
+        time.sleep(1)
+    left = _elastic_processes()
+    for line in left:
+        os.kill(int(line.split()[0]), 9)
+    assert left == [], log.read_text()
+    print(f"the workers ended {time.monotonic() - lost_at:.1f} s after the driver's host")
+
+
+@pytest.mark.skipif(not _ulfm(), reason="this build's MPI has no ULFM")
+def test_elastic_mpi_a_host_cut_off_ends_the_job_within_seconds(hosts, tmp_path):
+    """--elastic --mpi (ULFM) cannot go on without a host's MPI daemon, and behind a cut link
+    Open MPI's runtime would wait for ever: horovodliterun ends the job once it notices, with
+    a non-zero exit and a line saying what survives what."""
+    spec, _ = LAYOUTS["3x1"]
+    cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", "3",
+           *_launch_args(spec, "--elastic", "--mpi"), *ELASTIC, "--step-seconds", "0.2",
+           "--epochs", "40"]
+
+    def cut():
+        subprocess.run(["ip", "link", "set", "hvdl-veth2", "down"], check=True)
+
+    try:
+        rc, out, cut_at = run_with_event(cmd, tmp_path / "job.log", 3, cut, 120, cwd=ROOT,
+                                         settle=2)
+    finally:
+        subprocess.run(["ip", "link", "set", "hvdl-veth2", "up"], check=True)
+    took = time.monotonic() - cut_at
+    assert rc != 0, out
+    assert "horovodliterun: lost hvdl-host2 (rank 2)" in out, out
+    assert "--elastic --mpi survives lost processes, not a lost host" in out, out
+    print(f"--elastic --mpi, cut link: the job ended {took:.1f} s after the cut")
+    assert took < 15 + 30, out

@@ -117,3 +117,18 @@ def test_a_rank_killed_by_a_signal_ends_the_job():
     rc, out, took = torchrun(3, SCRIPTS / "crash.py", "kill", timeout=120)
     assert rc != 0, out[-4000:]
     assert took < 100, out[-4000:]
+
+
+def test_torchrun_max_restarts_with_hvd_elastic_run(tmp_path):
+    """torchrun's own elasticity: rank 1 dies at step 7 of the first attempt; hvd.elastic.run
+    ends the survivor instead of waiting for the dead, torchrun restarts both workers, they
+    resume from the checkpoint of the last commit and finish with the uninterrupted weights."""
+    rc, out, took = torchrun(2, "--max-restarts", "1", SCRIPTS / "torchrun_restart.py",
+                             tmp_path / "ckpt.pt", timeout=180)
+    assert rc == 0, out[-6000:]
+    assert "START rank 0 restart 1 step 7" in out, out[-6000:]
+    assert sorted(line.split()[2] for line in out.splitlines()
+                  if "FINAL rank" in line and "restart 1 steps 20 match" in line) == \
+        ["0", "1"], out[-6000:]
+    assert "torchrun restarts the job (--max-restarts 1)" in out, out[-6000:]
+    assert took < 150, out[-4000:]

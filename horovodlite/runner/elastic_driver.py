@@ -220,17 +220,24 @@ class ElasticJob:
     def _losses(self, now: float) -> list:
         """What left the job since the last look, one line each; removes it from the members."""
         lines = []
-        for host, why in list(self.reports.lost_hosts.items()):
-            if host in self.seen_lost:
-                continue
-            self.seen_lost.add(host)
-            gone = [w for w in self.members if self.workers[w].host == host]
-            if not gone:
-                continue
-            names = self.rank_names(gone)
-            for w in gone:
+        # lost workers (the reports mark every worker of a lost host), grouped by host; a host
+        # lost again after its cooldown is told to the survivors here (the reports announce a
+        # host once)
+        records = {r.rank: r for r in self.reports.ranks}
+        by_host: dict = {}
+        for number in self.members:
+            r = records.get(number)
+            if r is not None and r.lost:
+                by_host.setdefault(self.workers[number].host, []).append((number, r.lost))
+        for host, gone in by_host.items():
+            why = gone[0][1]
+            names = self.rank_names([w for w, _ in gone])
+            for w, _ in gone:
                 self.workers[w].left = f"lost with its host: {why}"
-            self.members = [w for w in self.members if w not in gone]
+                if host in self.seen_lost:
+                    self.reports.tell_failed(w, host, why)
+            self.seen_lost.add(host)
+            self.members = [w for w in self.members if w not in dict(gone)]
             lines.append(f"lost {host} ({names}): {why}; blacklisted "
                          f"{self.blacklist.add(host, now)}")
         for number in list(self.members):

@@ -283,8 +283,17 @@ def _run(cmd: list, env: dict, reports, size: int, elastic: bool = False,
                     proc.send_signal(asked[0])
                 deadline = now + TERM_GRACE
             if reports is not None and reports.lost_hosts and stage == 0:
-                if deadline is None and not elastic:  # elastic: the survivors go on
+                if deadline is None and not elastic:
                     deadline = now + LOST_GRACE
+                elif deadline is None:
+                    # ULFM survives lost processes, not a lost host: Open MPI 5.0's runtime
+                    # ends the job when it loses a daemon - or, behind a cut link, waits
+                    # for ever. End it now.
+                    sys.stderr.write(
+                        "horovodliterun: --elastic --mpi survives lost processes, not a lost "
+                        "host (Open MPI's runtime cannot go on without that host's daemon); "
+                        "ending the job. `--elastic` without --mpi survives lost hosts\n")
+                    deadline = now
                 if not finished and reports.all_accounted_for(size):
                     finished = True  # nothing of the job runs: end mpirun soon
                     deadline = min(deadline or now + DONE_GRACE, now + DONE_GRACE)

@@ -45,7 +45,7 @@ def test_forwarded_and_job_environment():
 def test_shared_variables_are_spelled_only_in_launch_env():
     shared = [v for k, v in vars(le).items() if k.isupper() and isinstance(v, str)
               and (v.startswith("HVDL_") or k.startswith("GLOO_"))]
-    assert len(shared) == 23  # 12 of mpirun's launcher, 1 + 10 of the Gloo launchers
+    assert len(shared) == 25  # 12 of mpirun's launcher, 1 + 10 of the Gloo launchers, 2 elastic
     pattern = re.compile("|".join(rf'"{v}"' for v in shared))
     offenders = [f"{p.relative_to(PACKAGE)}:{n}"
                  for p in PACKAGE.rglob("*.py") if p.name != "launch_env.py"
