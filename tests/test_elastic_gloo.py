@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launching import discovery_script, run_with_event
+from launching import REPEATED_LOSSES, discovery_script, run_with_event
 
 from horovodlite.common.basics import gloo_built
 
@@ -69,12 +69,8 @@ def test_a_worker_killed_mid_step_the_others_finish_from_the_last_commit():
     assert took < 60, f"{took:.0f} s\n{out}"
 
 
-@pytest.mark.parametrize("args,final,losses", [
-    # a second worker dies inside the recovery from the first (in its reset callback)
-    (("--kill", "2:0:3", "--kill-in-reset", "1"), {0: (1, 2, 36)}, "[(0, 3, [1, 2])]"),
-    # two losses at different steps: 3 -> 2 -> 1 ranks
-    (("--kill", "1:0:2", "--kill", "2:1:1"), {0: (1, 2, 27)}, "[(0, 2, [1]), (1, 1, [2])]"),
-], ids=["during-recovery", "one-after-another"])
+@pytest.mark.parametrize("args,final,losses", REPEATED_LOSSES,
+                         ids=["during-recovery", "one-after-another"])
 def test_repeated_losses(args, final, losses):
     rc, out, took = run_elastic(3, *args)
     assert rc == 0, out

@@ -1,5 +1,5 @@
-"""Elastic jobs on MPI with ULFM (``horovodliterun --elastic --mpi``): ranks are killed (SIGKILL) in the
-middle of training and the survivors continue from the last commit at the smaller size.
+"""Elastic jobs on MPI with ULFM (``horovodliterun --elastic --mpi``): ranks are killed (SIGKILL)
+in the middle of training and the survivors continue from the last commit at the smaller size.
 
 Each job runs tests/scripts/elastic_train.py: every survivor compares its final weights with a
 one-process reference that trained with every rank up to the commit the job continued from and
@@ -17,7 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-from launching import discovery_script, retry_if_launcher_did_not_start, run_with_event
+from launching import (
+    REPEATED_LOSSES,
+    discovery_script,
+    retry_if_launcher_did_not_start,
+    run_with_event,
+)
 
 from horovodlite._extension import load
 
@@ -64,13 +69,8 @@ def test_a_rank_killed_mid_step_the_others_finish_from_the_last_commit():
     assert took < 60, f"{took:.0f} s\n{out}"
 
 
-@pytest.mark.parametrize("args,final,losses", [
-    # a second rank dies inside the recovery from the first (in its reset callback, after the
-    # survivors shrank and while they synchronise): recovered again, rank 0 trains alone
-    (("--kill", "2:0:3", "--kill-in-reset", "1"), {0: (1, 2, 36)}, "[(0, 3, [1, 2])]"),
-    # two losses at different steps: 3 -> 2 -> 1 ranks
-    (("--kill", "1:0:2", "--kill", "2:1:1"), {0: (1, 2, 27)}, "[(0, 2, [1]), (1, 1, [2])]"),
-], ids=["during-recovery", "one-after-another"])
+@pytest.mark.parametrize("args,final,losses", REPEATED_LOSSES,
+                         ids=["during-recovery", "one-after-another"])
 def test_repeated_losses(args, final, losses):
     rc, out, took = run_elastic(3, *args)
     assert rc == 0, out

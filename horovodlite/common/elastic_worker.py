@@ -96,13 +96,19 @@ def next_round(failed: bool) -> elastic_rounds.Round:
     """After a shutdown: the round to continue in (see the top). Raises JobEnded or NotInJob
     when there is none for this worker."""
     global _chosen
-    store, after = _store(), (_current.number if _current else -1)
+    after = _current.number if _current else -1
     try:
+        store = _store()
         if failed:
             elastic_rounds.request_reset(store, after)
         r = elastic_rounds.wait_round(store, after, launch_env.elastic_timeout())
-    except (TimeoutError, ConnectionError) as e:
+    except TimeoutError as e:
         raise JobEnded(f"worker {_launch.worker}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the store's own errors (DistNetworkError, ...)
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise JobEnded(f"worker {_launch.worker} on {socket.gethostname()}: the elastic "
+                       f"driver's store is unreachable ({first}): its host (horovodliterun's) "
+                       "is lost or the link to it cut; the job cannot go on") from None
     if not r.end and r.rank_of(_launch.worker) is not None:
         _chosen = r
     return r

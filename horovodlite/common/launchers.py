@@ -237,8 +237,8 @@ def detect(env=None, mpi_built: bool = True, gloo_built: bool = True,
         # this build has no MPI, where the Slurm variables still give a Gloo launch.
         if mpi_built or forced == "mpi":
             return mpi
-    for probe in (_elastic_worker, _horovod_gloo, lambda e: _default_group() if default_group else None,
-                  _torchrun, _slurm):
+    for probe in (_elastic_worker, _horovod_gloo,
+                  lambda e: _default_group() if default_group else None, _torchrun, _slurm):
         found = probe(env)
         if found is not None:
             if forced == "mpi":
