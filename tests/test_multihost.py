@@ -661,3 +661,51 @@ def test_elastic_mpi_a_host_cut_off_ends_the_job_within_seconds(hosts, tmp_path)
     assert "--elastic --mpi survives lost processes, not a lost host" in out, out
     print(f"--elastic --mpi, cut link: the job ended {took:.1f} s after the cut")
     assert took < 15 + 30, out
+
+
+# ------------------------------------------------------------- torchrun across the test hosts
+
+TORCHRUN_JOB = """
+import os, socket, torch, horovodlite.torch as hvd
+hvd.init()
+assert hvd.gloo_enabled() and not hvd.mpi_enabled()
+assert hvd.rank() == int(os.environ["RANK"]) and hvd.size() == int(os.environ["WORLD_SIZE"])
+total = hvd.allreduce(torch.full((1 << 20,), float(hvd.rank() + 1)), op=hvd.Sum, name="x")
+assert torch.equal(total, torch.full((1 << 20,), float(sum(range(1, hvd.size() + 1)))))
+gathered = hvd.allgather_object(socket.gethostname())
+assert gathered == ["hvdl-host0"] * 2 + ["hvdl-host1"] * 2, gathered
+from pathlib import Path  # a file per rank: torchrun interleaves the workers' output
+Path(__file__).with_name(f"topo.{hvd.rank()}").write_text(" ".join(map(str, (
+    hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
+    hvd.cross_size(), hvd.is_homogeneous(), socket.gethostname()))))
+"""
+
+
+def test_torchrun_across_hosts(hosts, tmp_path):
+    """torchrun on hvdl-host0 and hvdl-host1, 2 workers each (static rendezvous at host 0's
+    agent store): one job of 4 on the Gloo controller, shared memory inside a host and Gloo
+    between; every rank asserts its place, an allreduce and an allgather."""
+    script = tmp_path / "torchrun_job.py"
+    script.write_text(TORCHRUN_JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "HVDL_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    procs = []
+    for node in (0, 1):
+        cmd = [HOSTCTL, "run", f"hvdl-host{node}", sys.executable, "-m", "torch.distributed.run",
+               "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2",
+               "--master-addr", "10.213.0.1", "--master-port", "29613", str(script)]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=180)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("torchrun across hosts did not end within 180 s")
+    out = "\n".join(outs)
+    assert [p.returncode for p in procs] == [0, 0], out[-6000:]
+    got = sorted(tuple(f.read_text().split()) for f in tmp_path.glob("topo.*"))
+    want = sorted(tuple(str(v) for v in row) for row in expected_topology([2, 2]))
+    assert got == want, out[-6000:]
