@@ -162,6 +162,13 @@ def run(args, env: dict, error) -> int:
             args.min_np or 1, args.max_np or args.num_proc,
             host_slots(args.hosts) if args.hosts else None, args.host_discovery_script,
             args.blacklist_cooldown_range))
+    # The command by its absolute path, as this shell finds it: Open MPI started by its full
+    # path (as here) acts as if given --prefix and puts its own bin/ first on the ranks' PATH,
+    # so `python3` in a virtual environment became the system's python3 without the venv's
+    # packages (seen on a GPU machine whose Open MPI 4.1 is Debian's).
+    found = shutil.which(args.command[0]) if os.sep not in args.command[0] else None
+    if found:
+        args.command = [found, *args.command[1:]]
     reports = None
     if not args.no_rank_reports:
         reports = ReportServer(on_lost=_say_lost, tell_survivors=not args.elastic)
