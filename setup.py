@@ -127,14 +127,15 @@ def _mpi_compiler() -> tuple[str | None, str]:
 
 
 def _forget_other_mpi(build_dir: Path, identity: str) -> None:
-    """Drops the CMake cache of a build folder configured with another MPI."""
+    """Drops the CMake cache of a build folder configured with another MPI (FindMPI's answers
+    live there). The object files stay: only those compiled with MPI's flags (backends/mpi and
+    the composition root) see their command lines change and are rebuilt."""
     record = build_dir / "hvdl_mpi_identity.txt"
     if record.exists() and record.read_text() != identity:
         old = record.read_text().split("\n", 1)[0]
         _say(f"the MPI changed since the last build ({old} -> {identity.split(chr(10))[0]}); "
              "reconfiguring from scratch")
         (build_dir / "CMakeCache.txt").unlink(missing_ok=True)
-        shutil.rmtree(build_dir / "CMakeFiles", ignore_errors=True)
     build_dir.mkdir(parents=True, exist_ok=True)
     record.write_text(identity)
 

@@ -135,9 +135,8 @@ class Gloo:
     def __init__(self):
         import torch.distributed as dist
 
-        # rank 0's address as its hostname resolves (on several hosts 127.0.0.1 would not do)
-        where = COMM.bcast((socket.gethostbyname(socket.gethostname()), _free_port())
-                           if RANK == 0 else None)
+        # rank 0's address (on several hosts 127.0.0.1 would not do)
+        where = COMM.bcast((_rank0_address(), _free_port()) if RANK == 0 else None)
         dist.init_process_group("gloo", init_method=f"tcp://{where[0]}:{where[1]}", rank=RANK,
                                 world_size=SIZE)
         self.dist = dist
@@ -214,6 +213,15 @@ class Horovod(Horovodlite):
             for h in hs:
                 self.hvd.synchronize(h)
         return run
+
+
+def _rank0_address() -> str:
+    """An address of this machine that other hosts reach: its first non-loopback IPv4 address
+    (a test host's name resolves to 127.0.0.1 on that host itself)."""
+    from horovodlite.runner.report import interface_addresses
+
+    found = interface_addresses()
+    return found[0] if found else socket.gethostbyname(socket.gethostname())
 
 
 def _free_port() -> int:
@@ -365,15 +373,13 @@ def controller_env(controller: str) -> dict:
         return {"HOROVOD_CONTROLLER": "mpi"}
     if _GLOO_PORT is None:
         _GLOO_PORT = COMM.bcast(_free_port() if RANK == 0 else None)
-    host = socket.gethostname()
-    addr = COMM.bcast(socket.gethostbyname(host) if RANK == 0 else None)
-    local = COMM.Split_type(MPI.COMM_TYPE_SHARED)
-    env = {"HOROVOD_CONTROLLER": "gloo", "RANK": RANK, "WORLD_SIZE": SIZE,
-           "LOCAL_RANK": local.Get_rank(), "LOCAL_WORLD_SIZE": local.Get_size(),
-           "MASTER_ADDR": addr if SIZE > local.Get_size() else "127.0.0.1",
-           "MASTER_PORT": _GLOO_PORT - 1}  # rank 0 hosts the store at MASTER_PORT + 1
-    local.Free()
-    return env
+    addr = COMM.bcast(_rank0_address() if RANK == 0 else None)
+    hosts = COMM.allgather(socket.gethostname())  # hosts by name, as the Gloo controller sees them
+    local = [r for r, h in enumerate(hosts) if h == hosts[RANK]]
+    return {"HOROVOD_CONTROLLER": "gloo", "RANK": RANK, "WORLD_SIZE": SIZE,
+            "LOCAL_RANK": local.index(RANK), "LOCAL_WORLD_SIZE": len(local),
+            "MASTER_ADDR": addr if len(set(hosts)) > 1 else "127.0.0.1",
+            "MASTER_PORT": _GLOO_PORT - 1}  # rank 0 hosts the store at MASTER_PORT + 1
 
 
 def run_controllers(comps, sizes, quick, fusion=(200, 64 * KiB)):

@@ -99,7 +99,7 @@ pip_install "setuptools>=64" wheel numpy cloudpickle tqdm pyyaml scikit-learn
 # mpi4py needs an MPI: none without one.
 [[ "$choice" == none ]] || pip_install "mpi4py>=4"
 if [[ "${1:-}" == "--test" ]]; then
-  pip_install pytest pytest-timeout hypothesis matplotlib ruff build pyyaml
+  pip_install pytest pytest-timeout pytest-xdist hypothesis matplotlib ruff build pyyaml
   # The integration tests' Ray and Spark (tests/test_integrations.py), with the installed torch
   # pinned in the same command so that nothing they pull can replace it.
   torch_version=$("$PY" -c 'import torch; print(torch.__version__)')

@@ -593,6 +593,25 @@ def test_gloo_elastic_grows_onto_a_third_host(hosts, tmp_path):
     assert "round 1: 3 workers (hvdl-host0:2, hvdl-host2:1)" in out, out
 
 
+def test_gloo_elastic_a_host_left_out_by_discovery_retires_its_worker(hosts, tmp_path):
+    """hvdl-host0:2 and hvdl-host1:1; the discovery script then lists only hvdl-host0: at the
+    next commit the worker of hvdl-host1 syncs once more, leaves (retired, not failed) and the
+    two others finish with the reference's weights (3 ranks up to that commit, 2 after)."""
+    listing, script = discovery_script(tmp_path, "hvdl-host0:2\nhvdl-host1:1\n")
+    rc, out, _ = _elastic_gloo(
+        tmp_path, "hvdl-host0:2,hvdl-host1:1", 3, lambda: listing.write_text("hvdl-host0:2\n"),
+        "--retired", "--step-seconds", "0.1", "--epochs", "4",
+        extra=("--host-discovery-script", str(script)), env={"HVDL_DISCOVERY_INTERVAL": "0.2"})
+    assert rc == 0, out
+    assert sorted(re.findall(r"FINAL rank (\d) size (\d) epochs 4", out)) == [
+        ("0", "2"), ("1", "2")], out
+    assert ("horovodliterun: hvdl-host1 left the host discovery output: rank 2 retire"
+            in out), out
+    assert "rank 2 retires: its host hvdl-host1 is no longer in the host discovery output" in out
+    assert re.search(r"LOSSES rank 0 \[\(\d, \d+, \[2\]\)\]", out), out
+    assert "worker 2 on hvdl-host1: retired: its host left the host discovery output" in out, out
+
+
 def test_gloo_elastic_a_second_loss_during_recovery(hosts, tmp_path):
     """hvdl-host0:2, hvdl-host1:1, hvdl-host2:1: hvdl-host2 is killed, and the worker of
     hvdl-host1 dies inside the recovery (its reset callback): host 0's two workers finish with

@@ -154,6 +154,20 @@ def check_secret(store, launch: Launch, timeout: float) -> None:
             "refused. Check HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT: two jobs share the address.")
 
 
+def _tcp_store_address(store) -> tuple:
+    """(host, port) of the TCPStore under ``store`` (PrefixStores unwrapped), or (None, None)."""
+    for _ in range(8):
+        if hasattr(store, "host") and hasattr(store, "port"):
+            try:
+                return store.host, store.port
+            except Exception:  # noqa: BLE001 - not a TCPStore after all
+                return None, None
+        store = getattr(store, "underlying_store", None)
+        if store is None:
+            break
+    return None, None
+
+
 def job_token(store) -> str:
     """A name for the job that its store holds: the first rank to ask draws it (compare-and-set),
     so two jobs whose launchers left nothing to tell them apart (a default group set up from a
@@ -214,10 +228,11 @@ def layout(hosts: list, rank: int) -> dict:
             "cross_rank": order.index(mine), "cross_size": len(order)}
 
 
-def device_address(launch: Launch) -> str:
-    """The address other hosts reach this rank at: the one it reaches the rendezvous from."""
+def device_address(launch: Launch) -> str | None:
+    """The address other hosts reach this rank at: the one it reaches the rendezvous from; None
+    when the rendezvous's address is unknown (then Gloo's default: this host name's address)."""
     if not launch.addr:
-        return "127.0.0.1"
+        return None
     try:
         family = socket.AF_INET6 if ":" in launch.addr else socket.AF_INET
         probe = socket.socket(family, socket.SOCK_DGRAM)
@@ -238,8 +253,13 @@ def gloo_group(ns, launch: Launch, timeout: float, name: str):
     options = dist.ProcessGroupGloo._Options()
     options._timeout = datetime.timedelta(seconds=timeout)
     iface = next((os.environ[v] for v in IFACE_VARS if os.environ.get(v)), None)
-    device = (dist.ProcessGroupGloo.create_device(interface=iface) if iface else
-              dist.ProcessGroupGloo.create_device(hostname=device_address(launch)))
+    addr = device_address(launch)
+    if iface:
+        device = dist.ProcessGroupGloo.create_device(interface=iface)
+    elif addr:
+        device = dist.ProcessGroupGloo.create_device(hostname=addr)
+    else:
+        device = dist.ProcessGroupGloo.create_default_device()
     options._devices = [device]
     backend = dist.ProcessGroupGloo(ns, launch.rank, launch.size, options)
     group = dist.ProcessGroup(ns, launch.rank, launch.size)
@@ -260,7 +280,11 @@ def meet(launch: Launch, round_: int = 0, wait: float | None = None, superseded=
     if not launch.worker:
         check_secret(store, launch, timeout)
     if launch.store == STORE_DEFAULT_GROUP:
-        launch = dataclasses.replace(launch, job=job_token(store))
+        # the default group's TCPStore says where the job meets: the address to bind Gloo to
+        # is the one this host reaches it from (across hosts 127.0.0.1 would not do)
+        where = _tcp_store_address(store)
+        launch = dataclasses.replace(launch, job=job_token(store),
+                                     addr=launch.addr or where[0], port=launch.port or where[1])
     ns = dist.PrefixStore(f"horovodlite/{launch.job}/{round_}/", store)
     ranks = gather_ranks(ns, launch, timeout if wait is None else wait, superseded)
     hosts = [r["host"] for r in ranks]
