@@ -130,5 +130,7 @@ def test_torchrun_max_restarts_with_hvd_elastic_run(tmp_path):
     assert sorted(line.split()[2] for line in out.splitlines()
                   if "FINAL rank" in line and "restart 1 steps 20 match" in line) == \
         ["0", "1"], out[-6000:]
-    assert "torchrun restarts the job (--max-restarts 1)" in out, out[-6000:]
+    # the survivor ends itself saying why, unless torchrun's agent ended it first
+    assert ("torchrun restarts the job (--max-restarts 1)" in out
+            or "closing signal SIGTERM" in out), out[-6000:]
     assert took < 150, out[-4000:]
