@@ -23,6 +23,7 @@ collect_ignore = [] if os.environ.get("HVDL_PARALLEL_WORKER") else ["parallel"]
 BUILD_LANE = ("test_install.py", "test_libstdcxx_build.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         lane = "build" if item.path.name in BUILD_LANE else "main"
