@@ -27,7 +27,6 @@ Workers learn of a round in two ways: after a failure (``wait_round``, bounded b
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import time
 
@@ -140,6 +139,3 @@ def parse_hosts(text: str) -> dict:
         hosts[host.strip()] = hosts.get(host.strip(), 0) + (int(slots) if slots.strip() else 1)
     return hosts
 
-
-def store_timeout(seconds: float) -> datetime.timedelta:
-    return datetime.timedelta(seconds=seconds)

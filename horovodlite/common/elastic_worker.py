@@ -15,9 +15,7 @@ in, and how it moves to the next one. The protocol is ``elastic_rounds.py``; the
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
-import sys
 
 from horovodlite.common import elastic_rounds, launch_env
 from horovodlite.common.exceptions import HorovodInternalError
@@ -48,12 +46,6 @@ def _store():
     from horovodlite.common import rendezvous
 
     return rendezvous.base_store(_launch, rendezvous.timeout_seconds())
-
-
-def log(message: str) -> None:
-    sys.stderr.write(f"[horovodlite worker {launch_env.worker_id()} {socket.gethostname()}:"
-                     f"{os.getpid()}] hvd.elastic: {message}\n")
-    sys.stderr.flush()
 
 
 def _check(r: elastic_rounds.Round, worker: str) -> None:
@@ -150,4 +142,4 @@ def retiring() -> bool:
 
 __all__ = ["active", "current", "join", "next_round", "newer_round", "superseded", "leaving",
            "announce", "retiring",
-           "JobEnded", "NotInJob", "log"]
+           "JobEnded", "NotInJob"]
