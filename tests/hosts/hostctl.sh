@@ -16,6 +16,8 @@
 #     repeat across hosts' PID namespaces and across `up`s, so a shared /tmp made daemons of two
 #     hosts (or a killed host's leftovers) collide ("A daemon failed to report back", status 213).
 # Files (/, /tmp, the checkout), CPUs, memory and kernel are this machine's (docs/test_hosts.md).
+# While hosts exist, the kernel's per-session scheduling groups are off (sched_autogroup_enabled
+# = 0; `down` restores it): the hosts' processes share the cores as one machine's do.
 #
 # Usage (as root; needs ip, tc, unshare, nsenter, setsid, flock and python3 >= 3.9):
 #   hostctl.sh up K [--rate RATE]      remove leftovers of an earlier run, create hvdl-host0..K-1
@@ -56,6 +58,7 @@ SUBNET=10.213.0
 BRIDGE_ADDR=$SUBNET.254
 DEFAULT_RATE=1gbit
 MAX_HOSTS=200
+AUTOGROUP=/proc/sys/kernel/sched_autogroup_enabled
 
 die() { echo "hostctl.sh: $*" >&2; exit 1; }
 host_name() { echo "hvdl-host$1"; }
@@ -268,6 +271,9 @@ down() {
     ip netns del "$ns" 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
+  if [[ -f $STATE/autogroup ]]; then  # the machine's scheduling as it was before `up`
+    cat "$STATE/autogroup" >"$AUTOGROUP" 2>/dev/null || true
+  fi
   rm -rf "$STATE"
 }
 
@@ -291,6 +297,15 @@ up() {
   python3 -c 'import sys; print(sys.executable)' >"$STATE/python"
   readlink /proc/self/ns/pid >"$STATE/root-pidns"
   echo "$k" >"$STATE/k"
+  # One scheduling group for the whole machine while hosts exist (`down` restores the setting).
+  # With sched_autogroup, each session is scheduled as a group, and the hosts' processes sit in
+  # several sessions (hostctl run, the agent, prted daemonizing). Ranks spinning in MPI
+  # (sched_yield) in one group then held both cores for up to 20 s while the ranks they waited
+  # for, in another group, got no CPU (6.18 kernel, 2 cores; measured with a probe that sleeps
+  # 50 ms: 20 s late). The hosts are meant to share the cores as one machine's processes do.
+  if [[ -w $AUTOGROUP ]] && cat "$AUTOGROUP" >"$STATE/autogroup" 2>/dev/null; then
+    echo 0 >"$AUTOGROUP" 2>/dev/null || rm -f "$STATE/autogroup"
+  fi
   echo "$rate" >"$STATE/rate"
   { echo "127.0.0.1 localhost"; echo "::1 localhost ip6-localhost ip6-loopback"
     for ((n = 0; n < k; n++)); do echo "$(host_addr "$n") $(host_name "$n")"; done
