@@ -1,6 +1,8 @@
 // MpiControlPlane: the negotiation's ControlPlane over MPI (the control communicator).
 // The bitwise OR is MPI_Iallreduce + MPI_Test so the background loop can sleep between tests
-// instead of spinning inside a blocking collective.
+// instead of spinning inside a blocking collective; the gather and broadcast of a negotiation
+// are non-blocking too, waited for with MpiWait: a rank that waits long for a late peer sleeps
+// instead of spinning.
 #pragma once
 
 #include <mpi.h>

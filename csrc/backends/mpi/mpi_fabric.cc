@@ -87,8 +87,8 @@ Status MpiFabric::SetTransport(int ps, Transport** out) {
 // agreed order).
 Status MpiFabric::HostTransports(Transport** local, Transport** cross) {
   if (!local_) {
-    if (local_comm_ == MPI_COMM_NULL) HVDL_MPI(MPI_Comm_dup(world_->local(), &local_comm_));
-    if (cross_comm_ == MPI_COMM_NULL) HVDL_MPI(MPI_Comm_dup(world_->cross(), &cross_comm_));
+    if (local_comm_ == MPI_COMM_NULL) HVDL_RETURN_IF_ERROR(MpiDup(world_->local(), &local_comm_));
+    if (cross_comm_ == MPI_COMM_NULL) HVDL_RETURN_IF_ERROR(MpiDup(world_->cross(), &cross_comm_));
     MPI_Comm_set_errhandler(local_comm_, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(cross_comm_, MPI_ERRORS_RETURN);
     world_->AddRevocable(local_comm_);

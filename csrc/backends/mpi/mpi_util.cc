@@ -142,28 +142,36 @@ MPI_Op MpiOp(DataType dtype, ReduceOp op) {
   }
 }
 
-// Blocking MPI calls busy-poll. A rank whose background thread enters a collective before its
-// peers' threads do (they notice the agreed response at their next poll, or wait for a core that
-// training threads hold) would spin on a core the training needs - measured: 20 ms of CPU per
-// training step on a 2-core machine. So the ranks first meet in a non-blocking barrier that is
-// waited on politely (test, then sleep with backoff), and start the data transfer together.
-Status MpiMeet(MPI_Comm comm) {
+Status MpiWait(MPI_Request* req, std::chrono::microseconds spin) {
   using Clock = std::chrono::steady_clock;
-  constexpr auto kSpin = std::chrono::microseconds(30);
   constexpr auto kMaxSleep = std::chrono::microseconds(200);
-  MPI_Request req;
-  HVDL_MPI(MPI_Ibarrier(comm, &req));
   const auto start = Clock::now();
   auto sleep = std::chrono::microseconds(8);
   while (true) {
     int done = 0;
-    HVDL_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    HVDL_MPI(MPI_Test(req, &done, MPI_STATUS_IGNORE));
     if (done) return Status::Ok();
-    if (Clock::now() - start < kSpin) continue;
+    if (Clock::now() - start < spin) continue;
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, kMaxSleep);
   }
 }
 
+// A rank whose background thread enters a blocking collective before its peers' threads do
+// (they notice the agreed response at their next poll, or wait for a core that training threads
+// hold) would spin on a core the training needs - measured: 20 ms of CPU per training step on
+// a 2-core machine. So the ranks first meet in a non-blocking barrier and start the data
+// transfer together.
+Status MpiMeet(MPI_Comm comm) {
+  MPI_Request req;
+  HVDL_MPI(MPI_Ibarrier(comm, &req));
+  return MpiWait(&req);
+}
+
+Status MpiDup(MPI_Comm comm, MPI_Comm* out) {
+  MPI_Request req;
+  HVDL_MPI(MPI_Comm_idup(comm, out, &req));
+  return MpiWait(&req);
+}
 
 }  // namespace hvdl

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <mpi.h>
+
+#include <chrono>
 #if __has_include(<mpi-ext.h>)
 #include <mpi-ext.h>  // Open MPI's extensions: ULFM (MPIX_Comm_revoke/shrink) when built with it
 #endif
@@ -52,8 +54,17 @@ MPI_Datatype MpiType(DataType dtype);
 // The MPI op reducing `dtype` with `op` (Average maps to the sum op).
 MPI_Op MpiOp(DataType dtype, ReduceOp op);
 
-// Blocking: every member of `comm` has arrived, waited for with sleeps instead of spinning (a
-// non-blocking barrier tested with backoff). Called before blocking collectives, which busy-poll.
+// Blocking: waits for `req`, testing it in a loop for `spin`, then sleeping between tests with
+// backoff (at most 200 us). MPI's own blocking calls spin until done (with sched_yield under
+// mpi_yield_when_idle): where ranks share cores, a rank spinning for a peer that is late takes
+// the core from that very peer.
+Status MpiWait(MPI_Request* req,
+               std::chrono::microseconds spin = std::chrono::microseconds(30));
+// Blocking: every member of `comm` has arrived, waited for with MpiWait (a non-blocking
+// barrier). Called before blocking collectives, so that they start together.
 Status MpiMeet(MPI_Comm comm);
+// MPI_Comm_dup waited for with MpiWait (MPI_Comm_idup): the ranks of a job reach a duplication
+// at different times (startup, the first collective of a kind), and MPI_Comm_dup spins.
+Status MpiDup(MPI_Comm comm, MPI_Comm* out);
 
 }  // namespace hvdl

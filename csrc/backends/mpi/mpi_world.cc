@@ -133,8 +133,11 @@ Status MpiWorld::Build(const MpiWorldOptions& options) {
     g_grown += growth.count;
   }
   MPI_Comm data = MPI_COMM_NULL;
-  HVDL_MPI(MPI_Comm_dup(base, &control_));
-  HVDL_MPI(MPI_Comm_dup(base, &data));
+  // The ranks arrive here seconds apart (process start, imports, one rank restarting after
+  // another): they meet in the first duplication, waited for without spinning; the blocking
+  // calls below then run together.
+  HVDL_RETURN_IF_ERROR(MpiDup(base, &control_));
+  HVDL_RETURN_IF_ERROR(MpiDup(base, &data));
   if (created != MPI_COMM_NULL) MPI_Comm_free(&created);
   MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(data, MPI_ERRORS_RETURN);
@@ -260,6 +263,7 @@ Status MpiWorld::AddProcessSet(int ps, const std::vector<int>& ranks) {
   bool member = false;
   for (int r : ranks) member = member || r == rank_;
   MPI_Comm comm = MPI_COMM_NULL;
+  HVDL_RETURN_IF_ERROR(MpiMeet(data_.at(0)));  // MPI_Comm_split spins: start it together
   HVDL_MPI(MPI_Comm_split(data_.at(0), member ? 0 : MPI_UNDEFINED, rank_, &comm));
   if (comm != MPI_COMM_NULL) MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   data_[ps] = comm;
