@@ -70,9 +70,13 @@ def reference(epochs: int, losses: list, size: int, retired: bool = False):
                      for i, r in enumerate(live)}
             batches = len(parts[live[0]]) // B
             lost = None
-            for b in range(batches):
+            # up to b == batches: the job may continue from the commit after the partition's
+            # last batch (before the epoch's own commit), with nothing left of the epoch
+            for b in range(batches + 1):
                 if pending and pending[0][:2] == (epoch, b):
                     lost = pending.pop(0)
+                    break
+                if b == batches:
                     break
                 grads = [torch.zeros_like(p) for p in model.parameters()]
                 for r in live:
