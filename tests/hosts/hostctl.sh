@@ -297,12 +297,8 @@ up() {
   python3 -c 'import sys; print(sys.executable)' >"$STATE/python"
   readlink /proc/self/ns/pid >"$STATE/root-pidns"
   echo "$k" >"$STATE/k"
-  # One scheduling group for the whole machine while hosts exist (`down` restores the setting).
-  # With sched_autogroup, each session is scheduled as a group, and the hosts' processes sit in
-  # several sessions (hostctl run, the agent, prted daemonizing). Ranks spinning in MPI
-  # (sched_yield) in one group then held both cores for up to 20 s while the ranks they waited
-  # for, in another group, got no CPU (6.18 kernel, 2 cores; measured with a probe that sleeps
-  # 50 ms: 20 s late). The hosts are meant to share the cores as one machine's processes do.
+  # One scheduling group while hosts exist (`down` restores it); why: docs/test_hosts.md,
+  # "One scheduling group".
   if [[ -w $AUTOGROUP ]] && cat "$AUTOGROUP" >"$STATE/autogroup" 2>/dev/null; then
     echo 0 >"$AUTOGROUP" 2>/dev/null || rm -f "$STATE/autogroup"
   fi
