@@ -99,7 +99,12 @@ pip_install "setuptools>=64" wheel numpy cloudpickle tqdm pyyaml scikit-learn
 # mpi4py needs an MPI: none without one.
 [[ "$choice" == none ]] || pip_install "mpi4py>=4"
 if [[ "${1:-}" == "--test" ]]; then
-  pip_install pytest pytest-timeout pytest-xdist hypothesis matplotlib ruff build pyyaml
+  # The `test` extra of pyproject.toml (mpi4py is above, where there is an MPI): its bounds keep
+  # pytest and pytest-xdist at releases the suite's two lanes were checked with.
+  mapfile -t test_deps < <("$PY" scripts/test_requirements.py --without mpi4py)
+  pip_install "${test_deps[@]}"
+  say "test runner: $("$PY" -c 'import importlib.metadata as m
+print(", ".join(f"{p} {m.version(p)}" for p in ("pytest", "pytest-xdist", "pytest-timeout")))')"
   # The integration tests' Ray and Spark (tests/test_integrations.py), with the installed torch
   # pinned in the same command so that nothing they pull can replace it.
   torch_version=$("$PY" -c 'import torch; print(torch.__version__)')

@@ -7,47 +7,128 @@ tests/parallel  every test runs on all ranks under MPI; tests/test_parallel.py l
 
 Two lanes. The whole builds (tests/test_install.py, tests/test_libstdcxx_build.py: a quarter of
 the suite's time, all of it compiling) and then the single-process tests (tests/unit) form the
-xdist group "build"; everything else - every test that runs a multi-rank job - forms "main".
-Run with ``-n 2 --dist loadgroup`` (the README's test command), each lane gets a worker of its
-own and runs in order there, so no two multi-rank jobs ever overlap; the build lane runs at a
-low CPU priority (``nice 19`` for the builds, 10 for the unit tests, whose subprocesses must not
-starve), filling the time the main lane's jobs leave the CPUs idle (waits, timeouts, sleeping
-ranks). Without xdist everything runs in one process, in order, as before.
+"build" lane; everything else - every test that runs a multi-rank job - forms "main". Under
+pytest-xdist (``-n 2``, the README's test command) each lane is one work unit of the scheduler
+below, so it runs on one worker of its own, in collection order: no two multi-rank jobs ever
+overlap. The build lane runs at a low CPU priority (``nice 19`` for the builds, 10 for the unit
+tests, whose subprocesses must not starve), filling the time the main lane's jobs leave the CPUs
+idle (waits, timeouts, sleeping ranks). Without xdist everything runs in one process, in order.
+
+Why a scheduler of our own: xdist's ``--dist loadgroup`` finds a test's group in a ``@group``
+suffix that its worker writes into ``item._nodeid``; from pytest 9.2 a node's id lives elsewhere,
+the suffix is never seen, and the groups silently fall apart (both workers took multi-rank jobs,
+the build worker's nice 19 included). The lane here is a function of the test's file alone, read
+by the controller from the node id it already has; nothing depends on xdist's markers.
+
+The guard: each worker claims its lane (a file per lane in a directory the controller shares)
+before a module of that lane runs. A worker meeting a lane another worker holds, or a second lane
+of its own, or a main-lane test at a lowered priority, stops the whole session with one message
+before that test starts.
 """
 
+from __future__ import annotations
+
 import os
+import shutil
+import tempfile
+from pathlib import PurePosixPath
 
 import pytest
 
 collect_ignore = [] if os.environ.get("HVDL_PARALLEL_WORKER") else ["parallel"]
 
 BUILDS = ("test_install.py", "test_libstdcxx_build.py")
+_BASE_NICENESS = os.getpriority(os.PRIO_PROCESS, 0)
+_LANES_KEY = "hvdl_lanes_dir"
 
 
-def _niceness(path) -> int | None:
-    """The build lane's priority for a test file: 19 for whole builds, 10 for unit tests."""
-    if path.name in BUILDS:
-        return 19
-    if path.parent.name == "unit":
-        return 10
+def lane_of(path) -> str:
+    """The lane of a test file (a path, or the file part of a node id): "build" or "main"."""
+    path = PurePosixPath(str(path).split("::", 1)[0].replace(os.sep, "/"))
+    return "build" if path.name in BUILDS or path.parent.name == "unit" else "main"
+
+
+def _niceness(path) -> int:
+    """The priority a test file runs at in an xdist worker: 19 for whole builds, 10 for unit tests,
+    the worker's own for the main lane."""
+    if lane_of(path) == "main":
+        return _BASE_NICENESS
+    return 19 if PurePosixPath(str(path).replace(os.sep, "/")).name in BUILDS else 10
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """One work unit per lane: xdist's scope scheduler, with the lane as the scope."""
+    if config.getvalue("dist") not in ("load", "loadgroup", "loadscope", "loadfile"):
+        return None  # --dist each / worksteal / no: the user asked for something else
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return lane_of(nodeid)
+
+    return LaneScheduling(config, log)
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("xdist"):
+        config._hvdl_lanes_dir = tempfile.mkdtemp(prefix="hvdl-lanes-")
+
+
+def pytest_unconfigure(config):
+    lanes_dir = getattr(config, "_hvdl_lanes_dir", None)
+    if lanes_dir:
+        shutil.rmtree(lanes_dir, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput[_LANES_KEY] = node.config._hvdl_lanes_dir
+
+
+def _lane_violation(config, lane: str, worker: str) -> str | None:
+    """Claims `lane` for this worker; returns why the lanes did not hold, or None."""
+    lanes_dir = config.workerinput.get(_LANES_KEY)
+    if lanes_dir is None:  # a controller without this conftest's hooks: no lanes at all
+        return "the controller did not set up the lanes (tests/conftest.py's hooks did not run)"
+    mine = getattr(config, "_hvdl_lane", None)
+    if mine not in (None, lane):
+        return f"worker {worker} ran the {mine!r} lane and was given a {lane!r} test"
+    claim = os.path.join(lanes_dir, lane)
+    try:
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        os.write(fd, worker.encode())
+        os.close(fd)
+    except FileExistsError:
+        with open(claim) as f:
+            owner = f.read()
+        if owner != worker:
+            return f"the {lane!r} lane is on worker {owner}, and worker {worker} was given its test"
+    config._hvdl_lane = lane
+    if lane == "main" and os.getpriority(os.PRIO_PROCESS, 0) > _BASE_NICENESS:
+        return (f"worker {worker} is at nice {os.getpriority(os.PRIO_PROCESS, 0)} "
+                f"(the build lane's) and was given a multi-rank test")
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        lane = "build" if _niceness(item.path) is not None else "main"
-        item.add_marker(pytest.mark.xdist_group(lane))
-
-
 @pytest.fixture(scope="module", autouse=True)
-def _build_lane_yields_the_cpu(request):
-    """In an xdist worker, the build lane's process (and what it starts) runs at a low priority:
-    the main lane's timings must not suffer from it."""
-    target = _niceness(request.node.path)
-    if target is not None and os.environ.get("PYTEST_XDIST_WORKER"):
+def _lane(request):
+    """In an xdist worker: checks that the lanes held, then runs the build lane's modules (and what
+    they start) at a low priority, so that the main lane's timings do not suffer from them."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    config = request.config
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker and workers >= 2 and hasattr(config, "workerinput"):  # one worker: no lanes
+        lane = lane_of(request.node.path)
+        why = _lane_violation(config, lane, worker)
+        if why:
+            message = ("tests/conftest.py: the suite's two lanes did not hold under pytest-xdist: "
+                       f"{why} (pytest {pytest.__version__}). Run the README's command with the "
+                       "pytest and pytest-xdist that pyproject.toml's test extra allows.")
+            request.session.shouldstop = message
+            pytest.fail(message, pytrace=False)
         try:
-            os.setpriority(os.PRIO_PROCESS, 0, target)
+            os.setpriority(os.PRIO_PROCESS, 0, _niceness(request.node.path))
         except OSError:  # lowering the value back needs root: stay at the higher one
             pass
     yield
