@@ -42,11 +42,12 @@ def _on_host0() -> list:
 
 
 def _launch_args(spec: str, *extra: str) -> tuple:
-    # the rsh agent stands in for ssh; eth0 is every test host's only interface; the hosts share
-    # two cores, so MPI must yield when idle (tests/hosts/hostctl.sh, above mpi_args)
-    return ("-H", spec, "--network-interface", "eth0",
-            "--mpi-args", f"--prtemca plm_ssh_agent {HOSTCTL} --mca mpi_yield_when_idle 1",
-            *extra)
+    # the rsh agent stands in for ssh (horovodliterun passes it as the MPI's agent setting:
+    # PRRTE's plm_ssh_agent, Open MPI 4's plm_rsh_agent); eth0 is every test host's only
+    # interface; the hosts share two cores, so MPI must yield when idle (tests/hosts/hostctl.sh,
+    # above mpi_args)
+    return ("-H", spec, "--network-interface", "eth0", "--ssh-agent", HOSTCTL,
+            "--mpi-args", "--mca mpi_yield_when_idle 1", *extra)
 
 
 def launch(spec: str, np_: int, argv: list, env: dict | None = None, timeout: int = 300,

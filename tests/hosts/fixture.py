@@ -32,12 +32,23 @@ from pathlib import Path
 import pytest
 from launching import LAUNCHER_DID_NOT_START
 
+from horovodlite.runner.remote import mpirun_agent_args
+
 HOSTCTL = str(Path(__file__).resolve().with_name("hostctl.sh"))
 DEFAULT_RATE = "1gbit"
 SUBNET = "10.213.0.0/24"
 _beside_python = Path(sys.executable).with_name("mpirun")
 MPIRUN = os.environ.get("HVDL_HOSTS_MPIRUN") or (
     str(_beside_python) if _beside_python.exists() else shutil.which("mpirun") or "mpirun")
+
+
+def open_mpi_major(mpirun: str = MPIRUN) -> int:
+    """The Open MPI major version of `mpirun` (5 when it cannot be told): Open MPI 5 (PRRTE)
+    takes its runtime's settings as --prtemca, Open MPI 4 (ORTE, e.g. Debian's) as --mca."""
+    from horovodlite._mpi_check import parse_launcher_version
+    from horovodlite.runner.mpi_launch import mpirun_version
+    mpi = parse_launcher_version(mpirun_version(mpirun))
+    return (mpi.major if mpi and mpi.family == "Open MPI" else None) or 5
 
 
 def _run(argv, *, env=None, timeout=60, input=None, cwd=None) -> subprocess.CompletedProcess:
@@ -98,9 +109,11 @@ class HostSet:
         out -H, for horovodliterun, which takes -H itself:
         ``horovodliterun -H ... --mpi-args shlex.join(hosts.mpirun_args(""))``."""
         spec = ",".join(self.names) if hosts_spec is None else hosts_spec
+        major = open_mpi_major()
+        runtime = "--prtemca" if major >= 5 else "--mca"
         return (["-H", spec] if spec else []) + [
-            "--prtemca", "plm_ssh_agent", HOSTCTL,
-            "--prtemca", "oob_tcp_if_include", SUBNET,
+            *mpirun_agent_args("openmpi", major, HOSTCTL, None, None),
+            runtime, "oob_tcp_if_include", SUBNET,
             "--mca", "btl_tcp_if_include", SUBNET,
             "--mca", "mpi_yield_when_idle", "1"]  # why: hostctl.sh, above mpi_args
 

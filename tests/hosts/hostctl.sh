@@ -26,7 +26,8 @@
 #   hostctl.sh run HOST CMD [ARG...]   run CMD on HOST with this cwd and environment (like a
 #                                      shell on that machine); exits with CMD's status
 #   hostctl.sh rate RATE               change the rate of every link (tc units: 100mbit, 1gbit)
-#   hostctl.sh mpi-args                print the mpirun arguments that use these hosts (not -H)
+#   hostctl.sh mpi-args                print the mpirun arguments that use these hosts (not -H),
+#                                      for the Open MPI of ${MPIRUN:-mpirun} (4 or 5)
 #   hostctl.sh agent HOST CMDLINE...   Open MPI's rsh agent (what ssh is on a cluster): runs the
 #   hostctl.sh HOST CMDLINE...         command line with sh -c on HOST, in a login-like
 #                                      environment (PATH, HOME, OMPI_ALLOW_RUN_AS_ROOT*) in $HOME.
@@ -406,9 +407,15 @@ set_rate() {
 # oversubscribes them while each host's Open MPI thinks it has cores to spare; ranks spinning in
 # MPI's progress loop then starve the kernel's TCP work and each other (raw MPI_Allreduce of
 # 16 MiB at 2x2: 1.96 s spinning, 0.14 s yielding), which no real cluster would show.
+# Open MPI 5 (PRRTE) takes the agent and the daemons' interface as --prtemca plm_ssh_agent, Open
+# MPI 4 (ORTE, e.g. Debian's) as --mca plm_rsh_agent: the version of ${MPIRUN:-mpirun} decides.
 mpi_args() {
-  echo "--prtemca plm_ssh_agent $(realpath "$0")" \
-    "--prtemca oob_tcp_if_include $SUBNET.0/24 --mca btl_tcp_if_include $SUBNET.0/24" \
+  local runtime=--prtemca agent=plm_ssh_agent
+  if "${MPIRUN:-mpirun}" --version 2>/dev/null | grep -qE '\((Open MPI|OpenRTE)\) [1-4]\.'; then
+    runtime=--mca agent=plm_rsh_agent
+  fi
+  echo "$runtime $agent $(realpath "$0")" \
+    "$runtime oob_tcp_if_include $SUBNET.0/24 --mca btl_tcp_if_include $SUBNET.0/24" \
     "--mca mpi_yield_when_idle 1"
 }
 
