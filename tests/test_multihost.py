@@ -52,8 +52,13 @@ def _launch_args(spec: str, *extra: str) -> tuple:
 
 def launch(spec: str, np_: int, argv: list, env: dict | None = None, timeout: int = 300,
            extra: tuple = ()) -> subprocess.CompletedProcess:
-    """horovodliterun -np N -H spec ... argv, started on hvdl-host0; output combined."""
-    run_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    """horovodliterun -np N -H spec ... argv, started on hvdl-host0; output combined.
+
+    The ranks' stdout stays buffered (no PYTHONUNBUFFERED): a print with flush=True is then one
+    write, so one line. Unbuffered, print writes each word apart, and Open MPI 4's daemons
+    forward each write as it comes, interleaving the lines of ranks on different hosts."""
+    run_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    run_env.pop("PYTHONUNBUFFERED", None)
     cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_),
            *_launch_args(spec, *extra), *argv]
 
@@ -195,8 +200,8 @@ def _run_and_lose(tmp_path, spec: str, np_: int, lose, gloo: bool = False) -> tu
     cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_),
            *(_gloo_args(spec) if gloo else _launch_args(spec)), sys.executable, str(script)]
     log = tmp_path / "job.log"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-               HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+    env.pop("PYTHONUNBUFFERED", None)  # one write per flushed line, as in launch()
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -635,8 +640,8 @@ def test_gloo_elastic_the_drivers_host_lost(hosts, tmp_path):
            "2", "-H", "hvdl-host1:1,hvdl-host2:1", "--ssh-agent", HOSTCTL,
            "--network-interface", "eth0", *ELASTIC, "--step-seconds", "0.2", "--epochs", "60"]
     log = tmp_path / "job.log"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-               HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+    env.pop("PYTHONUNBUFFERED", None)  # one write per flushed line, as in launch()
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
