@@ -210,6 +210,24 @@ const std::vector<Knob>& Table() {
         "CUDA tensors: nccl (NCCL when built, else host staging) or mpi (always through host "
         "memory and MPI; lets several ranks share one GPU). Same value on every rank."},
        [](auto& n, auto& v, Config* c) { return ParseGpuOperations(n, v, &c->gpu_operations); }},
+      {{"HOROVOD_WAIT_SPIN_US", "auto",
+        "Microseconds a thread waiting on a handle (synchronize) spins, yielding the CPU, before "
+        "it sleeps: a completion seen while spinning costs no wake-up (10-20 us on a small VM). "
+        "auto: 50 when this host runs fewer ranks than it has usable CPUs (a spare core for the "
+        "background thread), else 0 (a spinning waiter would take the core the background "
+        "threads need); 0: sleep at once."},
+       [](auto& n, auto& v, Config* c) {
+         if (Lower(v) == "auto") {
+           c->wait_spin_us = -1;
+           return Status::Ok();
+         }
+         return ParseInt(n, v, 0, &c->wait_spin_us);
+       }},
+      {{"HOROVOD_NATIVE_GRADIENT_HOOKS", "1",
+        "DistributedOptimizer hooks each dense gradient in C++ and enqueues its allreduce there "
+        "(no Python per gradient); 0: a Python hook per gradient, as before (for compiled "
+        "autograd, which cannot trace C++ hooks). Read when the optimizer is built."},
+       [](auto& n, auto& v, Config* c) { return ParseBool(n, v, &c->native_gradient_hooks); }},
   };
   return kTable;
 }

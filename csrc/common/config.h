@@ -51,6 +51,8 @@ struct Config {
   Toggle hierarchical_allreduce = Toggle::kAuto;
   Toggle hierarchical_allgather = Toggle::kAuto;
   GpuOperations gpu_operations = GpuOperations::kNccl;
+  bool native_gradient_hooks = true;
+  int64_t wait_spin_us = -1;  // -1: auto (see the knob)
 };
 
 struct KnobInfo {

@@ -59,6 +59,8 @@ bool SpinFor(microseconds window, Pred done) {
 
 }  // namespace
 
+bool BackgroundLoop::Hurry() const { return Urgent() || Clock::now() < hurry_until_; }
+
 BackgroundLoop::BackgroundLoop(const LoopDeps& deps)
     : d_(deps),
       cycle_time_us_(static_cast<int64_t>(deps.config->cycle_time_ms * 1000.0)),
@@ -138,7 +140,7 @@ void BackgroundLoop::WaitBeforeCycle(bool progressed, bool others_pending) {
     // catch it without a wake-up; otherwise run one cycle to hear from the other ranks.
     if (progressed) {
       backoff_ = kMinBackoff;
-      if (Urgent()) SpinFor(kSpinAfterWork, has_new);
+      if (Hurry()) SpinFor(kSpinAfterWork, has_new);
       if (!has_new()) return;
     } else {
       // The whole job idle as far as this rank knows (nothing pending here, nobody pending at
@@ -160,7 +162,7 @@ void BackgroundLoop::WaitBeforeCycle(bool progressed, bool others_pending) {
   backoff_ = kMinBackoff;
   const microseconds limit{cycle_time_us_.load()};
   const auto start = Clock::now();
-  if (!Urgent()) {
+  if (!Hurry()) {
     // On a host whose training threads fill every core, work sent while backward still runs
     // only takes CPU from it: a small ResNet's gradients arriving over ~20 ms went out in 2-3
     // pieces per step (each a negotiation and a wake-up); holding them until the optimizer
@@ -171,9 +173,11 @@ void BackgroundLoop::WaitBeforeCycle(bool progressed, bool others_pending) {
   }
   const microseconds gap = std::clamp(limit / 100, microseconds{0}, microseconds{10});
   uint64_t seen = d_.queue->arrivals();
+  // A quiet gap ends the burst; so does a user thread blocking on a handle with nothing new
+  // (the thread that submits is the one that waits: no more is coming from it).
   while (gap.count() > 0 && Clock::now() - start + gap <= limit) {
-    bool more = SpinFor(gap, [&] { return d_.queue->arrivals() != seen; });
-    if (!more) break;
+    bool more = SpinFor(gap, [&] { return d_.queue->arrivals() != seen || Urgent(); });
+    if (!more || d_.queue->arrivals() == seen) break;
     seen = d_.queue->arrivals();
   }
 }
@@ -202,7 +206,7 @@ Status BackgroundLoop::RunCycle(CycleResult* result, bool others_pending) {
   };
   // Wait for the other ranks. Between tests, sleep on the queue's condition variable so that
   // local work arriving meanwhile wakes us: the other ranks may be waiting for it.
-  bool urgent = Urgent();
+  bool urgent = Hurry();
   if (!waiting || !urgent || !SpinFor(kSpinWaiting, tested_done)) {
     microseconds sleep = kMinBackoff;
     uint64_t seen = d_.queue->arrivals();
@@ -224,6 +228,9 @@ Status BackgroundLoop::RunCycle(CycleResult* result, bool others_pending) {
     }
   }
   HVDL_RETURN_IF_ERROR(test);
+  // A user thread that waited on this cycle's work is likely to submit again within
+  // microseconds (a loop of synchronous ops): stay in a hurry for that long after the cycle.
+  if (Urgent()) hurry_until_ = Clock::now() + kSpinAfterWork;
   return d_.controller->FinishCycle(result);
 }
 

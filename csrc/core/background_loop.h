@@ -82,6 +82,8 @@ class BackgroundLoop {
   using Clock = std::chrono::steady_clock;
   // A user thread waits for a result (or no handle table is wired: always treat as urgent).
   bool Urgent() const { return d_.handles == nullptr || d_.handles->user_blocked(); }
+  // Urgent, or a user thread waited on the last cycle's work moments ago (hurry_until_).
+  bool Hurry() const;
   void WaitBeforeCycle(bool progressed, bool others_pending);
   Status RunCycle(CycleResult* result, bool others_pending);
   std::chrono::microseconds PollCap(bool waiting, bool others_pending,
@@ -89,6 +91,8 @@ class BackgroundLoop {
   void Stop(const Status& status);
   Status Recover(const Status& failure);
 
+  // Until then the loop acts as if a user thread waited: one did on the last cycle's work.
+  std::chrono::steady_clock::time_point hurry_until_{};
   LoopDeps d_;
   std::vector<Request> popped_;  // the requests of this cycle (see TensorQueue::PopRequests)
   CycleHook hook_;

@@ -164,7 +164,12 @@ Status Context::Init(const InitOptions& options) {
                   << " B, cycle time " << config_.cycle_time_ms << " ms, cache capacity "
                   << config_.cache_capacity;
   // A user thread starting to block on a handle interrupts the loop's batching and slow polls.
-  if (handles_ != nullptr) handles_->SetBlockHook([queue = queue_.get()] { queue->Wake(); });
+  if (handles_ != nullptr) {
+    handles_->SetBlockHook([queue = queue_.get()] { queue->Wake(); });
+    const bool spare_core = t.local_size < UsableCpus();
+    const int64_t spin = config_.wait_spin_us >= 0 ? config_.wait_spin_us : spare_core ? 50 : 0;
+    handles_->SetSpinWindow(std::chrono::microseconds(spin));
+  }
   loop_->Start();
   notices_ = std::make_unique<LauncherNotices>([this](const std::string& line) {
     Abort("the job " + line + " (seen by rank " + LogIdentity() +

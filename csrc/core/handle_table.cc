@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace hvdl {
@@ -41,7 +42,8 @@ void HandleTable::MarkDone(int handle, const Status& status) {
     State& s = *it->second;
     if (!status.ok() && s.status.ok()) s.status = status;
     if (--s.remaining > 0) return;  // wake waiters only when the whole handle is done
-    if (s.waiters == 0) return;      // nobody to wake: a later Wait finds it done
+    s.done.store(true, std::memory_order_release);  // a spinning waiter sees this
+    if (s.sleepers == 0) return;  // nobody asleep: a later Wait finds it done
   }
   if (t_batch_depth > 0) {
     if (std::find(t_deferred.begin(), t_deferred.end(), this) == t_deferred.end()) {
@@ -77,7 +79,21 @@ Status HandleTable::Wait(int handle, Status* op_status, std::shared_ptr<void>* p
     blocked_.fetch_add(1, std::memory_order_relaxed);
     ++state->waiters;
     if (block_hook_) block_hook_();
-    cv_.wait(lock, [&] { return state->remaining <= 0; });
+    const std::chrono::microseconds window{spin_us_.load(std::memory_order_relaxed)};
+    if (window.count() > 0) {
+      lock.unlock();
+      const auto until = std::chrono::steady_clock::now() + window;
+      while (!state->done.load(std::memory_order_acquire) &&
+             std::chrono::steady_clock::now() < until) {
+        std::this_thread::yield();
+      }
+      lock.lock();
+    }
+    if (state->remaining > 0) {
+      ++state->sleepers;
+      cv_.wait(lock, [&] { return state->remaining <= 0; });
+      --state->sleepers;
+    }
     --state->waiters;
     blocked_.fetch_sub(1, std::memory_order_relaxed);
   }
@@ -85,6 +101,10 @@ Status HandleTable::Wait(int handle, Status* op_status, std::shared_ptr<void>* p
   *op_status = state->status;
   *payload = std::move(state->payload);
   return Status::Ok();
+}
+
+void HandleTable::SetSpinWindow(std::chrono::microseconds window) {
+  spin_us_.store(window.count(), std::memory_order_relaxed);
 }
 
 void HandleTable::FailPending(const Status& status) {
@@ -99,6 +119,7 @@ void HandleTable::FailPending(const Status& status) {
                                                               status.message());
       }
       s.remaining = 0;
+      s.done.store(true, std::memory_order_release);
     }
   }
   cv_.notify_all();

@@ -151,6 +151,8 @@ py::dict ConfigDict() {
   d["autotune"] = c.autotune;
   d["allreduce_algorithm"] = AllreduceAlgorithmName(c.allreduce_algorithm);
   d["summary_steps"] = c.summary_steps;
+  d["native_gradient_hooks"] = c.native_gradient_hooks;
+  d["wait_spin_us"] = c.wait_spin_us;
   return d;
 }
 

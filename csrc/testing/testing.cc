@@ -28,6 +28,7 @@ namespace hvdl {
 void RegisterDeviceTesting(py::module_& m);  // testing/testing_device.cc
 void RegisterCommTesting(py::module_& m);    // testing/testing_comm.cc
 void RegisterShmTesting(py::module_& m);     // testing/testing_shm.cc
+void RegisterHandleTesting(py::module_& m);  // testing/testing_handles.cc
 namespace {
 
 template <typename T>
@@ -345,6 +346,7 @@ void RegisterTesting(py::module_& m) {
   RegisterDeviceTesting(m);
   RegisterCommTesting(m);
   RegisterShmTesting(m);
+  RegisterHandleTesting(m);
 }
 
 }  // namespace hvdl

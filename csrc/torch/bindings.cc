@@ -11,142 +11,19 @@
 
 #include "common/errors.h"
 #include "torch/adapter.h"
+#include "torch/grad_reducer.h"
 #include "torch/stream_sync.h"
+#include "torch/submit.h"
 
 namespace py = pybind11;
 
 namespace hvdl {
 namespace {
 
-struct OpSpec {
-  OpType op = OpType::kAllreduce;
-  ReduceOp reduce_op = ReduceOp::kSum;
-  double prescale = 1.0;
-  double postscale = 1.0;
-  int root = -1;
-  int process_set = 0;
-  std::vector<int64_t> splits;
-};
-
 // Set once by RegisterTorchOps, before any binding can run.
 TorchOpsHost g_host;
 
 Context& Ctx() { return g_host.context(); }
-
-std::string What(OpType op, const std::string& name) {
-  return TensorLabel(OpTypeName(op), name);
-}
-
-// ValueError unless process set `ps` exists and this rank belongs to it.
-void CheckMembership(Context& ctx, int ps, OpType op, const std::string& name) {
-  ProcessSetTable& sets = ctx.process_sets();
-  if (!sets.Exists(ps)) {
-    ThrowIfError(Status::InvalidArgument(What(op, name) + ": process set " + std::to_string(ps) +
-                                         " does not exist (never added, or removed)."));
-  }
-  if (sets.RankIn(ps, ctx.topology().rank) < 0) {
-    auto members = sets.Members(ps).value_or(std::vector<int>{});
-    ThrowIfError(Status::InvalidArgument(What(op, name) + ": rank " +
-                                         std::to_string(ctx.topology().rank) +
-                                         " is not in process set " + std::to_string(ps) +
-                                         " (ranks " + ShapeString(std::vector<int64_t>(members.begin(), members.end())) +
-                                         "); only its members may call collectives on it."));
-  }
-}
-
-// Adds tensor `i` of an op: its entry (output `out`, or allocated by the background thread when
-// null) and its request.
-void AddTensor(const OpSpec& spec, const std::shared_ptr<TorchPayload>& payload,
-               const std::shared_ptr<DeviceEvent>& ready, const at::Tensor& in,
-               const at::Tensor* out, size_t i, std::string name, std::string site,
-               std::vector<TensorEntry>* entries, std::vector<Request>* requests) {
-  DataType dtype;
-  ThrowIfError(ToDataType(in, &dtype));
-  TensorEntry e;
-  e.name = name;
-  e.op = spec.op;
-  e.input = ToRef(in, dtype);
-  e.process_set = spec.process_set;
-  if (ready) {
-    e.ready = ready;
-    e.device_done = [payload](const std::shared_ptr<DeviceEvent>& finished) {
-      if (payload->finished.empty() || payload->finished.back() != finished) {
-        payload->finished.push_back(finished);
-      }
-    };
-  }
-  if (out == nullptr && ready) {
-    at::TensorOptions options = in.options();
-    e.allocate = [payload, i, options, dtype, ready](const Shape& shape, TensorRef* o) {
-      try {
-        HVDL_RETURN_IF_ERROR(AllocateAfter(ready, shape, options, &payload->outputs[i]));
-      } catch (const std::exception& ex) {  // e.g. CUDA out of memory: never throw here
-        return Status::Internal("allocating the " + DescribeTensor(dtype, shape) + " output on " +
-                                options.device().str() + " failed: " + ex.what());
-      }
-      *o = ToRef(payload->outputs[i], dtype);
-      return Status::Ok();
-    };
-  } else if (out == nullptr) {
-    at::TensorOptions options = in.options();
-    e.allocate = [payload, i, options, dtype](const Shape& shape, TensorRef* o) {
-      payload->outputs[i] = at::empty(shape, options);
-      *o = ToRef(payload->outputs[i], dtype);
-      return Status::Ok();
-    };
-  } else {
-    e.output = out->is_same(in) ? e.input : ToRef(*out, dtype);
-  }
-  e.keepalive = payload;  // the tensors stay alive until the op completes, handle or not
-  if (spec.op == OpType::kAlltoall) {  // the only op here with extra results: received splits
-    e.done = [payload](const Status& s, const std::vector<int64_t>& extra) {
-      if (s.ok() && !extra.empty()) payload->extra = extra;
-    };
-  }
-  Request q;
-  q.op = spec.op;
-  q.name = std::move(name);
-  q.dtype = dtype;
-  q.shape = e.input.shape;
-  q.reduce_op = spec.reduce_op;
-  q.prescale = spec.prescale;
-  q.postscale = spec.postscale;
-  q.root = spec.root;
-  q.device = e.input.device;
-  q.process_set = spec.process_set;
-  q.splits = spec.splits;
-  q.site = std::move(site);
-  entries->push_back(std::move(e));
-  requests->push_back(std::move(q));
-}
-
-// CUDA: one ready event for the op (CheckSameDevice: all its tensors share a device).
-std::shared_ptr<DeviceEvent> ReadyEvent(const at::Tensor& first) {
-  std::shared_ptr<DeviceEvent> ready;
-  if (first.is_cuda()) ThrowIfError(MarkCallerStream(first.get_device(), &ready));
-  return ready;
-}
-
-int Submit(Context& ctx, const OpSpec& spec, const std::vector<at::Tensor>& inputs,
-           const std::vector<at::Tensor>& outputs, const std::vector<std::string>& names,
-           const std::vector<std::string>& sites) {
-  auto payload = std::make_shared<TorchPayload>();
-  payload->inputs = inputs;
-  payload->outputs = outputs;
-  payload->outputs.resize(inputs.size());
-  std::vector<TensorEntry> entries;
-  std::vector<Request> requests;
-  entries.reserve(inputs.size());
-  requests.reserve(inputs.size());
-  const std::shared_ptr<DeviceEvent> ready = ReadyEvent(inputs[0]);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    AddTensor(spec, payload, ready, inputs[i], outputs.empty() ? nullptr : &outputs[i], i,
-              names[i], i < sites.size() ? sites[i] : std::string(), &entries, &requests);
-  }
-  int handle = 0;
-  ThrowIfError(ctx.Submit(std::move(entries), std::move(requests), payload, &handle));
-  return handle;
-}
 
 void CheckLists(OpType op, const std::vector<at::Tensor>& inputs,
                 const std::vector<std::string>& names) {
@@ -181,30 +58,6 @@ void CheckOutputs(OpType op, const std::vector<at::Tensor>& inputs,
   }
 }
 
-// ValueError unless `op` can reduce `t` here (Adasum is handled in Python).
-void CheckAllreduceOp(int op, const at::Tensor& t, const std::string& name) {
-  if (!IsValidReduceOp(op) || static_cast<ReduceOp>(op) == ReduceOp::kAdasum) {
-    ThrowIfError(Status::InvalidArgument(What(OpType::kAllreduce, name) + ": op " +
-                                         std::to_string(op) + " is not one of Average, Sum, Min, "
-                                         "Max, Product here (Adasum is handled in Python)."));
-  }
-  if (t.scalar_type() == at::kBool && static_cast<ReduceOp>(op) == ReduceOp::kAverage) {
-    ThrowIfError(Status::InvalidArgument(What(OpType::kAllreduce, name) +
-                                         ": Average is undefined for bool tensors; use Min "
-                                         "(logical and) or Max (logical or)."));
-  }
-}
-
-OpSpec AllreduceSpec(int op, double prescale, double postscale, int ps) {
-  OpSpec spec;
-  spec.op = OpType::kAllreduce;
-  spec.reduce_op = static_cast<ReduceOp>(op);
-  spec.prescale = prescale;
-  spec.postscale = postscale;
-  spec.process_set = ps;
-  return spec;
-}
-
 int EnqueueAllreduce(std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs,
                      std::vector<std::string> names, int op, double prescale, double postscale,
                      int ps, std::vector<std::string> sites) {
@@ -216,26 +69,15 @@ int EnqueueAllreduce(std::vector<at::Tensor> inputs, std::vector<at::Tensor> out
   return Submit(ctx, AllreduceSpec(op, prescale, postscale, ps), inputs, outputs, names, sites);
 }
 
-// allreduce_async_ of one tensor, in place: the path of every DistributedOptimizer gradient.
-// enqueue_allreduce's checks and entry without the one-element lists (one list per argument, a
-// copy of each, per gradient): the name and the call site are moved, not copied.
+// allreduce_async_ of one tensor, in place: SubmitAllreduceInplace after the argument checks.
 int EnqueueAllreduceInplace(const at::Tensor& tensor, std::string name, int op, double prescale,
                             double postscale, int ps, std::string site) {
   Context& ctx = Ctx();
   ThrowIfError(CheckTensor(tensor, OpTypeName(OpType::kAllreduce), name));
   CheckAllreduceOp(op, tensor, name);
   CheckMembership(ctx, ps, OpType::kAllreduce, name);
-  auto payload = std::make_shared<TorchPayload>();
-  payload->outputs.push_back(tensor);  // wait() returns it (Adasum's finish reads it)
-  std::vector<TensorEntry> entries;
-  std::vector<Request> requests;
-  entries.reserve(1);
-  requests.reserve(1);
-  AddTensor(AllreduceSpec(op, prescale, postscale, ps), payload, ReadyEvent(tensor), tensor,
-            &tensor, 0, std::move(name), std::move(site), &entries, &requests);
-  int handle = 0;
-  ThrowIfError(ctx.Submit(std::move(entries), std::move(requests), payload, &handle));
-  return handle;
+  return SubmitAllreduceInplace(ctx, AllreduceSpec(op, prescale, postscale, ps), tensor,
+                                std::move(name), std::move(site));
 }
 
 int EnqueueAllgather(std::vector<at::Tensor> inputs, std::vector<std::string> names, int ps,
@@ -351,29 +193,102 @@ int EnqueueControl(OpType op, const std::string& name, int ps, std::vector<int64
 // Blocks (GIL released) until `handle` completes; raises its error; makes the caller's CUDA
 // stream wait for the outputs.
 std::shared_ptr<TorchPayload> WaitPayload(int handle) {
-  Status status, op_status;
-  std::shared_ptr<void> payload;
   HandleTable& handles = *g_host.handles;
+  std::shared_ptr<TorchPayload> payload;
   bool done = false;
-  status = handles.Poll(handle, &done);
+  Status status = handles.Poll(handle, &done);
   if (status.ok() && done) {
     // Already complete (all but the first of a fused batch synchronized in a row): Wait returns
     // at once, so the GIL is kept - releasing and retaking it cost more than the rest of wait().
-    status = handles.Wait(handle, &op_status, &payload);
+    status = WaitForHandle(handles, handle, &payload);
   } else if (status.ok()) {
     py::gil_scoped_release nogil;
-    status = handles.Wait(handle, &op_status, &payload);
+    status = WaitForHandle(handles, handle, &payload);
   }
   ThrowIfError(status);
-  ThrowIfError(op_status);
-  auto p = std::static_pointer_cast<TorchPayload>(payload);
-  for (const auto& finished : p->finished) ThrowIfError(WaitOnCallerStream(finished));
-  return p;
+  return payload;
 }
 
 py::tuple Wait(int handle) {
   auto p = WaitPayload(handle);
   return py::make_tuple(p->outputs, p->extra);
+}
+
+// A Python object held from C++ state that autograd's threads may drop last: released with the
+// GIL taken.
+std::shared_ptr<py::object> HoldWithGil(py::object o) {
+  return std::shared_ptr<py::object>(new py::object(std::move(o)), [](py::object* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
+// DistributedOptimizer's C++ gradient path (grad_reducer.h). `call_site()` returns the user's
+// file:line; `errors` maps C++ exceptions to the classes the module registered.
+std::shared_ptr<GradReducer> MakeGradReducer(int op, double prescale, double postscale, int ps,
+                                             int passes, py::object call_site,
+                                             py::handle argument_error, py::handle internal_error) {
+  GradReducer::Hooks hooks;
+  hooks.context = g_host.context;
+  hooks.handles = g_host.handles;
+  auto site = HoldWithGil(std::move(call_site));
+  hooks.call_site = [site]() -> std::string {
+    py::gil_scoped_acquire gil;
+    try {
+      return (*site)().cast<std::string>();
+    } catch (py::error_already_set&) {
+      return std::string();  // no call site is no reason to fail the step
+    }
+  };
+  hooks.raise = [argument_error, internal_error](std::exception_ptr error) {
+    PyObject* type = PyExc_RuntimeError;
+    std::string message;
+    try {
+      std::rethrow_exception(error);
+    } catch (const ArgumentError& e) {
+      type = argument_error.ptr();
+      message = e.what();
+    } catch (const InternalError& e) {
+      type = internal_error.ptr();
+      message = e.what();
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    py::gil_scoped_acquire gil;
+    PyErr_SetString(type, message.c_str());
+    throw py::error_already_set();  // autograd carries it to backward()'s caller
+  };
+  return std::make_shared<GradReducer>(std::move(hooks), op, prescale, postscale, ps, passes);
+}
+
+void RegisterGradReducer(py::module_& m) {
+  py::handle argument_error = m.attr("HorovodArgumentError");
+  py::handle internal_error = m.attr("HorovodInternalError");
+  py::class_<GradReducer, std::shared_ptr<GradReducer>>(m, "GradReducer")
+      .def(py::init([argument_error, internal_error](int op, double prescale, double postscale,
+                                                     int ps, int passes, py::object call_site) {
+             return MakeGradReducer(op, prescale, postscale, ps, passes, std::move(call_site),
+                                    argument_error, internal_error);
+           }),
+           py::arg("op"), py::arg("prescale"), py::arg("postscale"), py::arg("process_set"),
+           py::arg("passes"), py::arg("call_site"))
+      .def("add", &GradReducer::Add, py::arg("param"), py::arg("name"), py::arg("negotiated"))
+      .def("detach", &GradReducer::Detach)
+      .def("set_device", &GradReducer::SetDevice, py::arg("device"))
+      .def("set_passes", &GradReducer::SetPasses, py::arg("passes"))
+      .def("reset_counters", &GradReducer::ResetCounters)
+      .def("launch_missing", &GradReducer::LaunchMissing)
+      .def("wait_all", [](GradReducer& r) {
+        r.WaitAll([](const std::function<void()>& wait) {
+          py::gil_scoped_release nogil;
+          wait();
+        });
+      })
+      .def("abandon", &GradReducer::Abandon)
+      .def("in_flight", &GradReducer::InFlight)
+      .def("num_in_flight", &GradReducer::num_in_flight)
+      .def("fired", &GradReducer::fired);
+  m.def("too_many_passes_message", &TooManyPassesMessage, py::arg("name"), py::arg("passes"));
 }
 
 }  // namespace
@@ -417,6 +332,7 @@ void RegisterTorchOps(py::module_& m, TorchOpsHost host) {
   }, py::arg("id"));
   m.def("process_set_ids", [] { return Ctx().process_sets().Ids(); });
   m.def("dynamic_process_sets", [] { return Ctx().dynamic_process_sets(); });
+  RegisterGradReducer(m);
 }
 
 }  // namespace hvdl

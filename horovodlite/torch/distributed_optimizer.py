@@ -3,15 +3,21 @@ wrapped optimizer's class (see ``optimizer.py`` for how the object is built).
 
 Protocol, per training step and per parameter ``p`` that requires a gradient:
 
-1. backward: autograd accumulates into ``p.grad`` and then runs our post-accumulate-grad hook.
-   The hook counts the pass; on the ``backward_passes_per_step``-th pass it launches the
-   allreduce of ``p.grad`` at once (``allreduce_async_``, in place, or on a compressed copy), so
-   communication overlaps with the rest of backward. A parameter in a group waits until every
-   member of its group is ready and the group goes out as one ``grouped_allreduce_async_``.
+1. backward: autograd accumulates into ``p.grad`` and then runs our hook. The hook counts the
+   pass; on the ``backward_passes_per_step``-th pass it launches the allreduce of ``p.grad`` at
+   once (in place, or on a compressed copy), so communication overlaps with the rest of
+   backward. In the common case - no compression, not in a group, not Adasum - the hook is C++
+   (``_C.GradReducer``, csrc/torch/grad_reducer.h): no GIL and no Python frame per gradient; it
+   leaves a gradient that is sparse or not contiguous to this module's general path, which
+   launches it at ``synchronize()``. ``HOROVOD_NATIVE_GRADIENT_HOOKS=0`` puts every parameter on
+   the Python hook (``register_post_accumulate_grad_hook``). A parameter in a group waits until
+   every member of its group is ready and the group goes out as one
+   ``grouped_allreduce_async_``.
 2. ``synchronize()``: launches what the hooks did not - parameters unused on this rank (their
    gradient is None: we reduce zeros, because the other ranks are waiting for the collective) and
-   partial accumulations (an epoch that ended mid-accumulation) - then waits for every handle and
-   writes the result into ``p.grad``. Counters reset, so the next pass starts clean.
+   partial accumulations (an epoch that ended mid-accumulation) - then waits for every handle
+   (the C++ path's in one call) and writes the result into ``p.grad``. Counters reset, so the
+   next pass starts clean. An error is raised once every handle was waited for.
 3. ``step()``: ``synchronize()`` (unless inside ``skip_synchronize()``), then the wrapped step.
 
 Every gradient's allreduce is named ``grad.opt<k>.<parameter name>`` (so it negotiates, and shows
@@ -32,13 +38,23 @@ import weakref
 
 import torch
 
+from horovodlite._extension import load
 from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import _id_of
-from horovodlite.torch import summary
+from horovodlite.torch import device_check, summary
 from horovodlite.torch.collectives import sparse_allreduce_async
 from horovodlite.torch.compression import Compression
+from horovodlite.torch.in_flight import NativeHook, Pending
 from horovodlite.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_
-from horovodlite.torch.submission import allreduce_inplace, call_site, op_name, synchronize
+from horovodlite.torch.submission import (
+    CUDA_BUILT,
+    allreduce_inplace,
+    call_site,
+    op_name,
+    poll_pinning_check,
+)
+
+_C = load()
 
 STEP_AFTER_SYNC_WARNING = (
     "optimizer.step() called without optimizer.skip_synchronize() context after "
@@ -54,33 +70,6 @@ class OutstandingAllreduceError(RuntimeError, AssertionError):
     Also an AssertionError, which is what Horovod raised in this situation, so existing
     handlers keep working.
     """
-
-
-class _Pending:
-    """One launched reduction: the parameters it covers and how to write results back.
-
-    ``handle`` is an int handle (dense, possibly grouped) or a callable returned by
-    ``sparse_allreduce_async``. ``wires`` are the tensors on the wire (``p.grad`` itself without
-    compression and when contiguous, else a compressed or contiguous copy).
-    """
-
-    __slots__ = ("params", "handle", "wires", "ctxs")
-
-    def __init__(self, params, handle, wires=(), ctxs=()):
-        self.params = list(params)
-        self.handle = handle
-        self.wires = list(wires)
-        self.ctxs = list(ctxs)
-
-    def finish(self, compression) -> None:
-        """Waits and writes the reduced gradients into ``p.grad`` (caller's thread)."""
-        if callable(self.handle):  # sparse: the reduced tensor replaces the gradient
-            self.params[0].grad = self.handle()
-            return
-        synchronize(self.handle)
-        for p, wire, ctx in zip(self.params, self.wires, self.ctxs):
-            if wire is not p.grad:
-                p.grad.copy_(compression.decompress(wire, ctx))
 
 
 def _on_grad_ready(optimizer_ref, param) -> None:
@@ -109,42 +98,76 @@ class _DistributedOptimizer:
 
     def _hvd_refresh(self) -> None:
         """Names parameters added since the last call and hooks every parameter that now
-        requires a gradient (a parameter unfrozen after construction gets its hook here)."""
-        for p in self._hvd_params():
-            if p not in self._parameter_names:
-                self._parameter_names[p] = self._hvd_name_new_param(p)
-                self._hvd_negotiated[p] = op_name("allreduce", self._hvd_wire_name(p))
-                self._hvd_delay[p] = self.backward_passes_per_step
-            if p.requires_grad and p not in self._hvd_hooks and not self._hvd_local:
-                hook = functools.partial(_on_grad_ready, weakref.ref(self))
-                self._hvd_hooks[p] = p.register_post_accumulate_grad_hook(hook)
+        requires a gradient (a parameter unfrozen after construction gets its hook here).
+
+        Runs twice per step (zero_grad, synchronize), so it is O(param groups) when nothing
+        changed: the parameters are scanned again only when a group's length changed, and
+        between scans only the ones not hooked yet are looked at."""
+        signature = tuple(len(group["params"]) for group in self.param_groups)
+        if signature != self._hvd_signature:
+            self._hvd_signature = signature
+            self._hvd_unhooked = []
+            for p in self._hvd_params():
+                if p not in self._parameter_names:
+                    self._parameter_names[p] = self._hvd_name_new_param(p)
+                    self._hvd_negotiated[p] = op_name("allreduce", self._hvd_wire_name(p))
+                    self._hvd_delay[p] = self.backward_passes_per_step
+                if p not in self._hvd_hooks and not self._hvd_local:
+                    self._hvd_unhooked.append(p)
+        if self._hvd_unhooked:
+            waiting = []
+            for p in self._hvd_unhooked:
+                if p.requires_grad:
+                    self._hvd_hooks[p] = self._hvd_hook(p)
+                else:
+                    waiting.append(p)
+            self._hvd_unhooked = waiting
+
+    def _hvd_hook(self, p):
+        """Hooks ``p``: on the C++ reducer in the common case, else with a Python hook."""
+        reducer = self._hvd_reducer
+        if reducer is not None and p not in self._hvd_group_of and p.is_leaf:
+            self._hvd_native.append(p)
+            reducer.add(p, self._parameter_names[p], self._hvd_negotiated[p])
+            return NativeHook(reducer)
+        self._hvd_python.append(p)
+        hook = functools.partial(_on_grad_ready, weakref.ref(self))
+        return p.register_post_accumulate_grad_hook(hook)
 
     def _hvd_name_new_param(self, p) -> str:
         """The name of a parameter seen for the first time: from ``named_parameters`` if it
         was given, else ``noname.<i>`` in param-group order (the same on every rank)."""
         if self._hvd_named is not None:
-            if p not in self._hvd_named:
-                raise HorovodArgumentError(
-                    f"a parameter of shape {list(p.shape)} was added to the "
-                    "optimizer but is not in named_parameters; name every "
-                    "optimized parameter"
-                )
+            self._hvd_check_named(p)
             return self._hvd_named[p]
         name = f"noname.{self._hvd_next_index}"
         self._hvd_next_index += 1
         return name
 
+    def _hvd_check_named(self, p) -> None:
+        if p not in self._hvd_named:
+            raise HorovodArgumentError(
+                f"a parameter of shape {list(p.shape)} was added to the "
+                "optimizer but is not in named_parameters; name every "
+                "optimized parameter"
+            )
+
     def _hvd_remove_hooks(self) -> None:
         for handle in self._hvd_hooks.values():
             handle.remove()
         self._hvd_hooks.clear()
+        self._hvd_python.clear()
+        self._hvd_native.clear()
+        self._hvd_signature = None  # the next refresh hooks every parameter again
 
     def _hvd_wire_name(self, p) -> str:
         return f"{self._hvd_prefix}.{self._parameter_names[p]}"
 
     def _hvd_reset_counters(self) -> None:
         k = self.backward_passes_per_step
-        self._hvd_delay = {p: k for p in self._parameter_names}
+        self._hvd_delay = {p: k for p in self._hvd_python}
+        if self._hvd_reducer is not None:
+            self._hvd_reducer.reset_counters()
 
     # ------------------------------------------------------------------------------ hooks
 
@@ -152,15 +175,10 @@ class _DistributedOptimizer:
         """Counts one backward pass for ``p``; launches its reduction on the k-th pass."""
         if p not in self._parameter_names or not p.requires_grad:
             return
-        remaining = self._hvd_delay[p]
+        remaining = self._hvd_delay.get(p, self.backward_passes_per_step)
         if remaining == 0:
-            raise RuntimeError(
-                f"DistributedOptimizer: parameter '{self._parameter_names[p]}' received more "
-                f"than backward_passes_per_step={self.backward_passes_per_step} gradients "
-                "before optimizer.step()/synchronize(); its allreduce has already started. "
-                "Call optimizer.step() every backward_passes_per_step backward passes (also at "
-                "the end of an epoch), or raise backward_passes_per_step."
-            )
+            raise RuntimeError(_C.too_many_passes_message(self._parameter_names[p],
+                                                          self.backward_passes_per_step))
         self._hvd_delay[p] = remaining - 1
         self._hvd_fresh_sync = False
         if remaining == 1:
@@ -212,7 +230,7 @@ class _DistributedOptimizer:
                 handle = allreduce_inplace(grad, self._hvd_negotiated[p], self.op,
                                            self._hvd_prescale, self._hvd_postscale,
                                            _id_of(self.process_set), self._hvd_site)
-                self._hvd_pending[p] = _Pending((p,), handle, (grad,), (None,))
+                self._hvd_pending[p] = Pending((p,), handle, (grad,), (None,))
                 return
         dense = []
         for p in params:
@@ -220,7 +238,7 @@ class _DistributedOptimizer:
             if grad.is_sparse:
                 wait = sparse_allreduce_async(grad, self._hvd_wire_name(p), self.op,
                                               process_set=self.process_set)
-                self._hvd_pending[p] = _Pending([p], wait)
+                self._hvd_pending[p] = Pending([p], wait)
             else:
                 dense.append(p)
         if not dense:
@@ -237,14 +255,25 @@ class _DistributedOptimizer:
         else:
             handle = grouped_allreduce_async_(wires, name=f"{self._hvd_prefix}.group{group}",
                                               **kwargs)
-        pending = _Pending(dense, handle, wires, ctxs)
+        pending = Pending(dense, handle, wires, ctxs)
         for p in dense:
             self._hvd_pending[p] = pending
 
     def _hvd_launch_missing(self) -> None:
-        """Launches every parameter that requires a gradient and has not gone out yet."""
-        for p in self._hvd_params():
-            if not p.requires_grad or p in self._hvd_pending:
+        """Launches every parameter that requires a gradient and has not gone out yet: the C++
+        reducer's (and what it leaves to this module), then the Python hooks'."""
+        reducer = self._hvd_reducer
+        if reducer is not None:
+            if CUDA_BUILT:
+                poll_pinning_check()
+                device = -1 if device_check._device is None else device_check._device
+                if device != self._hvd_device:  # the GPU the placement check accepted
+                    reducer.set_device(device)
+                    self._hvd_device = device
+            for i in reducer.launch_missing():
+                self._hvd_launch([self._hvd_native[i]], None)
+        for p in self._hvd_python:
+            if not p.requires_grad or p in self._hvd_pending.own:
                 continue
             group = self._hvd_group_of.get(p)
             if group is None:
@@ -265,9 +294,17 @@ class _DistributedOptimizer:
         if self._hvd_local:
             return
         self._hvd_refresh()
-        self._hvd_launch_missing()
         error = None
-        for pending in {id(v): v for v in self._hvd_pending.values()}.values():
+        try:
+            self._hvd_launch_missing()
+        except Exception as exc:  # what did go out is waited for before raising
+            error = exc
+        if self._hvd_reducer is not None:
+            try:
+                self._hvd_reducer.wait_all()
+            except Exception as exc:
+                error = error or exc
+        for pending in {id(v): v for v in self._hvd_pending.own.values()}.values():
             try:
                 pending.finish(self._hvd_compression)
             except Exception as exc:  # wait for the rest before raising the first failure
@@ -312,7 +349,7 @@ class _DistributedOptimizer:
             with torch.enable_grad():
                 loss = closure()
         if self._hvd_should_sync:
-            if self._hvd_fresh_sync:
+            if self._hvd_fresh_sync and not (self._hvd_reducer and self._hvd_reducer.fired()):
                 # One warning per such call, as in Horovod; Python's default warning filter
                 # shows it once per call site.
                 warnings.warn(STEP_AFTER_SYNC_WARNING, UserWarning, stacklevel=2)
@@ -361,6 +398,8 @@ class _DistributedOptimizer:
         gradients of the failed step are cleared and accumulation restarts, so the retried
         step does not add to partial sums."""
         self._hvd_pending.clear()
+        if self._hvd_reducer is not None:
+            self._hvd_reducer.abandon()
         self._hvd_reset_counters()
         self._hvd_fresh_sync = False
         for p in self._hvd_params():
@@ -368,8 +407,14 @@ class _DistributedOptimizer:
 
     def add_param_group(self, param_group) -> None:
         """Adds a param group; its parameters get names (generated, or looked up in
-        ``named_parameters``) and hooks."""
-        super().add_param_group(param_group)
+        ``named_parameters``) and hooks. A parameter missing from ``named_parameters`` is
+        refused before anything changes."""
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        if self._hvd_named is not None:
+            for p in params:
+                self._hvd_check_named(p)
+        super().add_param_group({**param_group, "params": params})
         self._hvd_refresh()
 
     def set_backward_passes_per_step(self, passes: int) -> None:
@@ -381,6 +426,8 @@ class _DistributedOptimizer:
                 "optimizer.step() first."
             )
         self.backward_passes_per_step = int(passes)
+        if self._hvd_reducer is not None:
+            self._hvd_reducer.set_passes(self.backward_passes_per_step)
         self._hvd_reset_counters()
 
     def _hvd_pending_names(self) -> str:

@@ -23,7 +23,8 @@ from horovodlite.common.process_sets import ProcessSet, _id_of, global_process_s
 from horovodlite.common.reduce_ops import Adasum, Average, Sum
 from horovodlite.torch.adasum_optimizer import _AdasumDeltaOptimizer
 from horovodlite.torch.compression import Compression
-from horovodlite.torch.distributed_optimizer import _check_passes, _DistributedOptimizer
+from horovodlite.torch.distributed_optimizer import _C, _check_passes, _DistributedOptimizer
+from horovodlite.torch.in_flight import InFlight, hook_site
 
 # Per process set: how many DistributedOptimizers this process has created. Part of every
 # collective's name, so two optimizers never share names (and ranks agree on them).
@@ -160,6 +161,11 @@ def _check_args(optimizer, compression, op, gradient_predivide_factor, process_s
     _id_of(process_set)
 
 
+def _native_hooks_enabled() -> bool:
+    """HOROVOD_NATIVE_GRADIENT_HOOKS, as init parsed it (its default before init)."""
+    return not _C.is_initialized() or bool(_C.config()["native_gradient_hooks"])
+
+
 def _dynamic_class(base: type, mixin: type) -> type:
     key = (base, mixin)
     if key not in _classes:
@@ -226,6 +232,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     obj = _share_dict(optimizer, cls)  # only once every argument is known to be valid
     ps_id = _id_of(process_set)
     count = next(_optimizer_counts[ps_id])
+    prescale = 1.0 / gradient_predivide_factor if op == Average else 1.0
+    postscale = gradient_predivide_factor if op == Average else 1.0
+    local = not process_set.included()  # outside the set: no communication at all
+    reducer = None
+    if (not local and compression is Compression.none and op != Adasum
+            and _native_hooks_enabled()):
+        reducer = _C.GradReducer(op, prescale, postscale, ps_id, int(backward_passes_per_step),
+                                 hook_site)
+    native = []  # parameters on the C++ reducer, by its index
     state = dict(
         backward_passes_per_step=int(backward_passes_per_step),
         op=op,
@@ -238,20 +253,26 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         _hvd_next_index=0,
         _hvd_prefix=f"grad.opt{count}" + (f".ps{ps_id}" if ps_id else ""),
         _hvd_compression=compression,
-        _hvd_prescale=1.0 / gradient_predivide_factor if op == Average else 1.0,
-        _hvd_postscale=gradient_predivide_factor if op == Average else 1.0,
+        _hvd_prescale=prescale,
+        _hvd_postscale=postscale,
         _hvd_groups=group_lists,
         _hvd_group_of={p: i for i, g in enumerate(group_lists) for p in g},
         _hvd_hooks={},
+        _hvd_signature=None,  # the param groups' lengths at the last scan (_hvd_refresh)
+        _hvd_unhooked=[],  # parameters seen without a hook (not requiring grad then)
         _hvd_delay={},
-        _hvd_pending={},
+        _hvd_reducer=reducer,  # _C.GradReducer: the C++ hooks of the common case, or None
+        _hvd_native=native,
+        _hvd_python=[],  # parameters on Python hooks
+        _hvd_device=-1,  # the CUDA device the reducer takes gradients on (-1: none yet)
+        _hvd_pending=InFlight(reducer, native),
         _hvd_site=None,  # file:line of this step's backward, found once per step
         _hvd_sparse_seen={},
         # SparseAdam takes sparse gradients only: sparse_as_dense hands them back sparse.
         _hvd_resparsify=bool(sparse_as_dense) and isinstance(obj, torch.optim.SparseAdam),
         _hvd_should_sync=True,
         _hvd_fresh_sync=False,
-        _hvd_local=not process_set.included(),  # outside the set: no communication at all
+        _hvd_local=local,
     )
     obj.__dict__.update(state)
     obj._hvd_refresh()

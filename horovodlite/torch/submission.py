@@ -38,7 +38,7 @@ from horovodlite._extension import load
 from horovodlite.torch import device_check
 
 _C = load()
-_CUDA_BUILT = bool(getattr(_C, "cuda_built", lambda: False)())
+CUDA_BUILT = bool(getattr(_C, "cuda_built", lambda: False)())
 
 # ------------------------------------------------------------------------------------- names
 
@@ -170,7 +170,7 @@ def submit(handler, op: str, enqueue, inputs=None, kept=None) -> int:
     flight on this rank, as a ValueError). ``inputs``: the op's input tensor or list of them,
     whose GPU placement CUDA builds check first (None: nothing to check). ``kept``: the
     handler's argument, kept alive until ``synchronize``."""
-    if _CUDA_BUILT and inputs is not None:
+    if CUDA_BUILT and inputs is not None:
         check_device(inputs, op)
     handle = enqueue()
     _handles[handle] = (handler, kept)
@@ -183,7 +183,7 @@ def allreduce_inplace(tensor, name: str, op: int, prescale: float, postscale: fl
     int op, floats, the set's id, the call site): ``allreduce_async_`` and
     DistributedOptimizer's per-gradient path. ``submit`` inlined: this runs once per gradient,
     and the lambda and the call cost ~0.3 us each time."""
-    if _CUDA_BUILT:
+    if CUDA_BUILT:
         check_device(tensor, "allreduce")
     handle = _C.enqueue_allreduce_(tensor, name, op, prescale, postscale, ps_id, site)
     _handles[handle] = (in_place, tensor)
@@ -208,7 +208,7 @@ def synchronize(handle: int):
     An unknown or already-synchronized handle raises ValueError.
     """
     if device_check._pending is not None and device_check._pending != handle:
-        _poll_pinning_check()
+        poll_pinning_check()
     handler, kept = _handles.pop(handle, _UNTRACKED)
     if handler is in_place:  # every gradient: the handler inlined
         _C.wait_done(handle)
@@ -222,7 +222,7 @@ def synchronize(handle: int):
 def check_device(inputs, op: str) -> None:
     """CUDA builds: device_check's GPU placement check of an op's input (tensor or list)."""
     device_check.note(inputs, op, _submit_pinning_check)
-    _poll_pinning_check()
+    poll_pinning_check()
 
 
 def _submit_pinning_check(record) -> int:
@@ -232,7 +232,8 @@ def _submit_pinning_check(record) -> int:
                   lambda: _C.enqueue_allgather([record], [name], 0, [""]), None, record)
 
 
-def _poll_pinning_check() -> None:
+def poll_pinning_check() -> None:
+    """Finishes device_check's pinning check once its allgather completed (never blocks)."""
     if device_check._pending is not None:
         device_check.poll(poll, synchronize, _C.rank())
 
@@ -262,5 +263,5 @@ __all__ = [
     "op_name", "group_names", "barrier_name", "call_site",
     "in_place", "in_place_group", "first_output", "all_outputs", "alltoall_pair", "last_joined",
     "no_result", "submit", "allreduce_inplace", "then", "poll", "synchronize", "check_device",
-    "on_reset", "reset",
+    "poll_pinning_check", "on_reset", "reset", "CUDA_BUILT",
 ]

@@ -1,0 +1,252 @@
+#include "torch/grad_reducer.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <stdexcept>
+#include <utility>
+
+#include "common/errors.h"
+
+namespace hvdl {
+namespace {
+
+using torch::autograd::variable_list;
+// c10::intrusive_ptr<Node> from torch 2.10 on, std::shared_ptr<Node> before.
+using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<at::Tensor>()));
+
+// Our post hook on a parameter's AccumulateGrad node. Holds the reducer weakly: a discarded
+// optimizer's hooks do nothing.
+class GradHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradHook(std::weak_ptr<GradReducer> reducer, int index)
+      : reducer_(std::move(reducer)), index_(index) {}
+  variable_list operator()(const variable_list& outputs, const variable_list& /*inputs*/) override {
+    if (auto reducer = reducer_.lock()) reducer->OnGradReady(index_);
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<GradReducer> reducer_;
+  int index_;
+};
+
+}  // namespace
+
+struct GradReducer::Param {
+  at::Tensor tensor;
+  Accumulator accumulator;  // kept alive: autograd holds it weakly, and our hook lives on it
+  uintptr_t hook_key = 0;
+  std::string name;        // the parameter's name, for errors
+  std::string negotiated;  // the allreduce's name
+  int remaining = 0;       // backward passes still to accumulate before the allreduce
+  int handle = 0;          // the allreduce in flight (0: none)
+  bool deferred = false;   // this step's gradient is Python's to launch
+  bool sparse_seen = false;  // had a sparse gradient: Python's from then on
+};
+
+std::string TooManyPassesMessage(const std::string& param_name, int passes) {
+  return "DistributedOptimizer: parameter '" + param_name + "' received more than "
+         "backward_passes_per_step=" + std::to_string(passes) + " gradients before "
+         "optimizer.step()/synchronize(); its allreduce has already started. Call "
+         "optimizer.step() every backward_passes_per_step backward passes (also at the end of an "
+         "epoch), or raise backward_passes_per_step.";
+}
+
+GradReducer::GradReducer(Hooks hooks, int reduce_op, double prescale, double postscale,
+                         int process_set, int passes)
+    : hooks_(std::move(hooks)),
+      spec_(AllreduceSpec(reduce_op, prescale, postscale, process_set)),
+      passes_(passes) {}
+
+GradReducer::~GradReducer() { Detach(); }
+
+int GradReducer::Add(const at::Tensor& param, std::string param_name, std::string negotiated) {
+  Param p;
+  p.tensor = param;
+  p.accumulator = torch::autograd::impl::grad_accumulator(param);
+  if (!p.accumulator) {
+    ThrowIfError(Status::InvalidArgument("DistributedOptimizer: parameter '" + param_name +
+                                         "' does not require grad or is not a leaf; only leaves "
+                                         "that require grad can be hooked."));
+  }
+  p.name = std::move(param_name);
+  p.negotiated = std::move(negotiated);
+  std::lock_guard<std::mutex> lock(mu_);
+  const int index = static_cast<int>(params_.size());
+  p.remaining = passes_;
+  p.hook_key = p.accumulator->add_post_hook(std::make_unique<GradHook>(weak_from_this(), index));
+  params_.push_back(std::move(p));
+  return index;
+}
+
+void GradReducer::Detach() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (detached_) return;
+  detached_ = true;
+  for (Param& p : params_) {
+    if (p.accumulator) p.accumulator->del_post_hook(p.hook_key);
+    p.accumulator = Accumulator();
+  }
+}
+
+void GradReducer::SetDevice(int device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  device_ = device;
+}
+
+void GradReducer::SetPasses(int passes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  passes_ = passes;
+  ResetLocked();
+}
+
+void GradReducer::ResetCounters() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ResetLocked();
+}
+
+void GradReducer::ResetLocked() {
+  for (Param& p : params_) {
+    p.remaining = passes_;
+    p.deferred = false;
+  }
+  fired_ = false;
+  site_fetched_ = false;
+  site_.clear();
+}
+
+bool GradReducer::EligibleLocked(const Param& p, const at::Tensor& grad) const {
+  if (p.sparse_seen || !grad.defined() || grad.is_sparse() || !grad.is_contiguous()) return false;
+  return !grad.is_cuda() || grad.get_device() == device_;
+}
+
+GradReducer::Outcome GradReducer::LaunchLocked(Param& p, std::exception_ptr* error) {
+  const at::Tensor& grad = p.tensor.grad();
+  if (grad.defined() && grad.is_sparse()) p.sparse_seen = true;
+  if (!EligibleLocked(p, grad)) {
+    p.deferred = true;
+    return Outcome::kDeferred;
+  }
+  try {
+    Context& ctx = hooks_.context();
+    ThrowIfError(CheckTensor(grad, "allreduce", p.negotiated));
+    CheckMembership(ctx, spec_.process_set, OpType::kAllreduce, p.negotiated);
+    p.handle = SubmitAllreduceInplace(ctx, spec_, grad, p.negotiated, site_);
+    ++in_flight_;
+    return Outcome::kLaunched;
+  } catch (...) {
+    *error = std::current_exception();
+    return Outcome::kFailed;
+  }
+}
+
+void GradReducer::FetchSiteOnce() {
+  if (site_fetched_.exchange(true)) return;
+  std::string site = hooks_.call_site ? hooks_.call_site() : std::string();
+  std::lock_guard<std::mutex> lock(mu_);
+  site_ = std::move(site);
+}
+
+void GradReducer::OnGradReady(int index) {
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (detached_) return;
+    Param& p = params_[static_cast<size_t>(index)];
+    if (!p.tensor.requires_grad()) return;
+    if (p.remaining == 0) {
+      error = std::make_exception_ptr(std::runtime_error(TooManyPassesMessage(p.name, passes_)));
+    } else {
+      fired_ = true;
+      if (--p.remaining > 0) return;
+      if (!site_fetched_.load()) {  // the step's first launch: the call site, GIL taken once
+        lock.unlock();
+        FetchSiteOnce();
+        lock.lock();
+        if (detached_) return;
+      }
+      LaunchLocked(params_[static_cast<size_t>(index)], &error);
+    }
+  }
+  if (error) hooks_.raise(error);
+}
+
+std::vector<int> GradReducer::LaunchMissing() {
+  FetchSiteOnce();
+  std::vector<int> deferred;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (detached_) return deferred;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
+    if (p.handle != 0 || !p.tensor.requires_grad()) continue;
+    if (!p.deferred && !p.sparse_seen && !p.tensor.grad().defined()) {
+      // Unused on this rank: the other ranks wait for its allreduce, so it sends zeros.
+      p.tensor.mutable_grad() = at::zeros_like(p.tensor, at::MemoryFormat::Contiguous);
+    }
+    std::exception_ptr failed;
+    if (p.deferred || LaunchLocked(p, &failed) == Outcome::kDeferred) {
+      deferred.push_back(static_cast<int>(i));
+    } else if (failed && !launch_error_) {
+      launch_error_ = failed;  // WaitAll raises it; the rest still go out (other ranks wait)
+    }
+  }
+  return deferred;
+}
+
+void GradReducer::WaitAll(const std::function<void(const std::function<void()>&)>& release_gil) {
+  std::vector<int> handles;
+  std::exception_ptr launch_error;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Param& p : params_) {
+      if (p.handle != 0) handles.push_back(std::exchange(p.handle, 0));
+    }
+    in_flight_ = 0;
+    launch_error = std::exchange(launch_error_, nullptr);
+    ResetLocked();
+  }
+  Status first;
+  auto wait_all = [&] {
+    for (int h : handles) {
+      std::shared_ptr<TorchPayload> payload;
+      Status s = WaitForHandle(*hooks_.handles, h, &payload);
+      if (!s.ok() && first.ok()) first = s;
+    }
+  };
+  if (!handles.empty()) release_gil(wait_all);
+  if (launch_error) std::rethrow_exception(launch_error);
+  ThrowIfError(first);
+}
+
+void GradReducer::Abandon() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Param& p : params_) {
+    if (p.handle != 0) hooks_.handles->Release(std::exchange(p.handle, 0));
+  }
+  in_flight_ = 0;
+  launch_error_ = nullptr;
+  ResetLocked();
+}
+
+std::vector<int> GradReducer::InFlight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].handle != 0) out.push_back(static_cast<int>(i));
+  }
+  return out;
+}
+
+int GradReducer::num_in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_;
+}
+
+bool GradReducer::fired() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fired_;
+}
+
+}  // namespace hvdl

@@ -1,0 +1,112 @@
+// GradReducer: DistributedOptimizer's per-gradient path in C++ (DESIGN.md, last section).
+//
+// Protocol, per registered parameter and backward pass:
+//   1. Autograd runs the parameter's AccumulateGrad node (p.grad now holds this pass's sum), then
+//      our post hook on that node. The hook is our own, beside whatever the user put on the
+//      tensor (torch keeps one post-accumulate-grad slot per tensor, which Python's
+//      register_post_accumulate_grad_hook fills); DDP's Reducer hooks gradients the same way.
+//   2. The hook counts the pass. On the k-th (backward_passes_per_step) it enqueues the in-place
+//      allreduce of p.grad with the name, op, scale factors and process set resolved at
+//      registration: no GIL, no Python frame. A gradient that is not dense and contiguous (or
+//      sparse before), or on a CUDA device Python has not confirmed (SetDevice), is deferred:
+//      Python launches it at synchronize through its general path, which raises what it raises.
+//   3. The first launch of a step takes the GIL once, for the user's call site (stall reports
+//      name the line that ran backward).
+//   4. synchronize: LaunchMissing enqueues what the hooks did not (parameters unused on this rank
+//      go out as zeros, partial accumulations as they are) and returns what Python must launch;
+//      WaitAll waits for every handle in one call with the GIL released, then resets the
+//      counters. Errors are raised after every handle was waited for, the first one winning.
+//
+// Threads: hooks run on autograd's threads (the caller's, and one per CUDA device); the rest on
+// the user's thread, GIL held. One mutex guards the state, and it is never held while the GIL is
+// taken (the Python-facing calls hold the GIL and then take the mutex).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "core/context.h"
+#include "core/handle_table.h"
+#include "torch/submit.h"
+
+namespace hvdl {
+
+// The error DistributedOptimizer raises when a parameter gets more gradients than it accumulates
+// (Python's general path raises the same text).
+std::string TooManyPassesMessage(const std::string& param_name, int passes);
+
+class GradReducer : public std::enable_shared_from_this<GradReducer> {
+ public:
+  struct Hooks {
+    std::function<Context&()> context;  // the running Context; throws before init
+    HandleTable* handles = nullptr;
+    // Called without the GIL: takes it and returns the user's file:line ("" when unknown).
+    std::function<std::string()> call_site;
+    // Called without the GIL with an exception of common/errors.h (or another std::exception):
+    // takes the GIL and throws it as the Python exception the binding boundary maps it to, so
+    // that backward() raises what the Python path raised. Never returns.
+    std::function<void(std::exception_ptr)> raise;
+  };
+
+  GradReducer(Hooks hooks, int reduce_op, double prescale, double postscale, int process_set,
+              int passes);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // Hooks `param` (a leaf that requires grad) as `param_name` (errors), negotiating as
+  // `negotiated` (the op-prefixed name); returns its index.
+  int Add(const at::Tensor& param, std::string param_name, std::string negotiated);
+  // Unhooks every parameter; later hooks and calls do nothing.
+  void Detach();
+  // The CUDA device Python's placement check accepted: its gradients take the C++ path.
+  void SetDevice(int device);
+  void SetPasses(int passes);  // and resets the counters
+  void ResetCounters();
+  // Enqueues every hooked parameter that requires grad and has not gone out; returns the
+  // indices Python must launch (deferred ones). An enqueue that fails is raised by WaitAll.
+  std::vector<int> LaunchMissing();
+  // Waits (without the GIL; `release_gil` drops it around the waits) for every handle, then
+  // resets the counters; raises LaunchMissing's error, else the first handle's.
+  void WaitAll(const std::function<void(const std::function<void()>&)>& release_gil);
+  // Drops this step's handles without waiting (elastic rollback) and resets the counters.
+  void Abandon();
+  std::vector<int> InFlight() const;  // indices with an allreduce in flight
+  int num_in_flight() const;
+  bool fired() const;  // a hook counted a pass since the last reset
+
+  // The hook (autograd's threads).
+  void OnGradReady(int index);
+
+ private:
+  struct Param;
+  enum class Outcome { kLaunched, kDeferred, kFailed };
+  // Under mu_: enqueues param `i`'s gradient or defers it; on failure, `*error` is set.
+  Outcome LaunchLocked(Param& p, std::exception_ptr* error);
+  bool EligibleLocked(const Param& p, const at::Tensor& grad) const;
+  void FetchSiteOnce();  // without mu_: the GIL is taken
+  void ResetLocked();
+
+  Hooks hooks_;
+  OpSpec spec_;
+  mutable std::mutex mu_;
+  std::vector<Param> params_;
+  int passes_;
+  int device_ = -1;
+  int in_flight_ = 0;
+  bool fired_ = false;
+  bool detached_ = false;
+  std::exception_ptr launch_error_;  // LaunchMissing's first failure, for WaitAll
+  std::atomic<bool> site_fetched_{false};
+  std::string site_;
+};
+
+}  // namespace hvdl
