@@ -349,7 +349,8 @@ class _DistributedOptimizer:
             with torch.enable_grad():
                 loss = closure()
         if self._hvd_should_sync:
-            if self._hvd_fresh_sync and not (self._hvd_reducer and self._hvd_reducer.fired()):
+            reducer = self._hvd_reducer
+            if self._hvd_fresh_sync and not (reducer is not None and reducer.fired()):
                 # One warning per such call, as in Horovod; Python's default warning filter
                 # shows it once per call site.
                 warnings.warn(STEP_AFTER_SYNC_WARNING, UserWarning, stacklevel=2)

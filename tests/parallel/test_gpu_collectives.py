@@ -244,3 +244,45 @@ def test_distributed_optimizer_averages_cuda_gradients():
         assert torch.allclose(gathered, gathered[0:1].expand_as(gathered)), name  # all agree
     with opt.skip_synchronize():
         opt.step()
+
+
+def test_distributed_optimizer_enqueues_cuda_gradients_in_cpp():
+    """Once the placement check has accepted this process's GPU, the C++ hooks take its
+    gradients during backward (nothing left for Python's path); the result is every rank's
+    average."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2).to(DEV)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # the GPU's first collective
+    for step in range(2):
+        opt.zero_grad()
+        model(torch.ones(3, 4, device=DEV) * (hvd.rank() + 1)).sum().backward()
+        if step == 1:  # by the second step the reducer knows the device
+            assert set(opt._hvd_pending) == set(model.parameters())
+            assert not opt._hvd_pending.own, "a CUDA gradient was left to Python's path"
+        opt.synchronize()
+        mean = 3 * (hvd.size() + 1) / 2
+        assert torch.allclose(model.weight.grad.cpu(), torch.full((2, 4), mean))
+        with opt.skip_synchronize():
+            opt.step()
+    assert opt._hvd_device == DEV.index
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_gradient_on_a_second_gpu_raises_naming_both_devices_then_training_goes_on():
+    other = torch.device("cuda", (DEV.index + 1) % torch.cuda.device_count())
+    hvd.allreduce(torch.ones(1, device=DEV), name="claim.gpu")  # this process's GPU is DEV
+    stray = torch.nn.Linear(2, 1).to(other)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(stray.parameters(), lr=0.1),
+                                   named_parameters=stray.named_parameters())
+    stray(torch.ones(1, 2, device=other)).sum().backward()
+    with pytest.raises(ValueError, match=rf"one GPU per process.*cuda:{DEV.index}.*"
+                                         rf"cuda:{other.index}"):
+        opt.step()
+    model = torch.nn.Linear(2, 1).to(DEV)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model(torch.ones(1, 2, device=DEV)).sum().backward()
+    opt.step()
+    assert torch.allclose(model.bias.grad.cpu(), torch.ones(1))
