@@ -66,7 +66,8 @@ int EnqueueAllreduce(std::vector<at::Tensor> inputs, std::vector<at::Tensor> out
   CheckOutputs(OpType::kAllreduce, inputs, outputs, names);
   for (size_t i = 0; i < inputs.size(); ++i) CheckAllreduceOp(op, inputs[i], names[i]);
   CheckMembership(ctx, ps, OpType::kAllreduce, names[0]);
-  return Submit(ctx, AllreduceSpec(op, prescale, postscale, ps), inputs, outputs, names, sites);
+  return Submit(ctx, ReductionSpec(OpType::kAllreduce, op, prescale, postscale, ps), inputs,
+                outputs, names, sites);
 }
 
 // allreduce_async_ of one tensor, in place: SubmitAllreduceInplace after the argument checks.
@@ -76,8 +77,9 @@ int EnqueueAllreduceInplace(const at::Tensor& tensor, std::string name, int op, 
   ThrowIfError(CheckTensor(tensor, OpTypeName(OpType::kAllreduce), name));
   CheckAllreduceOp(op, tensor, name);
   CheckMembership(ctx, ps, OpType::kAllreduce, name);
-  return SubmitAllreduceInplace(ctx, AllreduceSpec(op, prescale, postscale, ps), tensor,
-                                std::move(name), std::move(site));
+  return SubmitAllreduceInplace(ctx,
+                                ReductionSpec(OpType::kAllreduce, op, prescale, postscale, ps),
+                                tensor, std::move(name), std::move(site));
 }
 
 int EnqueueAllgather(std::vector<at::Tensor> inputs, std::vector<std::string> names, int ps,
@@ -159,13 +161,8 @@ int EnqueueReducescatter(std::vector<at::Tensor> inputs, std::vector<std::string
     }
   }
   CheckMembership(ctx, ps, OpType::kReducescatter, names[0]);
-  OpSpec spec;
-  spec.op = OpType::kReducescatter;
-  spec.reduce_op = static_cast<ReduceOp>(op);
-  spec.prescale = prescale;
-  spec.postscale = postscale;
-  spec.process_set = ps;
-  return Submit(ctx, spec, inputs, {}, names, sites);
+  return Submit(ctx, ReductionSpec(OpType::kReducescatter, op, prescale, postscale, ps), inputs,
+                {}, names, sites);
 }
 
 // Ops without tensors: barrier, join, process-set changes.

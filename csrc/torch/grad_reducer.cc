@@ -57,7 +57,7 @@ std::string TooManyPassesMessage(const std::string& param_name, int passes) {
 GradReducer::GradReducer(Hooks hooks, int reduce_op, double prescale, double postscale,
                          int process_set, int passes)
     : hooks_(std::move(hooks)),
-      spec_(AllreduceSpec(reduce_op, prescale, postscale, process_set)),
+      spec_(ReductionSpec(OpType::kAllreduce, reduce_op, prescale, postscale, process_set)),
       passes_(passes) {}
 
 GradReducer::~GradReducer() { Detach(); }

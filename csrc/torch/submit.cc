@@ -116,9 +116,9 @@ void CheckAllreduceOp(int op, const at::Tensor& t, const std::string& name) {
   }
 }
 
-OpSpec AllreduceSpec(int op, double prescale, double postscale, int ps) {
+OpSpec ReductionSpec(OpType type, int op, double prescale, double postscale, int ps) {
   OpSpec spec;
-  spec.op = OpType::kAllreduce;
+  spec.op = type;
   spec.reduce_op = static_cast<ReduceOp>(op);
   spec.prescale = prescale;
   spec.postscale = postscale;

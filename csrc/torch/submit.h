@@ -37,7 +37,9 @@ void CheckMembership(Context& ctx, int ps, OpType op, const std::string& name);
 // ArgumentError unless `op` can reduce `t` here (Adasum is handled in Python).
 void CheckAllreduceOp(int op, const at::Tensor& t, const std::string& name);
 
-OpSpec AllreduceSpec(int op, double prescale, double postscale, int ps);
+// An allreduce's or a reducescatter's spec: the reduce op (an int from Python), scale factors,
+// process set.
+OpSpec ReductionSpec(OpType type, int op, double prescale, double postscale, int ps);
 
 // Enqueues one op over `inputs` (outputs: in place or given, or empty: allocated once sizes are
 // negotiated) as one handle; returns the handle. The tensors were checked already.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -25,6 +26,9 @@ import horovodlite.torch as hvd
 from horovodlite._extension import load
 from horovodlite.common import elastic_worker
 from horovodlite.torch.elastic.sampler import partition
+
+# A line is one write (the ranks share one pipe; unbuffered, print writes its parts apart).
+sys.stdout.reconfigure(line_buffering=True, write_through=False)
 
 _C = load()  # recoveries() and last_recovery_map(): which ranks each recovery lost
 

@@ -26,6 +26,9 @@ import torch
 
 import horovodlite.torch as hvd
 
+# A line is one write (the ranks share one pipe; unbuffered, print writes its parts apart).
+sys.stdout.reconfigure(line_buffering=True, write_through=False)
+
 MPI_IDENTITY = ("OMPI_COMM_WORLD_", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
 
 

@@ -15,6 +15,9 @@ import threading
 import time
 from pathlib import Path
 
+# A line is one write (the ranks share one pipe; unbuffered, print writes its parts apart).
+sys.stdout.reconfigure(line_buffering=True, write_through=False)
+
 read_end, write_end = os.pipe()
 os.environ["HVDL_NOTICE_FD"] = str(read_end)
 

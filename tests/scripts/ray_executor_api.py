@@ -10,6 +10,9 @@ import torch
 
 from horovodlite.ray import RayExecutor
 
+# A line is one write (the ranks share one pipe; unbuffered, print writes its parts apart).
+sys.stdout.reconfigure(line_buffering=True, write_through=False)
+
 
 class Counter:
     """An executable: built on every worker after its rank's variables are set."""

@@ -5,10 +5,14 @@ on rank 0, how far every rank's weights are from one process training on the who
 
 import json
 import os
+import sys
 
 import torch
 
 import horovodlite.torch as hvd
+
+# A line is one write (the ranks share one pipe; unbuffered, print writes its parts apart).
+sys.stdout.reconfigure(line_buffering=True, write_through=False)
 
 SAMPLES, FEATURES, STEPS, LR = 240, 8, 20, 0.1
 

@@ -11,6 +11,9 @@ from pyspark.sql import SparkSession
 
 import horovodlite.spark
 
+# A line is one write (the ranks share one pipe; unbuffered, print writes its parts apart).
+sys.stdout.reconfigure(line_buffering=True, write_through=False)
+
 
 def whoami(tag):
     import horovodlite.torch as hvd

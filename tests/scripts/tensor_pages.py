@@ -3,6 +3,9 @@ import sys
 
 import torch
 
+# A line is one write (the ranks share one pipe; unbuffered, print writes its parts apart).
+sys.stdout.reconfigure(line_buffering=True, write_through=False)
+
 if "--init" in sys.argv:  # started without horovodliterun: horovodlite's init tunes malloc
     import horovodlite.torch as hvd
 

@@ -8,6 +8,9 @@ import torch
 
 import horovodlite.torch as hvd
 
+# A line is one write (the ranks share one pipe; unbuffered, print writes its parts apart).
+sys.stdout.reconfigure(line_buffering=True, write_through=False)
+
 hvd.init()
 path = sys.argv[1]
 hvd.summary(print_line=False)  # resets the counters

@@ -20,6 +20,9 @@ import torch
 
 import horovodlite.torch as hvd
 
+# A line is one write (the ranks share one pipe; unbuffered, print writes its parts apart).
+sys.stdout.reconfigure(line_buffering=True, write_through=False)
+
 STEPS, KILL_AT = 20, 7
 
 
