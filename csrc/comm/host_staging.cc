@@ -1,5 +1,7 @@
 #include "comm/host_staging.h"
 
+#include <algorithm>
+#include <memory>
 #include <utility>
 
 namespace hvdl {
@@ -17,8 +19,9 @@ size_t Bytes(int64_t count, DataType dtype) {
 
 }  // namespace
 
-HostStagingBackend::HostStagingBackend(DataBackend* host, DeviceOps* ops, SetRank set_rank)
-    : host_(host), ops_(ops), set_rank_(std::move(set_rank)) {}
+HostStagingBackend::HostStagingBackend(DataBackend* host, DeviceOps* ops, SetRank set_rank,
+                                       size_t chunk_bytes)
+    : host_(host), ops_(ops), set_rank_(std::move(set_rank)), chunk_bytes_(chunk_bytes) {}
 
 HostStagingBackend::~HostStagingBackend() {
   if (staging_ != nullptr) {
@@ -49,24 +52,57 @@ Status HostStagingBackend::Stage(size_t bytes, char** out) {
   return Status::Ok();
 }
 
+Status HostStagingBackend::Pipelined(void* device, char* host, size_t bytes, size_t elem,
+                                     bool copy_in,
+                                     const std::function<Status(char*, size_t)>& collective) {
+  char* dev = static_cast<char*>(device);
+  const size_t chunk = chunk_bytes_ == 0 ? bytes : std::max(elem, chunk_bytes_ / elem * elem);
+  if (bytes <= chunk) {  // one piece: nothing to overlap
+    if (copy_in) HVDL_RETURN_IF_ERROR(ops_->CopyToHost(host, dev, bytes));
+    HVDL_RETURN_IF_ERROR(ops_->Synchronize());
+    HVDL_RETURN_IF_ERROR(collective(host, bytes));
+    return ops_->CopyToDevice(dev, host, bytes);
+  }
+  const size_t n = (bytes + chunk - 1) / chunk;
+  auto length = [&](size_t k) { return std::min(chunk, bytes - k * chunk); };
+  // landed[k]: chunk k's copy to the host has run (with everything queued before it: the
+  // executor's packing, for chunk 0).
+  std::vector<std::shared_ptr<DeviceEvent>> landed(n);
+  auto queue_in = [&](size_t k) -> Status {
+    if (copy_in) HVDL_RETURN_IF_ERROR(ops_->CopyToHost(host + k * chunk, dev + k * chunk, length(k)));
+    return ops_->Record(&landed[k]);
+  };
+  HVDL_RETURN_IF_ERROR(queue_in(0));
+  HVDL_RETURN_IF_ERROR(queue_in(1));
+  for (size_t k = 0; k < n; ++k) {
+    HVDL_RETURN_IF_ERROR(landed[k]->Synchronize());
+    landed[k].reset();
+    HVDL_RETURN_IF_ERROR(collective(host + k * chunk, length(k)));
+    HVDL_RETURN_IF_ERROR(ops_->CopyToDevice(dev + k * chunk, host + k * chunk, length(k)));
+    if (k + 2 < n) HVDL_RETURN_IF_ERROR(queue_in(k + 2));
+  }
+  return Status::Ok();
+}
+
 // Every method: size the staging buffer, queue the device-to-host copies, wait for the stream
 // (the host must not read the buffer before they land), run the host collective, queue the copy
-// back.
+// back. Allreduce and broadcast do it in chunks (Pipelined).
 Status HostStagingBackend::Allreduce(const AllreduceArgs& args) {
   if (!args.chunks.empty()) {
     return Status::Internal("host staging: span (ring) allreduce of device buffers is not "
                             "supported; the executor packs device tensors into one buffer");
   }
+  const size_t elem = DataTypeSize(args.dtype);
   const size_t bytes = Bytes(args.count, args.dtype);
   char* host = nullptr;
   HVDL_RETURN_IF_ERROR(Stage(bytes, &host));
-  HVDL_RETURN_IF_ERROR(ops_->CopyToHost(host, args.buf, bytes));
-  HVDL_RETURN_IF_ERROR(ops_->Synchronize());
-  AllreduceArgs on_host = args;
-  on_host.buf = host;
-  on_host.plan = nullptr;  // the device plan chose this backend; the host part plans itself
-  HVDL_RETURN_IF_ERROR(host_->Allreduce(on_host));
-  return ops_->CopyToDevice(args.buf, host, bytes);
+  return Pipelined(args.buf, host, bytes, elem, true, [&](char* part, size_t part_bytes) {
+    AllreduceArgs on_host = args;
+    on_host.buf = part;
+    on_host.count = static_cast<int64_t>(part_bytes / elem);
+    on_host.plan = nullptr;  // the device plan chose this backend; the host part plans itself
+    return host_->Allreduce(on_host);
+  });
 }
 
 Status HostStagingBackend::Allgatherv(const void* send, void* recv,
@@ -92,13 +128,14 @@ Status HostStagingBackend::Allgatherv(const void* send, void* recv,
 }
 
 Status HostStagingBackend::Broadcast(void* buf, int64_t count, DataType dtype, int root, int ps) {
+  const size_t elem = DataTypeSize(dtype);
   const size_t bytes = Bytes(count, dtype);
   char* host = nullptr;
   HVDL_RETURN_IF_ERROR(Stage(bytes, &host));
-  HVDL_RETURN_IF_ERROR(ops_->CopyToHost(host, buf, bytes));  // only the root's matters
-  HVDL_RETURN_IF_ERROR(ops_->Synchronize());
-  HVDL_RETURN_IF_ERROR(host_->Broadcast(host, count, dtype, root, ps));
-  return ops_->CopyToDevice(buf, host, bytes);
+  const bool is_root = set_rank_(ps) == root;  // only the root's data is read
+  return Pipelined(buf, host, bytes, elem, is_root, [&](char* part, size_t part_bytes) {
+    return host_->Broadcast(part, static_cast<int64_t>(part_bytes / elem), dtype, root, ps);
+  });
 }
 
 Status HostStagingBackend::Alltoallv(const void* send, const std::vector<int64_t>& send_counts,

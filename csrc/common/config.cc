@@ -210,6 +210,13 @@ const std::vector<Knob>& Table() {
         "CUDA tensors: nccl (NCCL when built, else host staging) or mpi (always through host "
         "memory and MPI; lets several ranks share one GPU). Same value on every rank."},
        [](auto& n, auto& v, Config* c) { return ParseGpuOperations(n, v, &c->gpu_operations); }},
+      {{"HOROVOD_STAGING_CHUNK_BYTES", "4194304",
+        "CUDA tensors through host memory (HOROVOD_GPU_OPERATIONS=mpi, or no NCCL): a larger "
+        "allreduce or broadcast is cut into chunks of this size, and one chunk is reduced on the "
+        "host while the next is copied off the device and the one before is copied back (pinned "
+        "buffers, one stream). 0: one piece (copy all, reduce, copy all back). Same value on "
+        "every rank."},
+       [](auto& n, auto& v, Config* c) { return ParseInt(n, v, 0, &c->staging_chunk_bytes); }},
       {{"HOROVOD_WAIT_SPIN_US", "auto",
         "Microseconds a thread waiting on a handle (synchronize) spins, yielding the CPU, before "
         "it sleeps: a completion seen while spinning costs no wake-up (10-20 us on a small VM). "

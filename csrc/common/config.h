@@ -51,6 +51,7 @@ struct Config {
   Toggle hierarchical_allreduce = Toggle::kAuto;
   Toggle hierarchical_allgather = Toggle::kAuto;
   GpuOperations gpu_operations = GpuOperations::kNccl;
+  int64_t staging_chunk_bytes = 4LL << 20;  // host staging's pipeline chunk; 0: one piece
   bool native_gradient_hooks = true;
   int64_t wait_spin_us = -1;  // -1: auto (see the knob)
 };

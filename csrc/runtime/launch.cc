@@ -71,7 +71,8 @@ void AddCollectives(const Config& config, CommRuntime* out) {
 #endif
   Fabric* fabric = out->fabric.get();
   out->backends->Add(std::make_unique<HostStagingBackend>(
-      h, out->device_ops.get(), [fabric](int ps) { return fabric->SetRank(ps); }));
+      h, out->device_ops.get(), [fabric](int ps) { return fabric->SetRank(ps); },
+      static_cast<size_t>(config.staging_chunk_bytes)));
 #endif
   out->planner = std::make_unique<AllreducePlanner>(config, out->fabric.get(), out->backends.get());
   h->set_planner(out->planner.get());

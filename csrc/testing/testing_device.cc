@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "comm/allreduce_planner.h"
@@ -128,6 +129,7 @@ struct RunMode {
   std::string name = "device";
   std::vector<std::string> hosts;  // transports: rank -> pretend host; empty: no single copy
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
+  size_t staging_chunk_bytes = 0;  // staging: the pipeline's chunk (0: one piece)
 };
 
 struct Shared {
@@ -151,7 +153,8 @@ HostDeviceOpsCounters RunRank(int rank, bool joined, const RunMode& mode, int64_
     DataBackend* host_ptr = host.get();
     registry.Add(std::move(host));
     registry.Add(std::make_unique<HostStagingBackend>(
-        host_ptr, &ops, [rank](int ps) { return ps == 0 ? rank : -1; }));
+        host_ptr, &ops, [rank](int ps) { return ps == 0 ? rank : -1; },
+        mode.staging_chunk_bytes));
   } else if (mode.name == "transports") {
     fabric = std::make_unique<LocalTransportFabric>(shared.boxes, rank, mode.hosts, !mode.hosts.empty());
     registry.Add(std::make_unique<HostCollectives>(fabric.get(), nullptr));
@@ -186,8 +189,10 @@ HostDeviceOpsCounters RunRank(int rank, bool joined, const RunMode& mode, int64_
 
 py::list RunDeviceOps(int nranks, const std::vector<py::dict>& ops, bool staging,
                       int64_t threshold, const std::vector<int>& joined, const std::string& mode,
-                      const std::vector<std::string>& hosts, const std::string& algorithm) {
+                      const std::vector<std::string>& hosts, const std::string& algorithm,
+                      int64_t staging_chunk_bytes) {
   RunMode run;
+  run.staging_chunk_bytes = static_cast<size_t>(std::max<int64_t>(0, staging_chunk_bytes));
   run.name = staging ? "staging" : mode;
   run.hosts = hosts;
   if (algorithm == "ring") run.algorithm = AllreduceAlgorithm::kRing;
@@ -315,7 +320,8 @@ void RegisterDeviceTesting(py::module_& m) {
   m.def("run_device_ops", &RunDeviceOps, py::arg("nranks"), py::arg("ops"),
         py::arg("staging") = false, py::arg("fusion_threshold") = 64 << 20,
         py::arg("joined") = std::vector<int>(), py::arg("mode") = "device",
-        py::arg("hosts") = std::vector<std::string>(), py::arg("algorithm") = "auto");
+        py::arg("hosts") = std::vector<std::string>(), py::arg("algorithm") = "auto",
+        py::arg("staging_chunk_bytes") = 0);
   m.def("device_scale_copy", &DeviceScaleCopy, py::arg("blobs"), py::arg("dtype"),
         py::arg("factor"), py::arg("in_place") = false);
   m.def("batch_plan", &BatchPlan, py::arg("counts"));

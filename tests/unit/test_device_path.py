@@ -37,9 +37,9 @@ from cpp_testing import load_testing_module
 T = load_testing_module()
 TILE = T.batch_tile_elements
 
-def run(nranks, ops, staging, threshold=64 << 20, joined=()):
+def run(nranks, ops, staging, threshold=64 << 20, joined=(), chunk=0):
     out = T.run_device_ops(nranks, ops, staging=staging, fusion_threshold=threshold,
-                           joined=list(joined))
+                           joined=list(joined), staging_chunk_bytes=chunk)
     for rank, (results, _) in enumerate(out):
         if rank in joined:
             continue
@@ -217,3 +217,53 @@ def test_a_small_fusion_threshold_splits_the_batch():
             want = reduce_ref([data(i, r, s, dtype) for r in range(n)], SUM, dtype)
             close(from_bytes(results[i]["output"], dtype, s), want, dtype)
         assert stats["records"] == 2 and stats["launches"] == 4
+
+
+# ------------------------------------------------------- host staging's pipeline (in chunks)
+
+
+def _chunks(nbytes, chunk, elem):
+    step = max(elem, chunk // elem * elem)
+    return 1 if chunk == 0 or nbytes <= step else -(-nbytes // step)
+
+
+# Chunks that divide the message, that leave a short last chunk, that are not a whole number of
+# elements (cut down to one), smaller than one element (one element each), and as large as it.
+@pytest.mark.parametrize("chunk", [0, 64, 100, 6, 1, 4 * 1000])
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+@pytest.mark.parametrize("dtype,op", [(torch.float32, AVERAGE), (torch.float64, MIN),
+                                      (torch.float16, SUM), (torch.int64, PRODUCT)])
+def test_staged_allreduce_in_chunks_is_the_whole_allreduce(chunk, nranks, dtype, op):
+    n = 1000 if dtype != torch.float64 else 301
+    shapes = [(n,), (3, 5)]  # over the fusion threshold: each on its own, one in chunks
+    pre, post = (0.5, 3.0) if dtype in FLOATS else (1.0, 1.0)
+    ops = [dict(op=ALLREDUCE, name=f"c{i}", dtype=DTYPE_CODE[dtype], reduce_op=op, prescale=pre,
+                postscale=post, shapes=[s] * nranks,
+                inputs=[to_bytes(data(i, r, s, dtype, op)) for r in range(nranks)])
+           for i, s in enumerate(shapes)]
+    out = run(nranks, ops, staging=True, threshold=1024, chunk=chunk)
+    elem = torch.empty(0, dtype=dtype).element_size()
+    pieces = [_chunks(n * elem, chunk, elem), _chunks(15 * elem, chunk, elem)]
+    for r, (results, stats) in enumerate(out):
+        for i, s in enumerate(shapes):
+            want = reduce_ref([data(i, q, s, dtype, op) for q in range(nranks)], op, dtype,
+                              pre, post)
+            close(from_bytes(results[i]["output"], dtype, s), want, dtype, f"rank {r} c{i}")
+        # each chunk copied in and back; an event per chunk when there are several
+        assert stats["host_copies"] == 2 * sum(pieces), (r, stats)
+        events = sum(p for p in pieces if p > 1)
+        assert stats["records"] == len(shapes) + events, (r, stats)
+
+
+@pytest.mark.parametrize("chunk", [0, 8, 40])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_staged_broadcast_in_chunks_copies_only_the_roots_data_in(chunk, in_place):
+    n, s, dtype = 3, (7, 11), torch.int16  # 154 bytes: 20 chunks of 8, 4 of 40
+    ops = [dict(op=BROADCAST, name="b", dtype=DTYPE_CODE[dtype], root=2, in_place=in_place,
+                shapes=[s] * n, inputs=[to_bytes(data(5, r, s, dtype)) for r in range(n)])]
+    out = run(n, ops, staging=True, chunk=chunk)
+    pieces = _chunks(154, chunk, 2)
+    for r, (results, stats) in enumerate(out):
+        assert torch.equal(from_bytes(results[0]["output"], dtype, s), data(5, 2, s, dtype)), r
+        copies_in = pieces if r == 2 else 0
+        assert stats["host_copies"] == copies_in + pieces, (r, stats)
