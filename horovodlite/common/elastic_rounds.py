@@ -5,12 +5,18 @@ The driver hosts the job's store and decides who is in the job; it publishes eac
 new ROUND. A worker has a stable id for its whole life (``HVDL_WORKER_ID``, e.g. ``host1:0``,
 given at its start); its rank may change from round to round.
 
-Keys (not prefixed; the job's store is the driver's):
+Keys (in the driver's store; the driver always has a secret, so they are reached through a
+``signed_store.SignedStore``: their names are under a prefix only the secret gives, and every
+value is signed):
 
 - ``horovodlite/elastic/round``: the latest round number k (text).
 - ``horovodlite/elastic/round/<k>``: that round's ``Round`` as JSON.
-- ``horovodlite/elastic/reset/<k>``: a counter; a worker whose training failed in round k adds
-  one and waits for round k+1 (the driver publishes it once the job's membership is settled).
+- ``horovodlite/elastic/reset/<k>/<worker>``: set by a worker whose training failed in round k;
+  it waits for round k+1 (the driver publishes it once the job's membership is settled).
+
+A value that fails its signature (a process outside the job wrote it) is refused: the worker
+says so on stderr, naming the key, and goes on waiting for the driver's own round; the driver
+does not count a forged reset.
 
 A round assigns ranks 0..size-1 to worker ids: the survivors of the previous round first, in
 their old rank order (so rank 0 - whose state ``hvd.elastic`` broadcasts - stays rank 0 while it
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 
 PREFIX = "horovodlite/elastic"
@@ -38,8 +45,24 @@ def round_key(k: int) -> str:
     return f"{PREFIX}/round/{k}"
 
 
-def reset_key(k: int) -> str:
-    return f"{PREFIX}/reset/{k}"
+def reset_key(k: int, worker: str) -> str:
+    return f"{PREFIX}/reset/{k}/{worker}"
+
+
+_said: set = set()  # the refusals already said (a poll loop meets the same forgery again)
+
+
+def refused(e: Exception) -> bool:
+    """Whether ``e`` is a value that failed its signature; says so on stderr (once per message)."""
+    from horovodlite.common.signed_store import TamperedError
+
+    if not isinstance(e, TamperedError):
+        return False
+    if str(e) not in _said:
+        _said.add(str(e))
+        sys.stderr.write(f"horovodlite: {e}; waiting for the elastic driver's own round\n")
+        sys.stderr.flush()
+    return True
 
 
 @dataclasses.dataclass
@@ -78,24 +101,43 @@ def publish(store, r: Round) -> None:
     store.set(ROUND_KEY, str(r.number))
 
 
-def resets_requested(store, k: int) -> int:
-    """How many workers asked to leave round k after a failure."""
-    return int(store.add(reset_key(k), 0))
+def resets_requested(store, k: int, workers: list) -> int:
+    """How many of ``workers`` asked to leave round k after a failure (a forged request does not
+    count)."""
+    asked = 0
+    for w in workers:
+        key = reset_key(k, str(w))
+        try:
+            asked += store.check([key]) and store.get(key) == b"1"
+        except Exception as e:  # noqa: BLE001 - a forgery is refused; the store's errors rise
+            if not refused(e):
+                raise
+    return asked
 
 
 # --------------------------------------------------------------------------------- the workers
 
 
 def latest(store) -> int:
-    return int(store.get(ROUND_KEY).decode()) if store.check([ROUND_KEY]) else -1
+    """The latest round's number; -1 when there is none (or its pointer is forged: refused)."""
+    try:
+        return int(store.get(ROUND_KEY).decode()) if store.check([ROUND_KEY]) else -1
+    except Exception as e:  # noqa: BLE001
+        if refused(e):
+            return -1
+        raise
 
 
 def read(store, k: int) -> Round:
-    return Round.from_json(store.get(round_key(k)).decode())
+    """Round k; raises TamperedError when its value is forged."""
+    r = Round.from_json(store.get(round_key(k)).decode())
+    if r.number != k:
+        raise ValueError(f"round {k} of the elastic driver's store says it is round {r.number}")
+    return r
 
 
-def request_reset(store, k: int) -> None:
-    store.add(reset_key(k), 1)
+def request_reset(store, k: int, worker: str) -> None:
+    store.set(reset_key(k, worker), "1")
 
 
 def wait_round(store, after: int, timeout: float, poll: float = 0.2) -> Round:
@@ -108,7 +150,11 @@ def wait_round(store, after: int, timeout: float, poll: float = 0.2) -> Round:
         except Exception as e:  # noqa: BLE001 - the store's own errors (DistNetworkError, ...)
             raise ConnectionError(f"the elastic driver's store is unreachable: {e}") from None
         if k > after:
-            return read(store, k)
+            try:
+                return read(store, k)
+            except Exception as e:  # noqa: BLE001 - a forged round: the driver's comes
+                if not refused(e):
+                    raise
         if time.monotonic() >= deadline:
             raise TimeoutError(f"no new rendezvous round from the elastic driver within "
                                f"{timeout:g} s (--elastic-timeout)")

@@ -43,9 +43,10 @@ def current() -> elastic_rounds.Round | None:
 
 
 def _store():
+    """The driver's rounds, signed (``rendezvous.control_store``)."""
     from horovodlite.common import rendezvous
 
-    return rendezvous.base_store(_launch, rendezvous.timeout_seconds())
+    return rendezvous.control_store(_launch)
 
 
 def _check(r: elastic_rounds.Round, worker: str) -> None:
@@ -92,7 +93,7 @@ def next_round(failed: bool) -> elastic_rounds.Round:
     try:
         store = _store()
         if failed:
-            elastic_rounds.request_reset(store, after)
+            elastic_rounds.request_reset(store, after, _launch.worker)
         r = elastic_rounds.wait_round(store, after, launch_env.elastic_timeout())
     except TimeoutError as e:
         raise JobEnded(f"worker {_launch.worker}: {e}") from None
@@ -136,7 +137,12 @@ def retiring() -> bool:
     (the same answer on every rank: they read the same round)."""
     if _announced < 0 or _current is None:
         return False
-    r = elastic_rounds.read(_store(), _announced)
+    try:
+        r = elastic_rounds.read(_store(), _announced)
+    except Exception as e:  # noqa: BLE001 - a forged round retires nobody
+        if elastic_rounds.refused(e):
+            return False
+        raise
     return any(w in r.retired for w in _current.workers)
 
 

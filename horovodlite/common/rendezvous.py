@@ -6,13 +6,18 @@
    store), the store of torch.distributed's initialised default group, or one that rank 0 hosts.
    A store rank 0 hosts listens on the rendezvous address only (the socket is bound to that
    address and handed to the TCPStore), never on every interface.
-2. The job's secret. ``horovodliterun --gloo`` generates one per job and passes it to its ranks
-   (``HVDL_RENDEZVOUS_SECRET``); its store holds the secret's hash. A worker whose secret differs
-   (another job's, pointed at this rendezvous by mistake) is refused with a message saying so
-   instead of joining and corrupting both jobs.
-3. The ranks: every rank publishes its host and pid under the job's fresh key prefix
-   (``horovodlite/<job>/<round>/``), and reads everyone's; the local layout (ranks that share a
-   host, in rank order) and the cross layout (hosts in the order of their first rank) follow.
+2. The job's secret. ``horovodliterun --gloo`` (``--elastic``, ``horovodlite.ray``,
+   ``horovodlite.spark``) generates one per job and passes it to its ranks
+   (``HVDL_RENDEZVOUS_SECRET``); its store holds a marker signed with it under a key the secret
+   names (``signed_store.py``). A worker whose secret differs (another job's, pointed at this
+   rendezvous by mistake) finds no marker and is refused with a message saying so, instead of
+   joining and corrupting both jobs.
+3. The ranks: every rank publishes its host and pid under the job's fresh key prefix, and reads
+   everyone's; the local layout (ranks that share a host, in rank order) and the cross layout
+   (hosts in the order of their first rank) follow. With a secret, the prefix is an HMAC of the
+   job id and round and every value is signed (``signed_store.SignedStore``): a value that fails
+   the check is an error naming the key; without one (torchrun, a default group) the prefix is
+   ``horovodlite/<job>/<round>/`` and values are plain, as torch's own rendezvous is.
 4. Between hosts, the Gloo process group over that prefix, its device bound to the address this
    rank reaches the rendezvous from (or ``HOROVOD_GLOO_IFACE``), registered under a name the C++
    core resolves (``c10d::resolve_process_group``). Inside a host the ranks use shared memory,
@@ -40,7 +45,6 @@ from horovodlite.common.launchers import (
     Launch,
 )
 
-SECRET_KEY = "horovodlite/secret"
 TIMEOUT_VAR = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 IFACE_VARS = (launch_env.GLOO_IFACE, "GLOO_SOCKET_IFNAME")
 
@@ -62,10 +66,6 @@ def timeout_seconds(env=None) -> float:
     if seconds <= 0:
         raise ValueError(f"{TIMEOUT_VAR}={value!r}: expected a positive number of seconds")
     return seconds
-
-
-def secret_hash(secret: str) -> str:
-    return hashlib.sha256(f"horovodlite:{secret}".encode()).hexdigest()
 
 
 def host_id() -> str:
@@ -134,24 +134,54 @@ def base_store(launch: Launch, timeout: float):
 
 
 def check_secret(store, launch: Launch, timeout: float) -> None:
-    """Refuses a worker of another job (see the top of this module)."""
+    """Refuses a worker of another job (see the top). A store this rank hosts gets the marker;
+    a launcher's has it before any rank starts, so a worker looks once."""
+    from horovodlite.common import signed_store
+
     if not launch.secret:
         return
-    mine = secret_hash(launch.secret)
+    where = f"{launch.addr}:{launch.port}"
     if launch.store == STORE_HOST and launch.rank == 0:
-        store.set(SECRET_KEY, mine)
+        signed_store.mark_job(store, launch.secret, where)
+    wait = timeout if launch.store == STORE_HOST else None
     try:
-        store.wait([SECRET_KEY], datetime.timedelta(seconds=timeout))
-        theirs = store.get(SECRET_KEY).decode()
-    except Exception:
+        found = signed_store.check_job(store, launch.secret, where, wait)
+    except signed_store.TamperedError as e:
+        raise RendezvousError(f"rank {launch.rank}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the store's own errors
+        raise RendezvousError(f"rank {launch.rank}: the rendezvous at {where} does not answer: "
+                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if not found:
         raise RendezvousError(
-            f"the rendezvous at {launch.addr}:{launch.port} holds no horovodlite job "
-            f"(no job secret after {timeout:g} s): is it this job's launcher?") from None
-    if theirs != mine:
-        raise RendezvousError(
-            f"the rendezvous at {launch.addr}:{launch.port} belongs to another horovodlite job "
-            "(its secret differs from this worker's HVDL_RENDEZVOUS_SECRET); this worker is "
-            "refused. Check HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT: two jobs share the address.")
+            f"the rendezvous at {where} belongs to another horovodlite job, or to no horovodlite "
+            "launcher (it holds no job signed with this worker's HVDL_RENDEZVOUS_SECRET"
+            + (f" after {timeout:g} s" if wait else "") + "); this worker is refused. Check "
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT: two jobs share the address.")
+
+
+def namespace(store, launch: Launch, round_: int):
+    """The store of one round's meeting (see the top, 3.)."""
+    import torch.distributed as dist
+
+    if not launch.secret:
+        return dist.PrefixStore(f"horovodlite/{launch.job}/{round_}/", store)
+    from horovodlite.common import signed_store
+
+    return signed_store.SignedStore(
+        store, launch.secret, (launch.job, round_),
+        f"round {round_} of the rendezvous at {launch.addr}:{launch.port}")
+
+
+def control_store(launch: Launch):
+    """An elastic worker's view of the driver's rounds (``elastic_rounds.py``): signed where
+    the job has a secret."""
+    store = base_store(launch, timeout_seconds())
+    if not launch.secret:
+        return store
+    from horovodlite.common import signed_store
+
+    return signed_store.SignedStore(store, launch.secret, ("elastic",),
+                                    f"the elastic driver's rounds at {launch.addr}:{launch.port}")
 
 
 def _tcp_store_address(store) -> tuple:
@@ -214,7 +244,12 @@ def gather_ranks(ns, launch: Launch, timeout: float, superseded=None) -> list:
             f"at {launch.addr}:{launch.port} within {timeout:g} s "
             f"({'--elastic-timeout' if launch.worker else TIMEOUT_VAR}); were they started, "
             "with the same job settings?")
-    values = ns.multi_get(keys) if hasattr(ns, "multi_get") else [ns.get(k) for k in keys]
+    try:
+        values = ns.multi_get(keys) if hasattr(ns, "multi_get") else [ns.get(k) for k in keys]
+    except RuntimeError as e:
+        if getattr(ns, "tampered", ""):
+            raise RendezvousError(f"rank {launch.rank}: {ns.tampered}") from None
+        raise
     return [json.loads(v) for v in values]
 
 
@@ -261,8 +296,17 @@ def gloo_group(ns, launch: Launch, timeout: float, name: str):
     else:
         device = dist.ProcessGroupGloo.create_default_device()
     options._devices = [device]
-    backend = dist.ProcessGroupGloo(ns, launch.rank, launch.size, options)
-    group = dist.ProcessGroup(ns, launch.rank, launch.size)
+    try:  # the pairs' addresses come through ``ns``: verified where the job has a secret
+        backend = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", ns), launch.rank,
+                                        launch.size, options)
+    except RuntimeError:
+        if getattr(ns, "tampered", ""):
+            raise RendezvousError(f"rank {launch.rank}: {ns.tampered}") from None
+        raise
+    # The C++ watchdog's heartbeats (a thread of its own, no Python): under the hidden prefix,
+    # unsigned (see README, Security)
+    beats = ns.raw("gloo/") if hasattr(ns, "raw") else dist.PrefixStore("gloo/", ns)
+    group = dist.ProcessGroup(beats, launch.rank, launch.size)
     group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
     c10d._register_process_group(name, group)
     return group
@@ -285,7 +329,7 @@ def meet(launch: Launch, round_: int = 0, wait: float | None = None, superseded=
         where = _tcp_store_address(store)
         launch = dataclasses.replace(launch, job=job_token(store),
                                      addr=launch.addr or where[0], port=launch.port or where[1])
-    ns = dist.PrefixStore(f"horovodlite/{launch.job}/{round_}/", store)
+    ns = namespace(store, launch, round_)
     ranks = gather_ranks(ns, launch, timeout if wait is None else wait, superseded)
     hosts = [r["host"] for r in ranks]
     found = {"rank": launch.rank, "size": launch.size, "hosts": hosts,
@@ -295,7 +339,7 @@ def meet(launch: Launch, round_: int = 0, wait: float | None = None, superseded=
     _held.update(store=store, ns=ns)
     if found["cross_size"] > 1:
         name = f"horovodlite-{launch.job}-{round_}"
-        group = gloo_group(dist.PrefixStore("gloo/", ns), launch, timeout, name)
+        group = gloo_group(ns, launch, timeout, name)
         found["process_group"] = name
         _held.update(group=group, name=name)
     return found

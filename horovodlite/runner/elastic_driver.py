@@ -184,7 +184,7 @@ class ElasticJob:
     def publish(self, reason: str, end: str = "", retired: list = ()) -> None:
         self.round += 1
         hosts = [self.workers[w].host for w in self.members]
-        elastic_rounds.publish(self.server.store, elastic_rounds.Round(
+        elastic_rounds.publish(self.server.control, elastic_rounds.Round(
             self.round, [str(w) for w in self.members], hosts, reason, end,
             [str(w) for w in retired]))
         self.reset_since = None
@@ -284,7 +284,8 @@ class ElasticJob:
 
     def _reset_wanted(self, now: float) -> bool:
         """A reset asked for with nobody lost: meet again once all asked, or after the timeout."""
-        asked = elastic_rounds.resets_requested(self.server.store, self.round)
+        asked = elastic_rounds.resets_requested(self.server.control, self.round,
+                                                [str(w) for w in self.members])
         if asked == 0:
             return False
         if self.reset_since is None:

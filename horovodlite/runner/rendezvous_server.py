@@ -9,9 +9,11 @@ their ranks themselves; each hosts one of these for the job's life:
     server.close()
 
 The store is torch's c10d TCPStore, serving on a socket bound to ``addr`` only (never on every
-interface). A secret is generated per job; the store holds its hash and every rank gets the
-secret in its environment, so a worker of another job pointed here by mistake is refused
-(``horovodlite/common/rendezvous.py``).
+interface). A secret is generated per job and every rank gets it in its environment; the store
+holds a marker signed with it under a key it names, so a worker of another job pointed here by
+mistake is refused (``horovodlite/common/rendezvous.py``), and everything the job writes is
+under keys and signatures only the secret gives (``horovodlite/common/signed_store.py``).
+``control`` is the signed view an elastic driver publishes its rounds through.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import datetime
 import secrets
 import socket
 
-from horovodlite.common import launch_env
-from horovodlite.common.rendezvous import SECRET_KEY, listening_socket, secret_hash
+from horovodlite.common import launch_env, signed_store
+from horovodlite.common.rendezvous import listening_socket
 
 
 def free_port(addr: str) -> int:
@@ -46,13 +48,17 @@ class RendezvousServer:
                                        wait_for_workers=False, master_listen_fd=sock.fileno())
         finally:
             sock.detach()  # the store's server owns the descriptor now
-        self.store.set(SECRET_KEY, secret_hash(self.secret))
+        where = f"{addr}:{self.port}"
+        signed_store.mark_job(self.store, self.secret, where)
+        self.control = signed_store.SignedStore(self.store, self.secret, ("elastic",),
+                                                f"the elastic driver's rounds at {where}")
 
     def rank_environment(self, hosts: list) -> list:
         """The variables of each rank (in rank order) of a job whose rank r runs on hosts[r]."""
         return launch_env.gloo_rank_settings(hosts, self.addr, self.port, self.secret)
 
     def close(self) -> None:
+        self.control = None
         self.store = None  # the TCPStore's server stops with its last reference
 
     def __enter__(self):

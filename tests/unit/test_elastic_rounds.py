@@ -48,10 +48,13 @@ def test_an_added_worker_waits_for_the_round_that_lists_it():
 
 def test_reset_requests_are_counted_per_round():
     store = dist.HashStore()
-    assert er.resets_requested(store, 0) == 0
-    er.request_reset(store, 0)
-    er.request_reset(store, 0)
-    assert er.resets_requested(store, 0) == 2 and er.resets_requested(store, 1) == 0
+    workers = ["0", "1", "2"]
+    assert er.resets_requested(store, 0, workers) == 0
+    er.request_reset(store, 0, "0")
+    er.request_reset(store, 0, "2")
+    er.request_reset(store, 0, "2")  # asking again counts once
+    assert er.resets_requested(store, 0, workers) == 2
+    assert er.resets_requested(store, 1, workers) == 0
 
 
 def test_discovery_output_parses_into_slots_per_host():
