@@ -171,15 +171,35 @@ def run(args, env: dict, error) -> int:
         args.command = [found, *args.command[1:]]
     reports = None
     if not args.no_rank_reports:
-        reports = ReportServer(on_lost=_say_lost, tell_survivors=not args.elastic)
-        interfaces = args.network_interface.split(",") if args.network_interface else None
-        addresses = interface_addresses(interfaces) or interface_addresses()
-        env.update(launch_env.report_settings(addresses, reports.port, reports.token))
+        addr = report_address(args)
+        reports = ReportServer(bind=addr, on_lost=_say_lost, tell_survivors=not args.elastic)
+        env.update(launch_env.report_settings([addr], reports.port, reports.token))
         args.command = [sys.executable, "-m", "horovodlite.runner.task", "--", *args.command]
     cmd = build_command(args, mpirun, flavor, env, major)
     if args.verbose:
         print("horovodliterun: " + " ".join(cmd), flush=True)
     return _mpi_outcome(args, cmd, env, reports)
+
+
+def report_address(args) -> str:
+    """The job's address, where the rank reports listen (only there, never on every
+    interface): ``--network-interface``'s; else the one this machine reaches the first other
+    host from (of ``-H``/``--hostfile``, else of the discovery script's first answer); else
+    127.0.0.1 (``gloo_launch.job_address``, as under --gloo)."""
+    from horovodlite.common.elastic_rounds import parse_hosts
+    from horovodlite.runner.gloo_launch import job_address
+
+    hosts = [h for h, _ in host_slots(args.hosts)] if args.hosts else []
+    if not hosts and args.host_discovery_script and not args.network_interface:
+        try:
+            out = subprocess.run([args.host_discovery_script], capture_output=True, text=True,
+                                 timeout=30)
+            hosts = list(parse_hosts(out.stdout)) if out.returncode == 0 else []
+        except (OSError, subprocess.TimeoutExpired):
+            hosts = []
+    names = remote.local_names(interface_addresses())
+    others = [h for h in dict.fromkeys(hosts) if not remote.is_local(h, names)]
+    return job_address(args.network_interface, others)
 
 
 def _mpi_outcome(args, cmd: list, env: dict, reports) -> int:

@@ -5,6 +5,11 @@ host; under --gloo also a failed rank).
 A rank is *lost* when its connection closes without an exit status (its processes were killed,
 e.g. the machine crashed) or when nothing came from it for LOST_AFTER seconds (its network went
 down). Lost ranks are announced once per host, naming the host and its ranks.
+
+Every line either way is signed with the job's report token (``report_channel.py``); a
+connection whose line is not (a stranger that reached the port, garbage) is closed, said once on
+stderr, and changes nothing. The server listens on the address it is given: the job's address,
+never every interface.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ import secrets
 import selectors
 import socket
 import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+
+from horovodlite.runner import report_channel
 
 LOST_AFTER = 15.0
 HEARTBEAT = 2.0
@@ -59,7 +67,7 @@ class ReportServer:
     """Accepts the ranks' reports on a background thread; `on_lost(host, ranks, why)` is called
     (from that thread) once per host whose ranks were lost."""
 
-    def __init__(self, bind: str = "0.0.0.0", on_lost=None, tell_survivors: bool = True):
+    def __init__(self, bind: str, on_lost=None, tell_survivors: bool = True):
         self.token = secrets.token_hex(16)
         # Elastic jobs learn of lost ranks from MPI itself (ULFM) and go on without them: the
         # survivors must not be told to abort.
@@ -71,6 +79,7 @@ class ReportServer:
         self.ranks: list[Rank] = []
         self.lost_hosts: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._sel = selectors.DefaultSelector()
         self._srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -78,7 +87,9 @@ class ReportServer:
         self._srv.listen(1024)
         self._srv.setblocking(False)
         self._sel.register(self._srv, selectors.EVENT_READ, None)
-        self._conns: dict[socket.socket, list] = {}  # -> [buffer, Rank or None]
+        # -> [buffer, Rank or None, report_channel.Channel, the peer's "addr:port"]
+        self._conns: dict[socket.socket, list] = {}
+        self.refused = 0  # connections closed for a line not signed with the token
         self._stop = threading.Event()
         self._ending = False  # mpirun has ended: connections closing now are no lost hosts
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -107,7 +118,7 @@ class ReportServer:
             now = time.monotonic()
             if now >= next_beat:
                 next_beat = now + HEARTBEAT
-                for conn, (_, rank) in list(self._conns.items()):
+                for conn, (_, rank, _, _) in list(self._conns.items()):
                     if rank is not None:
                         try:
                             conn.send(b"\n")
@@ -117,16 +128,33 @@ class ReportServer:
 
     def _accept(self) -> None:
         try:
-            conn, _ = self._srv.accept()
+            conn, peer = self._srv.accept()
         except OSError:
             return
+        value = report_channel.challenge()
+        try:
+            conn.sendall(report_channel.challenge_line(value))  # a fresh socket takes it whole
+        except OSError:
+            conn.close()
+            return
         conn.setblocking(False)
-        self._conns[conn] = [b"", None]
+        channel = report_channel.Channel(self.token, value, report_channel.LAUNCHER)
+        self._conns[conn] = [b"", None, channel, f"{peer[0]}:{peer[1]}"]
         self._sel.register(conn, selectors.EVENT_READ, None)
+
+    def _refuse(self, conn, why: str) -> None:
+        """Closes a connection that spoke out of turn; says so (the job goes on)."""
+        _, rank, _, peer = self._conns[conn]
+        self.refused += 1
+        who = f"{rank.label()} on {rank.host}'s connection" if rank else "a connection"
+        sys.stderr.write(f"horovodliterun: ignored {who} to the rank reports from {peer}: "
+                         f"{why}; it is closed\n")
+        sys.stderr.flush()
+        self._drop(conn)
 
     def _drop(self, conn) -> None:
         self._sel.unregister(conn)
-        _, rank = self._conns.pop(conn)
+        _, rank, _, _ = self._conns.pop(conn)
         conn.close()
         if rank is not None:
             rank.connected = False
@@ -148,19 +176,25 @@ class ReportServer:
         state[0] += data
         while b"\n" in state[0]:
             line, state[0] = state[0].split(b"\n", 1)
+            if not line.strip():
+                continue
             try:
-                msg = json.loads(line)
-            except ValueError:
-                self._drop(conn)
+                msg = json.loads(state[2].open(line))
+                if not isinstance(msg, dict):
+                    raise ValueError("a line that is no JSON object")
+            except ValueError as e:
+                self._refuse(conn, str(e).splitlines()[0][:200])
                 return
             if not self._handle(conn, state, msg):
-                self._drop(conn)
+                self._refuse(conn, "a first line that is not a rank's hello")
                 return
+        if len(state[0]) > report_channel.MAX_LINE:
+            self._refuse(conn, f"more than {report_channel.MAX_LINE} bytes without a line end")
 
     def _handle(self, conn, state, msg) -> bool:
         rank = state[1]
         if rank is None:
-            if msg.get("token") != self.token or msg.get("event") != "started":
+            if msg.get("event") != "started":
                 return False
             rank = Rank(msg.get("rank"), str(msg.get("host")), int(msg.get("pid", 0)),
                         added=bool(msg.get("added", False)))
@@ -169,7 +203,8 @@ class ReportServer:
                 self.ranks.append(rank)
             try:
                 conn.setblocking(True)
-                conn.sendall(f"ok {self.token}\n".encode())
+                with self._send_lock:
+                    conn.sendall(state[2].seal({"event": "ok"}))
                 conn.setblocking(False)
             except OSError:
                 return False
@@ -189,16 +224,16 @@ class ReportServer:
     def _tell_survivors(self, message: dict) -> None:
         if self.round is not None:  # an elastic job: the round the news concerns
             message = dict(message, round=self.round)
-        line = (json.dumps(message) + "\n").encode()
-        for conn, (_, rank) in list(self._conns.items()):
-            if rank is not None and rank.status is None and rank.lost is None:
-                try:
-                    conn.send(line)
-                except OSError:
-                    pass
+        with self._send_lock:  # a channel numbers its lines: one sender at a time
+            for conn, (_, rank, channel, _) in list(self._conns.items()):
+                if rank is not None and rank.status is None and rank.lost is None:
+                    try:
+                        conn.send(channel.seal(message))
+                    except OSError:
+                        pass
 
     def _check_silence(self, now: float) -> None:
-        silent = [r for _, r in self._conns.values()
+        silent = [r for _, r, _, _ in self._conns.values()
                   if r is not None and r.status is None and r.lost is None
                   and now - r.last_heard > LOST_AFTER]
         if silent:

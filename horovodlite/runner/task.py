@@ -15,7 +15,9 @@ mpirun's own exit status does not prove that a job completed: measured with Open
 whose second host died ("lost communication with a remote daemon") ended with status 0. So each
 rank reports to horovodliterun over TCP (addresses and token in HVDL_REPORT_TO /
 HVDL_REPORT_TOKEN, see ``horovodlite/common/launch_env.py``): "started" with its rank, host and
-pid, a heartbeat every HEARTBEAT seconds, and "exited" with the command's status. The launcher
+pid, a heartbeat every HEARTBEAT seconds, and "exited" with the command's status. Every line is
+signed with the token, which itself never crosses the network (``report_channel.py``); a line
+from the launcher that is not signed is ignored and said once. The launcher
 then knows which ranks finished, which failed and which vanished with their host (see
 ``report.py``).
 
@@ -43,7 +45,7 @@ import time
 
 from horovodlite.common import launch_env
 from horovodlite.common.launch_env import RETIRED_STATUS, parse_report_to
-from horovodlite.runner import rank_output
+from horovodlite.runner import rank_output, report_channel
 
 HEARTBEAT = 2.0
 LAUNCHER_LOST = 30.0
@@ -82,18 +84,57 @@ def read_secrets(stream) -> dict:
     return found
 
 
-def connect(addresses: list, token: str, hello: dict) -> socket.socket | None:
-    """The first launcher address that answers our hello with its token; None if none does."""
+class Link:
+    """A connection to the launcher that answered our signed hello with its own signed "ok"."""
+
+    def __init__(self, sock: socket.socket, channel: report_channel.Channel, pending: bytes):
+        self.sock = sock
+        self.channel = channel
+        self.pending = pending  # bytes the launcher sent after its "ok"
+
+    def send(self, message: dict) -> None:
+        """Raises OSError; the caller serialises its sends."""
+        self.sock.sendall(self.channel.seal(message))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _line(sock: socket.socket, buffer: bytes) -> tuple:
+    """(the next line, what came after it); ValueError when the connection ends first."""
+    while b"\n" not in buffer:
+        if len(buffer) > report_channel.MAX_LINE:
+            raise ValueError("no line end")
+        data = sock.recv(4096)
+        if not data:
+            raise ValueError("the connection closed")
+        buffer += data
+    line, _, rest = buffer.partition(b"\n")
+    return line, rest
+
+
+def connect(addresses: list, token: str, hello: dict) -> Link | None:
+    """The first launcher address that answers our signed hello with its signed "ok"; None if
+    none does (see ``report_channel.py``)."""
     for addr in addresses:
+        s = None
         try:
             s = socket.create_connection(addr, timeout=CONNECT_TIMEOUT)
-            s.sendall((json.dumps(dict(hello, token=token)) + "\n").encode())
-            if s.makefile("r").readline().strip() == "ok " + token:
+            line, rest = _line(s, b"")
+            channel = report_channel.Channel(token, report_channel.read_challenge(line),
+                                             report_channel.RANK)
+            s.sendall(channel.seal(hello))
+            while True:
+                line, rest = _line(s, rest)
+                if line.strip():  # (heartbeats are empty lines)
+                    break
+            if json.loads(channel.open(line)).get("event") == "ok":
                 s.settimeout(CONNECT_TIMEOUT)
-                return s
+                return Link(s, channel, rest)
+        except (OSError, ValueError):
+            pass
+        if s is not None:
             s.close()
-        except OSError:
-            continue
     return None
 
 
@@ -102,18 +143,33 @@ class Reporter:
     last sent anything (it sends a heartbeat every HEARTBEAT s): a cut link loses no send (the
     bytes wait in the socket buffer), so silence from the launcher is what tells."""
 
-    def __init__(self, sock: socket.socket | None, rank=None, notices: int | None = None):
-        self.sock = sock
+    def __init__(self, link: Link | None, rank=None, notices: int | None = None):
+        self.link = link
+        self.sock = link.sock if link is not None else None
         self.rank = rank
         self.notices = notices  # write end of the rank's HVDL_NOTICE_FD pipe
         self.lock = threading.Lock()
         self.last_heard = time.monotonic()
-        if sock is not None:
+        if self.sock is not None:
             threading.Thread(target=self._listen, daemon=True).start()
 
     def _listen(self) -> None:
-        buffer = b""
+        buffer = self.link.pending
+        refused = False
         while True:
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                if not line.strip():
+                    continue  # a heartbeat
+                try:
+                    self._event(self.link.channel.open(line))
+                except ValueError as e:
+                    if not refused:
+                        refused = True
+                        say(f"horovodlite: rank {self.rank}: ignored {e} on the connection "
+                            "to horovodliterun")
+            if len(buffer) > report_channel.MAX_LINE:
+                buffer = b""
             try:
                 data = self.sock.recv(4096)
             except socket.timeout:
@@ -124,10 +180,6 @@ class Reporter:
                 return
             self.last_heard = time.monotonic()
             buffer += data
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                if line.strip():
-                    self._event(line)
 
     def _event(self, line: bytes) -> None:
         try:
@@ -154,11 +206,11 @@ class Reporter:
                 pass
 
     def send(self, message: dict) -> bool:
-        if self.sock is None:
+        if self.link is None:
             return False
         with self.lock:
             try:
-                self.sock.sendall((json.dumps(message) + "\n").encode())
+                self.link.send(message)
                 return True
             except OSError:
                 return False
@@ -258,25 +310,25 @@ def main(argv: list | None = None) -> int:
     rank = rank_from_env()  # an added rank's is its rank among the ranks spawned with it
     if added_as is not None and rank is not None:
         rank += added_as
-    sock = None
+    link = None
     report_to = launch_env.reports_to()
     host = host_from_env()
     if report_to:
         hello = {"event": "started", "rank": rank, "host": host,
                  "pid": os.getpid(), "added": added_as is not None}
-        sock = connect(parse_report_to(report_to), os.environ.get(launch_env.REPORT_TOKEN, ""),
+        link = connect(parse_report_to(report_to), os.environ.get(launch_env.REPORT_TOKEN, ""),
                        hello)
-        if sock is None:
+        if link is None:
             sys.stderr.write(f"horovodlite: rank {rank} on {host} cannot reach "
                              f"horovodliterun at {report_to}; running without exit reports\n")
     # The runtime in the rank reads the launcher's notices (a lost host) from this pipe.
-    notice_read, notices = os.pipe() if sock is not None else (None, None)
+    notice_read, notices = os.pipe() if link is not None else (None, None)
     env = {k: v for k, v in os.environ.items() if k != launch_env.NOTICE_FD}
     if notice_read is not None:
         os.set_inheritable(notice_read, True)
         os.set_blocking(notices, False)
         env[launch_env.NOTICE_FD] = str(notice_read)
-    reporter = Reporter(sock, rank, notices)
+    reporter = Reporter(link, rank, notices)
     parent = os.getppid()
     try:
         child, copies = _start(argv, env, rank, stdin)
@@ -310,12 +362,12 @@ def main(argv: list | None = None) -> int:
         t.join(timeout=KILL_GRACE)
     if status == RETIRED_STATUS and launch_env.is_elastic():
         reporter.send({"event": "exited", "status": 0, "retired": True})
-        if sock is not None:
-            sock.close()
+        if link is not None:
+            link.close()
         return 0
     reporter.send({"event": "exited", "status": status})
-    if sock is not None:
-        sock.close()
+    if link is not None:
+        link.close()
     # A child killed by a signal: end the same way, so mpirun reports it as such.
     if status < 0:
         if -status not in (signal.SIGKILL, signal.SIGSTOP):

@@ -65,14 +65,19 @@ def _host(address: str) -> str:
     return host.strip("[]") or address
 
 
-def _claim_rank(addr: str, port: int, rank: int) -> None:
+def _claim_rank(addr: str, port: int, rank: int, secret: str | None = None) -> None:
     """Refuses to start rank ``rank`` a second time: Spark retries a barrier stage whose task
-    failed, and the retry would meet the first attempt's keys in the job's store."""
+    failed, and the retry would meet the first attempt's keys in the job's store. With the
+    job's secret the claim is under a key only the secret names (``signed_store.py``)."""
     import datetime
 
     import torch.distributed as dist
 
+    from horovodlite.common import signed_store
+
     store = dist.TCPStore(addr, port, None, False, datetime.timedelta(seconds=30))
+    if secret:
+        store = signed_store.job_store(store, secret, f"{addr}:{port}")
     if store.add(f"horovodlite/spark/started/{rank}", 1) > 1:
         raise RuntimeError(
             f"horovodlite.spark.run: Spark started rank {rank} again (it retried the job's "
@@ -88,7 +93,7 @@ def _rank_task(fn, args, kwargs, addr: str, port: int, secret: str, extra_env: d
 
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()
-        _claim_rank(addr, port, rank)
+        _claim_rank(addr, port, rank, secret)
         hosts = [_host(info.address) for info in ctx.getTaskInfos()]
         env = launch_env.gloo_rank_settings(hosts, addr, port, secret)[rank]
         env.update(extra_env)

@@ -102,10 +102,10 @@ def test_spark_executor_address_to_host(address, host):
 
 def test_a_spark_rank_started_twice_is_refused():
     with RendezvousServer("127.0.0.1") as server:
-        hspark._claim_rank("127.0.0.1", server.port, 0)
-        hspark._claim_rank("127.0.0.1", server.port, 1)
+        hspark._claim_rank("127.0.0.1", server.port, 0, server.secret)
+        hspark._claim_rank("127.0.0.1", server.port, 1, server.secret)
         with pytest.raises(RuntimeError, match="does not restart its ranks"):
-            hspark._claim_rank("127.0.0.1", server.port, 1)
+            hspark._claim_rank("127.0.0.1", server.port, 1, server.secret)
 
 
 def test_rank_environment_is_put_back(monkeypatch):

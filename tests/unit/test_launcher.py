@@ -196,7 +196,7 @@ def test_report_server_names_a_lost_host(monkeypatch):
             socks.append(s)
         assert task.connect([("127.0.0.1", server.port)], "wrong-token",
                             {"event": "started", "rank": 9, "host": "x", "pid": 1}) is None
-        socks[0].sendall(b'{"event": "exited", "status": 0}\n')
+        socks[0].send({"event": "exited", "status": 0})
         socks[1].close()  # rank 1 vanishes: h1 is lost with both its ranks
         deadline = time.monotonic() + 10
         while not lost and time.monotonic() < deadline:
@@ -218,8 +218,8 @@ def test_a_retired_rank_is_a_departure_not_a_finished_rank():
         socks = [task.connect([("127.0.0.1", server.port)], server.token,
                               {"event": "started", "rank": r, "host": h, "pid": 1})
                  for r, h in ((0, "h0"), (1, "h1"))]
-        socks[0].sendall(b'{"event": "exited", "status": 0}\n')
-        socks[1].sendall(b'{"event": "exited", "status": 0, "retired": true}\n')
+        socks[0].send({"event": "exited", "status": 0})
+        socks[1].send({"event": "exited", "status": 0, "retired": True})
         deadline = time.monotonic() + 10
         while not server.all_accounted_for(2) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -246,7 +246,7 @@ def test_a_rank_added_while_training_is_told_apart_from_the_one_whose_number_it_
                                "added": added})
                  for i, (r, added, _) in enumerate(records)]
         for s, (_, _, status) in zip(socks, records):
-            s.sendall(f'{{"event": "exited", "status": {status}}}\n'.encode())
+            s.send({"event": "exited", "status": status})
         deadline = time.monotonic() + 10
         while not server.all_accounted_for(4) and time.monotonic() < deadline:
             time.sleep(0.05)
