@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# The one command a lent GPU machine runs: builds, checks, tests and measures the GPU path, and
-# leaves its logs and one results.json in OUTDIR. Bounded (8 minutes by default); works offline.
+# The one command a lent GPU machine runs: builds, checks, tests, measures and profiles the GPU
+# path, and leaves everything in OUTDIR and in ONE archive (a lent machine brings back only a few
+# files). Bounded (6 minutes by default, the builds included); works offline.
 #
 #   bash scripts/gpu_check.sh OUTDIR              # everything, in the order below
 #   bash scripts/gpu_check.sh --only STEP,... OUTDIR
+#   bash scripts/gpu_check.sh --ab REV OUTDIR     # did the working tree beat REV? (see ab-*)
 #   bash scripts/gpu_check.sh --dry-run OUTDIR    # print the steps, run nothing
+#   --archive FILE: where the archive goes (default OUTDIR.tar.gz, beside OUTDIR)
+#
+# Then, here: python scripts/gpu_report.py OUTDIR.tar.gz   (the README's tables, the targets)
 #
 # Steps (each bounded by its own limit and by what is left of the whole budget):
 #   env            what the machine is (nvidia-smi, compilers, CC/CXX/CUDAHOSTCXX, torch, nvcc)
@@ -18,51 +23,78 @@
 #   build-default  the same sources with the machine's own CC/CXX/CUDAHOSTCXX, by CMake, into
 #                  build/gpu-check/default (the package copy beside it), then --check-build with
 #                  it: shows what the libstdc++ guard (cmake/HvdlLibstdcxx.cmake) made of them
-#   bench-allreduce-np1, bench-train-np1, bench-train-bf16-np1, bench-allreduce-np2,
-#   bench-train-mlp-np1, bench-train-mlp-np2
+#   bench-allreduce-np1, bench-train-np1, bench-train-bf16-np1, bench-allreduce-np2
 #                  benchmarks/allreduce.py and train_step.py --device cuda (np 2: two ranks
-#                  sharing the GPU when there is one GPU)
+#                  sharing the GPU when there is one GPU: host staging against gloo)
+#   profile-np1    benchmarks/gpu_profile.py: torch.profiler tables and Chrome traces of the
+#                  ResNet-50 step (plain torch, horovodlite, DDP) and of 4 B allreduces (both loop
+#                  styles, against torch NCCL), into OUTDIR/profile/
+#   profile-staged-np2
+#                  the staged path at np 2, 4 B to 64 MiB against gloo, with horovodlite's
+#                  timeline of it (profile/timeline_staged.json)
 #   gpu-tests      the GPU tests (pytest)
+# With --ab REV the steps are env, mpi, build-distro and:
+#   ab-build       REV's sources (a folder, or `git archive REV`) built with the distribution's
+#                  compiler into build/gpu-check/ab-pkg
+#   ab-bench       HVDL_GPU_CHECK_AB_ROUNDS rounds (default 3), each running the same benchmarks
+#                  (gpu_profile.py: the step and 4 B cases at np 1, the staged case at np 2) with
+#                  REV's build and with the working tree's, in alternating order, into
+#                  OUTDIR/ab/<base|work>-<np1|np2>-r<round>.json
 # OUTDIR gets <step>.log for each step, steps.tsv (step, status, exit code, seconds) and
 # results.json (scripts/gpu_check_report.py: each step's status and the parsed figures).
-# HVDL_GPU_CHECK_SECONDS (default 480) is the whole budget; PYTHON the interpreter (python3).
+# HVDL_GPU_CHECK_SECONDS (default 360) is the whole budget; PYTHON the interpreter (python3);
+# HVDL_GPU_CHECK_PROFILE_ARGS more arguments for benchmarks/gpu_profile.py (tests).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 # The interpreter by its absolute path: the ranks mpirun starts run it too, whatever PATH they
 # get (a system Open MPI 4's ranks found another python3, without numpy, on a lent machine).
 PY=$(command -v "${PYTHON:-python3}" || echo "${PYTHON:-python3}")
-BUDGET=${HVDL_GPU_CHECK_SECONDS:-480}
+BUDGET=${HVDL_GPU_CHECK_SECONDS:-360}
 START=$(date +%s)
 ALL_STEPS="env mpi build-distro check-build build-default bench-allreduce-np1 bench-train-np1
-bench-train-bf16-np1 bench-allreduce-np2 bench-train-mlp-np1 bench-train-mlp-np2 gpu-tests"
+bench-train-bf16-np1 bench-allreduce-np2 profile-np1 profile-staged-np2 gpu-tests"
+AB_STEPS="env mpi build-distro ab-build ab-bench"
 GPU_TESTS="tests/unit/test_cuda_kernels.py tests/unit/test_device_path.py
 tests/unit/test_gpu_support.py tests/unit/test_cuda_build.py tests/test_gpu.py"
 
 dry=0
 only=""
+ab=""
+archive=""
 while [[ $# -gt 1 ]]; do
   case "$1" in
     --dry-run) dry=1; shift ;;
     --only) only=$2; shift 2 ;;
+    --ab) ab=$2; shift 2 ;;
+    --archive) archive=$2; shift 2 ;;
     *) break ;;
   esac
 done
 if [[ $# -ne 1 || "$1" == -* ]]; then
-  echo "usage: bash scripts/gpu_check.sh [--dry-run] [--only STEP,...] OUTDIR" >&2
+  echo "usage: bash scripts/gpu_check.sh [--dry-run] [--only STEP,...] [--ab REV] [--archive FILE] OUTDIR" >&2
   exit 2
 fi
+[[ -n $ab ]] && ALL_STEPS=$AB_STEPS
 for name in ${only//,/ }; do
   if [[ " $(echo $ALL_STEPS) " != *" $name "* ]]; then
     echo "gpu_check: unknown step $name; the steps: $(echo $ALL_STEPS)" >&2
     exit 2
   fi
 done
+if [[ -n $ab && ! -d $ab ]] && ! git rev-parse --verify -q "$ab^{commit}" >/dev/null; then
+  echo "gpu_check: --ab $ab is neither a folder of sources nor a revision of this checkout" >&2
+  exit 2
+fi
 mkdir -p "$1" || exit 2
 OUT=$(cd "$1" && pwd)
+ARCHIVE=${archive:-$OUT.tar.gz}
+[[ $ARCHIVE == /* ]] || ARCHIVE=$ROOT/$ARCHIVE
 : >"$OUT/steps.tsv"
 say() { echo "gpu_check: $*"; }
-wanted() { [[ -z "$only" || ",$only," == *",$1,"* ]]; }
+wanted() {  # a step of this mode (--ab or not), and one --only names
+  [[ " $(echo $ALL_STEPS) " == *" $1 "* ]] && [[ -z "$only" || ",$only," == *",$1,"* ]]
+}
 
 # step NAME LIMIT COMMAND...: runs COMMAND (bash -c) into OUT/NAME.log, bounded by LIMIT seconds
 # and by the budget left; records NAME, status (ok, failed, timeout, skipped, dry-run), the exit
@@ -159,18 +191,53 @@ cd '$OUT' && PYTHONPATH='$DEFAULT_PKG' HOROVODLITE_NO_REBUILD=1 $RUN --check-bui
 
 AR="$RUN -np 1 $PY $ROOT/benchmarks/allreduce.py --device cuda --quick"
 TS="$RUN -np 1 $PY $ROOT/benchmarks/train_step.py --device cuda"
+GP="$RUN -np 1 $PY $ROOT/benchmarks/gpu_profile.py"
+PA=${HVDL_GPU_CHECK_PROFILE_ARGS:-}  # more gpu_profile.py arguments (tests: a small model)
 step bench-allreduce-np1 75 "cd '$OUT' && $AR --json '$OUT/allreduce-np1.json'"
 step bench-train-np1 75 "cd '$OUT' && $TS --steps 20 --rounds 3 --json '$OUT/train-np1.json'"
 step bench-train-bf16-np1 75 "cd '$OUT' && $TS --amp bf16 --steps 20 --rounds 3 \
 --json '$OUT/train-bf16-np1.json'"
 step bench-allreduce-np2 90 "cd '$OUT' && ${AR/-np 1/-np 2} --json '$OUT/allreduce-np2.json'"
-step bench-train-mlp-np1 45 "cd '$OUT' && $TS --model mlp --steps 50 --rounds 3 \
---json '$OUT/train-mlp-np1.json'"
-step bench-train-mlp-np2 60 "cd '$OUT' && ${TS/-np 1/-np 2} --model mlp --steps 50 --rounds 3 \
---json '$OUT/train-mlp-np2.json'"
+step profile-np1 60 "cd '$OUT' && $GP '$OUT/profile' --cases step,small $PA"
+step profile-staged-np2 45 "cd '$OUT' && HOROVOD_TIMELINE='$OUT/profile/timeline_staged.json' \
+${GP/-np 1/-np 2} '$OUT/profile' --cases staged $PA"
 step gpu-tests 240 "$DISTRO $PY -m pytest -q -p no:cacheprovider -o addopts='-ra' $(echo $GPU_TESTS)"
 
+# A/B: REV's build beside the working tree's, the same benchmark scripts (the working tree's)
+# for both, alternating which goes first.
+AB_SRC=$ROOT/build/gpu-check/ab-src
+AB_PKG=$ROOT/build/gpu-check/ab-pkg
+step ab-build 200 "set -e; rm -rf build/gpu-check/ab '$AB_PKG'; mkdir -p '$AB_PKG'; \
+if [[ -d '$ab' ]]; then src=\$(cd '$ab' && pwd); else rm -rf '$AB_SRC'; mkdir -p '$AB_SRC'; \
+  git archive '$ab' | tar -x -C '$AB_SRC'; src='$AB_SRC'; fi; echo \"base sources: $ab (\$src)\"; \
+cp -r \$src/horovodlite '$AB_PKG/'; rm -f '$AB_PKG'/horovodlite/_C*.so \
+'$AB_PKG'/horovodlite/_editable_build.json '$AB_PKG'/horovodlite/_mpi_build.json; \
+$DISTRO cmake -S \$src -B build/gpu-check/ab -G Ninja -DCMAKE_BUILD_TYPE=Release \
+-DCMAKE_C_COMPILER=/usr/bin/gcc -DCMAKE_CXX_COMPILER=/usr/bin/g++ -DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ \
+-DPython_EXECUTABLE=\$(command -v $PY) \
+-DCMAKE_PREFIX_PATH=\$($PY -c 'import torch; print(torch.utils.cmake_prefix_path)') \
+-DMPI_C_COMPILER=\$(command -v mpicc) -DCMAKE_LIBRARY_OUTPUT_DIRECTORY='$AB_PKG/horovodlite' \
+>'$OUT/ab-build.cmake.log' 2>&1 || { tail -n 30 '$OUT/ab-build.cmake.log'; exit 1; }; \
+cmake --build build/gpu-check/ab --target _C >>'$OUT/ab-build.cmake.log' 2>&1 \
+|| { tail -n 30 '$OUT/ab-build.cmake.log'; exit 1; }; ls '$AB_PKG'/horovodlite/_C*.so"
+ROUNDS=${HVDL_GPU_CHECK_AB_ROUNDS:-3}
+ab_one() {  # TREE ROUND: one round of the A/B benchmarks with TREE's build
+  local tree=$1 r=$2 env=""
+  [[ $tree == base ]] && env="PYTHONPATH='$AB_PKG' HOROVODLITE_NO_REBUILD=1"
+  echo "$env $GP '$OUT/ab/$tree-np1-r$r' --cases step,small --steps 10 --warmup 5 --ops 500 \
+--no-profile $PA && $env ${GP/-np 1/-np 2} '$OUT/ab/$tree-np2-r$r' --cases staged --no-profile $PA"
+}
+ab_cmds="mkdir -p '$OUT/ab'"
+for ((r = 1; r <= ROUNDS; r++)); do
+  if ((r % 2)); then order="base work"; else order="work base"; fi
+  for tree in $order; do ab_cmds+=" && echo 'round $r: $tree' && $(ab_one $tree $r)"; done
+done
+step ab-bench 200 "cd '$OUT' && $ab_cmds"
+
 "$PY" scripts/gpu_check_report.py "$OUT" "$BUDGET" "$(($(date +%s) - START))" || true
+# One archive of everything the run wrote (the full pip log and CMake logs included).
+tar -czf "$ARCHIVE" -C "$(dirname "$OUT")" "$(basename "$OUT")" \
+  && say "archive: $ARCHIVE ($(du -h "$ARCHIVE" | cut -f 1)); here: python scripts/gpu_report.py $ARCHIVE"
 say "done in $(($(date +%s) - START)) s: $OUT/results.json"
 # Exit status: 0 when every step that ran was ok.
 ! cut -f 2 "$OUT/steps.tsv" | grep -qE '^(failed|timeout)$'
