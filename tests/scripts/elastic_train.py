@@ -10,6 +10,12 @@ survivor then checks that its final weights equal a reference computed here in o
 same model, data, sampler partition and optimizer, with the ranks that were alive at each
 commit (all of them up to the commit the job continued from after a loss, the survivors after
 it), and prints ``FINAL rank R size S epochs E steps T`` for the test to read.
+
+``--forge-round EPOCH:BATCH``: at that step rank 0 plays a stranger on the network who saw the
+driver's key names (tests/scripts/strangers.py): it overwrites the driver's latest-round pointer
+and the next round with forged values (a round that ends the job), then trains on; every worker
+must refuse them, naming the key, and go on with the driver's own rounds. ``--garbage``: after
+init, rank 0 sends garbage to the driver's store and rank reports.
 """
 
 from __future__ import annotations
@@ -103,6 +109,21 @@ def reference(epochs: int, losses: list, size: int, retired: bool = False):
     return model, steps
 
 
+def forge_round(k: int) -> None:
+    """Round k (and the pointer to it), forged: see --forge-round at the top."""
+    import strangers
+
+    from horovodlite.common import elastic_rounds
+
+    stranger = strangers.client()
+    forged = elastic_rounds.Round(k, [], [], "forged", end="forged by a stranger")
+    strangers.forge(stranger, strangers.name_seen_on_the_wire(
+        "elastic", elastic_rounds.round_key(k)), forged.to_json())
+    strangers.forge(stranger, strangers.name_seen_on_the_wire(
+        "elastic", elastic_rounds.ROUND_KEY), str(k))
+    print(f"FORGED round {k}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=2)
@@ -113,10 +134,13 @@ def main():
                         "rank has the same (for jobs that grow)")
     p.add_argument("--retired", action="store_true",
                    help="the ranks that leave are retired, not lost (see reference())")
+    p.add_argument("--forge-round", help="EPOCH:BATCH (see the top)")
+    p.add_argument("--garbage", action="store_true", help="see the top")
     p.add_argument("--step-seconds", type=float, default=0.0,
                    help="sleep this long in every step (to lose a host mid-training)")
     args = p.parse_args()
     kills = [tuple(int(v) for v in k.split(":")) for k in args.kill]
+    forge_at = tuple(int(v) for v in args.forge_round.split(":")) if args.forge_round else None
     torch.set_num_threads(1)
 
     hvd.init()
@@ -146,6 +170,11 @@ def main():
 
     state.register_reset_callbacks([on_reset])
     print(f"UP rank {first_rank}", flush=True)
+    if args.garbage and first_rank == 0:
+        import strangers
+
+        strangers.garbage_to_the_job()
+        print("GARBAGE sent", flush=True)
 
     @hvd.elastic.run
     def train(state):
@@ -160,6 +189,8 @@ def main():
                 idx = sampler.get_indices(b, B)
                 opt.zero_grad()
                 loss = loss_of(model, x[idx], y[idx])
+                if first_rank == 0 and forge_at == (state.epoch, b):
+                    forge_round(elastic_worker.current().number + 1)
                 if (first_rank, state.epoch, b) in kills:
                     print(f"KILLED rank {first_rank} at {time.time():.3f}", flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
