@@ -30,8 +30,9 @@ them through ``common/launchers.py``):
 - ``HOROVOD_HOSTNAME``: the launcher's name for the rank's host (ranks with one name share memory).
 - ``HOROVOD_GLOO_RENDEZVOUS_ADDR``, ``HOROVOD_GLOO_RENDEZVOUS_PORT``: the store the launcher hosts.
 - ``HOROVOD_CONTROLLER``: ``gloo``.
-- ``HVDL_RENDEZVOUS_SECRET``: the job's secret; the launcher's store holds its hash, and a worker
-  of another job is refused (``common/rendezvous.py``).
+- ``HVDL_RENDEZVOUS_SECRET``: the job's secret: the job's keys in the launcher's store are named
+  and their values signed with it, and a worker of another job is refused
+  (``common/signed_store.py``, ``common/rendezvous.py``).
 - ``HOROVOD_GLOO_IFACE``: ``--network-interface`` (its first interface): the one the ranks' Gloo
   connections between hosts use.
 
