@@ -246,7 +246,7 @@ def gather_ranks(ns, launch: Launch, timeout: float, superseded=None) -> list:
             "with the same job settings?")
     try:
         values = ns.multi_get(keys) if hasattr(ns, "multi_get") else [ns.get(k) for k in keys]
-    except RuntimeError as e:
+    except RuntimeError:
         if getattr(ns, "tampered", ""):
             raise RendezvousError(f"rank {launch.rank}: {ns.tampered}") from None
         raise
@@ -317,8 +317,6 @@ def meet(launch: Launch, round_: int = 0, wait: float | None = None, superseded=
     ``wait``: how long to wait for the others (HOROVOD_GLOO_TIMEOUT_SECONDS by default; an
     elastic round waits for ranks that join at their next commit); ``superseded``: see
     ``_wait_all``."""
-    import torch.distributed as dist
-
     timeout = timeout_seconds()
     store = base_store(launch, timeout)
     if not launch.worker:
