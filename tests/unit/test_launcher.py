@@ -292,3 +292,21 @@ def test_an_elastic_job_whose_ranks_all_exited_is_ended_if_mpirun_lingers(monkey
                              dict(os.environ), AllExited(), 2, elastic=True)
     assert time.monotonic() - start < 20 and status != 0
     assert "mpirun has not ended the job; sending it SIGTERM" in capsys.readouterr().err
+
+
+def test_mpi_rank_reports_listen_on_the_job_address_only():
+    """Under --mpi, as under --gloo: the job's address (here 127.0.0.1: every host is this
+    machine, or --network-interface lo), never every interface."""
+    from types import SimpleNamespace
+
+    from horovodlite.runner import mpi_launch, report
+    args = SimpleNamespace(hosts="localhost:2", host_discovery_script=None, network_interface=None)
+    assert mpi_launch.report_address(args) == "127.0.0.1"
+    args = SimpleNamespace(hosts=None, host_discovery_script=None, network_interface="lo")
+    addr = mpi_launch.report_address(args)
+    assert addr == "127.0.0.1"
+    server = report.ReportServer(bind=addr)
+    try:
+        assert server._srv.getsockname()[0] == "127.0.0.1"
+    finally:
+        server.close()
