@@ -16,6 +16,10 @@ Cases (rank 0 writes; the ranks place themselves as benchmarks/gpu_setup.py says
   (HOROVOD_GPU_OPERATIONS=mpi): median ms per size, horovodlite and gloo on the CUDA tensors.
   With HOROVOD_TIMELINE set, horovodlite's timeline of them is the staged path's profile.
 
+``--completions host,stream`` (the default) runs horovodlite's configurations under each
+HOROVOD_GPU_COMPLETION mode (re-initialised between them); the stream mode's rows are
+``horovodlite-stream``.
+
 Every figure also goes to ``profile.json`` (one object per case and configuration, appended):
 scripts/gpu_report.py turns them into the README's tables. HVDL_BENCH_CUDA_STAND_IN=1 runs the
 same code on the CPU (tests: the plumbing, not a measurement).
@@ -109,12 +113,29 @@ def per_call_us(prof, name: str):
     return None
 
 
+def completion(mode: str) -> str:
+    """Restarts horovodlite under HOROVOD_GPU_COMPLETION=``mode`` when it runs under another;
+    the label of its rows."""
+    if os.environ.get("HOROVOD_GPU_COMPLETION", "host") != mode:
+        os.environ["HOROVOD_GPU_COMPLETION"] = mode
+        hvd.shutdown()
+        hvd.init()
+    return "horovodlite" if mode == "host" else f"horovodlite-{mode}"
+
+
+def configurations(args, peer: str) -> list:
+    """(label, completion mode or None) in the order they run: the peer's first, then ours."""
+    return [(peer, None)] + [(None, mode) for mode in args.completions]
+
+
 def case_step(args, plan, w: Writer) -> None:
     device = plan.torch_device
-    for who in ("plain", "horovodlite", "ddp"):
+    for who, mode in [("plain", None)] + configurations(args, "ddp"):
+        if mode is not None:
+            who = completion(mode)
         model = train_step.make_model(args.model).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        if who == "horovodlite":
+        if who.startswith("horovodlite"):
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
         elif who == "ddp":
             model = torch.nn.parallel.DistributedDataParallel(model,
@@ -154,12 +175,20 @@ def case_step(args, plan, w: Writer) -> None:
 
 def case_small(args, plan, w: Writer) -> None:
     t = torch.ones(1, device=plan.torch_device)
-    styles = {
-        "horovodlite": (lambda: hvd.allreduce_async_(t, name="profile.small", op=hvd.Sum),
-                        hvd.synchronize),
-        plan.peer_backend: (lambda: dist.all_reduce(t, async_op=True), lambda h: h.wait()),
-    }
-    for who, (submit, wait) in styles.items():
+    for who, mode in configurations(args, plan.peer_backend):
+        if mode is None:
+            def submit():
+                return dist.all_reduce(t, async_op=True)
+
+            def wait(h):
+                h.wait()
+        else:
+            who = completion(mode)
+
+            def submit():
+                return hvd.allreduce_async_(t, name="profile.small", op=hvd.Sum)
+
+            wait = hvd.synchronize
         for _ in range(args.ops // 10):
             wait(submit())
         plan.synchronize()
@@ -197,9 +226,12 @@ def case_staged(args, plan, w: Writer) -> None:
     for nbytes in STAGED_SIZES:
         t = torch.ones(max(1, nbytes // 4), device=device)
         reps = 100 if nbytes <= 4096 else (20 if nbytes <= 1 << 20 else 5)
-        for who in ("horovodlite", plan.peer_backend):
+        for who, mode in configurations(args, plan.peer_backend):
+            if mode is not None:
+                who = completion(mode)
+
             def one():
-                if who == "horovodlite":
+                if who.startswith("horovodlite"):
                     hvd.allreduce_(t, name=f"profile.staged.{nbytes}", op=hvd.Sum)
                 else:
                     dist.all_reduce(t)
@@ -226,10 +258,15 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--steps", type=int, default=20, help="timed steps per configuration")
     p.add_argument("--ops", type=int, default=1000, help="4 B ops per style (small)")
+    p.add_argument("--completions", default="host,stream",
+                   help="HOROVOD_GPU_COMPLETION modes to run horovodlite under (comma separated)")
     p.add_argument("--no-profile", action="store_true",
                    help="the timings alone: no torch.profiler run, no tables or traces")
     args = p.parse_args(argv)
     cases = args.cases.split(",")
+    args.completions = args.completions.split(",")
+    if set(args.completions) - {"host", "stream"}:
+        p.error(f"--completions: host and/or stream, not {args.completions}")
     unknown = set(cases) - {"step", "small", "staged"}
     if unknown:
         p.error(f"unknown case(s) {sorted(unknown)}; the cases: step, small, staged")

@@ -20,19 +20,23 @@
 #   build-distro   pip install --no-build-isolation --no-deps --no-index -e . with the
 #                  distribution's compiler (CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++)
 #   check-build    horovodliterun --check-build with that build
-#   build-default  the same sources with the machine's own CC/CXX/CUDAHOSTCXX, by CMake, into
-#                  build/gpu-check/default (the package copy beside it), then --check-build with
-#                  it: shows what the libstdc++ guard (cmake/HvdlLibstdcxx.cmake) made of them
+#   build-default  (only with --only: checked on 2026-11-26) the same sources with the machine's
+#                  own CC/CXX/CUDAHOSTCXX, by CMake, into build/gpu-check/default (the package
+#                  copy beside it), then --check-build with it: shows what the libstdc++ guard
+#                  (cmake/HvdlLibstdcxx.cmake) made of them
 #   bench-allreduce-np1, bench-train-np1, bench-train-bf16-np1, bench-allreduce-np2
 #                  benchmarks/allreduce.py and train_step.py --device cuda (np 2: two ranks
 #                  sharing the GPU when there is one GPU: host staging against gloo)
 #   profile-np1    benchmarks/gpu_profile.py: torch.profiler tables and Chrome traces of the
 #                  ResNet-50 step (plain torch, horovodlite, DDP) and of 4 B allreduces (both loop
-#                  styles, against torch NCCL), into OUTDIR/profile/
+#                  styles, against torch NCCL), horovodlite under both HOROVOD_GPU_COMPLETION
+#                  modes, into OUTDIR/profile/
 #   profile-staged-np2
 #                  the staged path at np 2, 4 B to 64 MiB against gloo, with horovodlite's
 #                  timeline of it (profile/timeline_staged.json)
 #   gpu-tests      the GPU tests (pytest)
+#   gpu-tests-stream
+#                  tests/test_gpu.py again with HOROVOD_GPU_COMPLETION=stream
 # With --ab REV the steps are env, mpi, build-distro and:
 #   ab-build       REV's sources (a folder, or `git archive REV`) built with the distribution's
 #                  compiler into build/gpu-check/ab-pkg
@@ -52,11 +56,14 @@ ROOT=$(pwd)
 PY=$(command -v "${PYTHON:-python3}" || echo "${PYTHON:-python3}")
 BUDGET=${HVDL_GPU_CHECK_SECONDS:-360}
 START=$(date +%s)
-ALL_STEPS="env mpi build-distro check-build build-default bench-allreduce-np1 bench-train-np1
-bench-train-bf16-np1 bench-allreduce-np2 profile-np1 profile-staged-np2 gpu-tests"
+ALL_STEPS="env mpi build-distro check-build bench-allreduce-np1 bench-train-np1
+bench-train-bf16-np1 bench-allreduce-np2 profile-np1 profile-staged-np2 gpu-tests
+gpu-tests-stream"
 AB_STEPS="env mpi build-distro ab-build ab-bench"
-GPU_TESTS="tests/unit/test_cuda_kernels.py tests/unit/test_device_path.py
-tests/unit/test_gpu_support.py tests/unit/test_cuda_build.py tests/test_gpu.py"
+OPTIONAL_STEPS="build-default"  # run only when --only names it
+# (tests/unit/test_device_path.py, the device path's logic on the CPU, runs in every CI run)
+GPU_TESTS="tests/unit/test_cuda_kernels.py tests/unit/test_gpu_support.py
+tests/unit/test_cuda_build.py tests/test_gpu.py"
 
 dry=0
 only=""
@@ -77,11 +84,13 @@ if [[ $# -ne 1 || "$1" == -* ]]; then
 fi
 [[ -n $ab ]] && ALL_STEPS=$AB_STEPS
 for name in ${only//,/ }; do
-  if [[ " $(echo $ALL_STEPS) " != *" $name "* ]]; then
-    echo "gpu_check: unknown step $name; the steps: $(echo $ALL_STEPS)" >&2
+  if [[ " $(echo $ALL_STEPS $OPTIONAL_STEPS) " != *" $name "* ]]; then
+    echo "gpu_check: unknown step $name; the steps: $(echo $ALL_STEPS) (and with --only:" \
+      "$OPTIONAL_STEPS)" >&2
     exit 2
   fi
 done
+[[ -n $only ]] && ALL_STEPS="$ALL_STEPS $OPTIONAL_STEPS"
 if [[ -n $ab && ! -d $ab ]] && ! git rev-parse --verify -q "$ab^{commit}" >/dev/null; then
   echo "gpu_check: --ab $ab is neither a folder of sources nor a revision of this checkout" >&2
   exit 2
@@ -198,10 +207,12 @@ step bench-train-np1 75 "cd '$OUT' && $TS --steps 20 --rounds 3 --json '$OUT/tra
 step bench-train-bf16-np1 75 "cd '$OUT' && $TS --amp bf16 --steps 20 --rounds 3 \
 --json '$OUT/train-bf16-np1.json'"
 step bench-allreduce-np2 90 "cd '$OUT' && ${AR/-np 1/-np 2} --json '$OUT/allreduce-np2.json'"
-step profile-np1 60 "cd '$OUT' && $GP '$OUT/profile' --cases step,small $PA"
+step profile-np1 90 "cd '$OUT' && $GP '$OUT/profile' --cases step,small $PA"
 step profile-staged-np2 45 "cd '$OUT' && HOROVOD_TIMELINE='$OUT/profile/timeline_staged.json' \
 ${GP/-np 1/-np 2} '$OUT/profile' --cases staged $PA"
 step gpu-tests 240 "$DISTRO $PY -m pytest -q -p no:cacheprovider -o addopts='-ra' $(echo $GPU_TESTS)"
+step gpu-tests-stream 120 "HOROVOD_GPU_COMPLETION=stream $PY -m pytest -q -p no:cacheprovider \
+-o addopts='-ra' tests/test_gpu.py"
 
 # A/B: REV's build beside the working tree's, the same benchmark scripts (the working tree's)
 # for both, alternating which goes first.

@@ -80,19 +80,21 @@ def training_table(results: dict) -> str:
 
 def small_table(results: dict) -> str:
     small = results["profile"].get("small", {})
-    peer = next((w for w in small if w != "horovodlite"), None)
-    ours = small.get("horovodlite", {})
+    peer = next((w for w in small if not w.startswith("horovodlite")), None)
     theirs = small.get(peer, {}) if peer else {}
     rows = []
-    for style, what in (("loop", "loop of allreduce_"), ("waited", "each op waited for")):
-        a, b = ours.get(f"{style}_us"), theirs.get(f"{style}_us")
-        rows.append((f"4 B, np 1, {what}", fmt(a, " us"), fmt(b, " us"),
-                     fmt(a / b if a and b else None, "x", 2)))
-    if ours:
-        rows.append(("  the waited op split: submit + wait",
-                     f"{fmt(ours.get('submit_us'), ' us')} + {fmt(ours.get('wait_us'), ' us')}",
-                     f"{fmt(theirs.get('submit_us'), ' us')} + {fmt(theirs.get('wait_us'), ' us')}",
-                     ""))
+    for who in ["horovodlite"] + sorted(w for w in small if w.startswith("horovodlite-")):
+        ours = small.get(who, {})
+        mode = "" if who == "horovodlite" else f" ({who.split('-', 1)[1]} completion)"
+        for style, what in (("loop", "loop of allreduce_"), ("waited", "each op waited for")):
+            a, b = ours.get(f"{style}_us"), theirs.get(f"{style}_us")
+            rows.append((f"4 B, np 1, {what}{mode}", fmt(a, " us"), fmt(b, " us"),
+                         fmt(a / b if a and b else None, "x", 2)))
+        if ours:
+            rows.append((f"  the waited op split: submit + wait{mode}",
+                         f"{fmt(ours.get('submit_us'), ' us')} + {fmt(ours.get('wait_us'), ' us')}",
+                         f"{fmt(theirs.get('submit_us'), ' us')} + "
+                         f"{fmt(theirs.get('wait_us'), ' us')}", ""))
     return table(["CUDA allreduce", "horovodlite", f"torch {peer or 'peer'}", "ratio"], rows)
 
 
@@ -106,7 +108,7 @@ def staged_table(results: dict) -> str:
         ours = row.get("horovodlite_us")
         theirs = row.get("peer_us")
         p_ours = prof.get("horovodlite")
-        p_theirs = next((v for k, v in prof.items() if k != "horovodlite"), None)
+        p_theirs = next((v for k, v in prof.items() if not k.startswith("horovodlite")), None)
         rows.append((size_label(nbytes), fmt(ours and ours / 1e3, " ms", 3),
                      fmt(theirs and theirs / 1e3, " ms", 3),
                      fmt(ours / theirs if ours and theirs else None, "x", 2),
@@ -118,7 +120,7 @@ def staged_table(results: dict) -> str:
 def profile_table(results: dict) -> str:
     step = results["profile"].get("step", {})
     rows = []
-    for who in sorted(set(step) | {"plain", "horovodlite", "ddp"}):
+    for who in sorted(set(step) | {"plain", "horovodlite", "horovodlite-stream", "ddp"}):
         r = step.get(who, {})
         rows.append((f"{who} ({r['model']}, batch {r['batch']}, {r['amp']})" if r else who,
                      fmt(r.get("ms_per_step"), " ms", 2), fmt(r.get("accumulate_grad_us"), " us"),

@@ -90,6 +90,10 @@ class DataBackend {
   // queued work) has completed. A backend whose work can fail asynchronously (NCCL) checks for
   // such failures while it waits and returns them as a Status naming the rank.
   virtual Status WaitForDevice(DeviceEvent* event) { return event->Synchronize(); }
+  // Device buffers only, background thread, non-blocking: a failure of work queued earlier that
+  // the backend learnt of asynchronously (NCCL: ncclCommGetAsyncError, after which the failed
+  // communicator is aborted), as a Status naming the rank; Ok when there is none.
+  virtual Status CheckAsync() { return Status::Ok(); }
 };
 
 }  // namespace hvdl

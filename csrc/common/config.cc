@@ -217,6 +217,21 @@ const std::vector<Knob>& Table() {
         "buffers, one stream). 0: one piece (copy all, reduce, copy all back). Same value on "
         "every rank."},
        [](auto& n, auto& v, Config* c) { return ParseInt(n, v, 0, &c->staging_chunk_bytes); }},
+      {{"HOROVOD_GPU_COMPLETION", "host",
+        "CUDA tensors: when a handle completes. host: once the device has run the collective "
+        "(the background thread waits for it, so a failure reaches the op's own handle). "
+        "stream: once the collective is queued on horovodlite's stream (synchronize makes the "
+        "caller's stream wait for it, as DDP does): the host never waits for the GPU, and a "
+        "failure the device reports later fails the next GPU collective, naming the one that "
+        "failed. HOROVOD_AUTOTUNE (which times collectives) keeps host."},
+       [](auto& n, auto& v, Config* c) {
+         const std::string mode = Lower(v);
+         if (mode != "host" && mode != "stream") {
+           return Invalid(n, v, "host or stream");
+         }
+         c->gpu_stream_completion = mode == "stream";
+         return Status::Ok();
+       }},
       {{"HOROVOD_WAIT_SPIN_US", "auto",
         "Microseconds a thread waiting on a handle (synchronize) spins, yielding the CPU, before "
         "it sleeps: a completion seen while spinning costs no wake-up (10-20 us on a small VM). "

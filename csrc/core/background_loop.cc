@@ -254,6 +254,7 @@ void BackgroundLoop::Run() {
     }
     if (hook_) hook_(result);  // before execution: completions must see up-to-date state
     int ran = d_.executor->Run(result.responses, result.this_rank_joined);
+    d_.executor->PollDevice();  // stream completion: device work that has run, or failed
     if (d_.peer_failed && d_.peer_failed()) {  // a data-plane call saw failed ranks
       failure = Status::PeerFailed("a collective reported failed ranks");
       break;

@@ -31,6 +31,7 @@ Status HostMemory::Zero(void* dst, size_t bytes) {
 }
 
 DeviceMemory::~DeviceMemory() {
+  in_flight_.Drain();  // best effort: the buffers below may still be in use
   for (auto& kv : buffers_) {
     if (kv.second.data != nullptr) ops_->Free(kv.first, kv.second.data);
   }
@@ -89,10 +90,25 @@ Status DeviceMemory::Copy(const std::vector<CopyRegion>& regions, DataType dtype
 
 Status DeviceMemory::Zero(void* dst, size_t bytes) { return ops_->Zero(dst, bytes); }
 
+// "allreduce of grad.w and 3 more": the batch, for an error found after it completed.
+std::string DeviceMemory::Describe(const BatchItems& items) {
+  if (items.empty()) return "a batch";
+  const Response& r = *items.front().response;
+  std::string out = std::string(OpTypeName(r.op)) + " of " + r.name;
+  if (items.size() > 1) out += " and " + std::to_string(items.size() - 1) + " more";
+  return out;
+}
+
 Status DeviceMemory::End(const Status& status, BatchItems& items, DataBackend* be) {
   Status s = status;
   std::shared_ptr<DeviceEvent> finished;
   if (s.ok()) s = ops_->Record(&finished);
+  if (s.ok() && stream_completion_) {
+    for (BatchItem& it : items) {
+      if (it.has_entry && it.entry.device_done) it.entry.device_done(finished);
+    }
+    return in_flight_.Add(std::move(finished), be, Describe(items));
+  }
   if (s.ok()) s = be != nullptr ? be->WaitForDevice(finished.get()) : finished->Synchronize();
   if (!s.ok()) {
     ops_->Synchronize();  // best effort: nothing may still use the tensors; the first error wins

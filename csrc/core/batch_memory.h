@@ -17,15 +17,21 @@
 //      its own handle) at the price of not overlapping the next cycle's negotiation with device
 //      work. On a failure after work was queued it still waits for the stream, so no tensor is
 //      in use when the entries complete.
+//      With stream completion (HOROVOD_GPU_COMPLETION=stream) End does not block: it passes the
+//      event to the entries at once and hands the batch to DeviceInFlight (core/device_inflight),
+//      which the executor polls each cycle; the host never waits for the device on the hot path,
+//      and a failure the device reports later reaches the next batch instead of this one.
 // Host memory needs none of 1, 2 and 4. Background thread only.
 #pragma once
 
 #include <cstddef>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "comm/data_backend.h"
 #include "comm/device_ops.h"
+#include "core/device_inflight.h"
 #include "core/fusion.h"
 #include "core/message.h"
 #include "core/tensor_queue.h"
@@ -95,7 +101,17 @@ class DeviceMemory : public BatchMemory {
   bool host() const override { return false; }
   Status End(const Status& status, BatchItems& items, DataBackend* be) override;
 
+  // Stream completion (see the top): End hands batches to the in-flight list.
+  void set_stream_completion(bool on) { stream_completion_ = on; }
+  bool stream_completion() const { return stream_completion_; }
+  // Non-blocking: retires the in-flight batches the device has run; an asynchronous failure of
+  // one, naming it.
+  Status Poll() { return in_flight_.Poll(); }
+  size_t in_flight() const { return in_flight_.size(); }
+
  private:
+  static std::string Describe(const BatchItems& items);
+
   struct DeviceBuffer {
     void* data = nullptr;
     size_t capacity = 0;
@@ -105,6 +121,8 @@ class DeviceMemory : public BatchMemory {
   int rank_;
   int last_device_ = 0;
   std::map<int, DeviceBuffer> buffers_;  // fusion buffer per device
+  bool stream_completion_ = false;
+  DeviceInFlight in_flight_;
 };
 
 }  // namespace hvdl

@@ -129,6 +129,7 @@ Status Context::Init(const InitOptions& options) {
   executor_ = std::make_unique<Executor>(deps);
   executor_->set_fusion_threshold(config_.fusion_threshold_bytes);
   executor_->set_observer(observer_.get());
+  executor_->set_stream_completion(config_.gpu_stream_completion && !config_.autotune);
   LoopDeps loop_deps;
   loop_deps.queue = queue_.get();
   loop_deps.controller = controller_.get();

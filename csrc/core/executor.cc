@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "common/logging.h"
 #include "core/collective_layout.h"
 #include "core/handle_table.h"
 
@@ -10,6 +11,18 @@ namespace hvdl {
 Executor::Executor(const ExecutorDeps& deps)
     : d_(deps), ops_(deps.sets, deps.planner, deps.backends, deps.rank), host_(deps.fusion) {
   if (d_.device_ops != nullptr) device_ = std::make_unique<DeviceMemory>(d_.device_ops, d_.rank);
+}
+
+void Executor::set_stream_completion(bool on) {
+  if (device_) device_->set_stream_completion(on);
+}
+
+void Executor::PollDevice() {
+  if (!device_ || device_->in_flight() == 0) return;
+  Status s = device_->Poll();
+  if (s.ok()) return;
+  HVDL_LOG(Error) << s.message();
+  if (device_failure_.ok()) device_failure_ = s;
 }
 
 int64_t Executor::PayloadBytes(const Response& r) const {
@@ -111,7 +124,14 @@ Status Executor::RunData(Items& items, DataBackend** be, std::vector<int64_t>* e
   HVDL_RETURN_IF_ERROR(memory->Begin(items));
   const Status s = ops_.Run(items, memory, [&](const char* activity) { Phase(items, activity); },
                             be, extra);
-  return memory->End(s, items, *be);
+  Status end = memory->End(s, items, *be);
+  if (memory == device_.get() && !device_failure_.ok()) {
+    // Found by PollDevice: the first device batch after it reports it. The batch itself ran
+    // (every rank runs it: skipping it here would leave the others waiting in its collective).
+    if (end.ok()) end = device_failure_;
+    device_failure_ = Status::Ok();
+  }
+  return end;
 }
 
 void Executor::Finish(Items& items, const Status& status, const std::vector<int64_t>& extra) {

@@ -68,6 +68,12 @@ class Executor {
   // Runs `responses` (identical on every rank). `joined`: this rank has called join().
   // Returns the number of responses that involved this rank.
   int Run(const std::vector<Response>& responses, bool joined);
+  // HOROVOD_GPU_COMPLETION=stream: device batches complete their handles once queued, and their
+  // device work is watched by PollDevice (core/device_inflight.h). No effect without a device.
+  void set_stream_completion(bool on);
+  // Each background cycle: retires device work that has run; an asynchronous failure is logged
+  // and fails the next device batch (its message names the batch that failed).
+  void PollDevice();
   // The last fused batch's bytes and the buffer capacity (performance summary).
   int64_t last_batch_bytes() const { return last_batch_bytes_; }
 
@@ -91,6 +97,7 @@ class Executor {
   ExecutionObserver* observer_ = nullptr;
   const Items* traced_ = nullptr;
   int64_t last_batch_bytes_ = 0;
+  Status device_failure_;  // from PollDevice, for the next device batch
 };
 
 }  // namespace hvdl

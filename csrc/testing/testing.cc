@@ -243,6 +243,8 @@ py::dict ParseEnv(const std::map<std::string, std::string>& env) {
   const char* toggles[] = {"auto", "off", "on"};
   d["hierarchical_allreduce"] = toggles[static_cast<int>(c.hierarchical_allreduce)];
   d["hierarchical_allgather"] = toggles[static_cast<int>(c.hierarchical_allgather)];
+  d["staging_chunk_bytes"] = c.staging_chunk_bytes;
+  d["gpu_completion"] = c.gpu_stream_completion ? "stream" : "host";
   return d;
 }
 

@@ -18,6 +18,7 @@
 #include "comm/host_collectives.h"
 #include "comm/host_staging.h"
 #include "common/errors.h"
+#include "core/device_inflight.h"
 #include "core/executor.h"
 #include "core/response_builder.h"
 #include "runtime/build_info.h"
@@ -130,6 +131,7 @@ struct RunMode {
   std::vector<std::string> hosts;  // transports: rank -> pretend host; empty: no single copy
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
   size_t staging_chunk_bytes = 0;  // staging: the pipeline's chunk (0: one piece)
+  bool stream_completion = false;  // device and staging: HOROVOD_GPU_COMPLETION=stream
 };
 
 struct Shared {
@@ -182,7 +184,9 @@ HostDeviceOpsCounters RunRank(int rank, bool joined, const RunMode& mode, int64_
   deps.device_ops = &ops;
   Executor executor(deps);
   executor.set_fusion_threshold(threshold);
+  executor.set_stream_completion(mode.stream_completion);
   executor.Run(responses, joined);
+  executor.PollDevice();
   *single_copy_peers = fabric ? fabric->single_copy_peers() : 0;
   return ops.counters();
 }
@@ -190,8 +194,9 @@ HostDeviceOpsCounters RunRank(int rank, bool joined, const RunMode& mode, int64_
 py::list RunDeviceOps(int nranks, const std::vector<py::dict>& ops, bool staging,
                       int64_t threshold, const std::vector<int>& joined, const std::string& mode,
                       const std::vector<std::string>& hosts, const std::string& algorithm,
-                      int64_t staging_chunk_bytes) {
+                      int64_t staging_chunk_bytes, bool stream_completion) {
   RunMode run;
+  run.stream_completion = stream_completion;
   run.staging_chunk_bytes = static_cast<size_t>(std::max<int64_t>(0, staging_chunk_bytes));
   run.name = staging ? "staging" : mode;
   run.hosts = hosts;
@@ -314,6 +319,77 @@ int64_t DeviceOpsScaleCopy(int device, const std::vector<std::tuple<uintptr_t, u
   return static_cast<int64_t>(rs.size());
 }
 
+// A device event that completes after `done_after` queries (-1: never; Synchronize completes
+// it), or whose queries fail when `fails`.
+class ScriptedEvent : public DeviceEvent {
+ public:
+  ScriptedEvent(int done_after, bool fails) : left_(done_after), fails_(fails) {}
+  int device() const override { return 0; }
+  Status StreamWait(void*) override { return Status::Ok(); }
+  Status Query(bool* done) override {
+    ++queries;
+    if (fails_) return Status::Internal("the device reported an illegal address");
+    *done = left_ == 0;
+    if (left_ > 0) --left_;
+    return Status::Ok();
+  }
+  Status Synchronize() override {
+    left_ = 0;
+    ++syncs;
+    return fails_ ? Status::Internal("the device reported an illegal address") : Status::Ok();
+  }
+  int queries = 0;
+  int syncs = 0;
+
+ private:
+  int left_;
+  bool fails_;
+};
+
+// A backend whose only behaviour is an asynchronous failure, once `fail` is set.
+class AsyncFailingBackend : public ThreadBackend {
+ public:
+  AsyncFailingBackend() : ThreadBackend(std::make_shared<ThreadFabric>(1), 0, true) {}
+  Status CheckAsync() override {
+    ++checks;
+    return fail ? Status::Internal("NCCL (asynchronous error): remote process exited") : Status::Ok();
+  }
+  bool fail = false;
+  int checks = 0;
+};
+
+// DeviceInFlight driven by a script: ("add", done_after, fails) tracks a new batch named
+// "b<i>", ("poll",), ("drain",), ("fail",) makes the backend report an asynchronous failure.
+// Returns, per step, (step, status message or "", batches tracked, backend checks), and the
+// queries and synchronizations of each event.
+py::tuple DeviceInFlightScript(const std::vector<py::tuple>& script, int max_depth) {
+  DeviceInFlight flight(static_cast<size_t>(max_depth));
+  AsyncFailingBackend be;
+  std::vector<std::shared_ptr<ScriptedEvent>> events;
+  py::list log;
+  for (const py::tuple& step : script) {
+    const std::string what = step[0].cast<std::string>();
+    Status s;
+    if (what == "add") {
+      auto ev = std::make_shared<ScriptedEvent>(step[1].cast<int>(), step[2].cast<bool>());
+      events.push_back(ev);
+      s = flight.Add(ev, &be, "b" + std::to_string(events.size() - 1));
+    } else if (what == "poll") {
+      s = flight.Poll();
+    } else if (what == "drain") {
+      s = flight.Drain();
+    } else if (what == "fail") {
+      be.fail = true;
+    } else {
+      ThrowIfError(Status::InvalidArgument("script steps: add, poll, drain, fail"));
+    }
+    log.append(py::make_tuple(what, s.message(), flight.size(), be.checks));
+  }
+  py::list per_event;
+  for (const auto& ev : events) per_event.append(py::make_tuple(ev->queries, ev->syncs));
+  return py::make_tuple(log, per_event);
+}
+
 }  // namespace
 
 void RegisterDeviceTesting(py::module_& m) {
@@ -321,7 +397,9 @@ void RegisterDeviceTesting(py::module_& m) {
         py::arg("staging") = false, py::arg("fusion_threshold") = 64 << 20,
         py::arg("joined") = std::vector<int>(), py::arg("mode") = "device",
         py::arg("hosts") = std::vector<std::string>(), py::arg("algorithm") = "auto",
-        py::arg("staging_chunk_bytes") = 0);
+        py::arg("staging_chunk_bytes") = 0, py::arg("stream_completion") = false);
+  m.def("device_inflight_script", &DeviceInFlightScript, py::arg("script"),
+        py::arg("max_depth") = 64);
   m.def("device_scale_copy", &DeviceScaleCopy, py::arg("blobs"), py::arg("dtype"),
         py::arg("factor"), py::arg("in_place") = false);
   m.def("batch_plan", &BatchPlan, py::arg("counts"));

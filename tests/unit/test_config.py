@@ -21,6 +21,7 @@ def test_defaults():
     assert cfg["log_level"] == "WARNING"
     assert cfg["stall_check_seconds"] == 60.0
     assert cfg["hierarchical_allreduce"] == cfg["hierarchical_allgather"] == "auto"
+    assert cfg["staging_chunk_bytes"] == 4 << 20 and cfg["gpu_completion"] == "host"
 
 
 def test_values_are_parsed():
@@ -35,6 +36,8 @@ def test_values_are_parsed():
     assert cfg["hierarchical_allreduce"] == "on" and cfg["hierarchical_allgather"] == "off"
     cfg = T.parse_config({"HOROVOD_HIERARCHICAL_ALLREDUCE": "Auto"})
     assert cfg["hierarchical_allreduce"] == "auto"
+    cfg = T.parse_config({"HOROVOD_GPU_COMPLETION": "Stream", "HOROVOD_STAGING_CHUNK_BYTES": "0"})
+    assert cfg["gpu_completion"] == "stream" and cfg["staging_chunk_bytes"] == 0
 
 
 @pytest.mark.parametrize("name,value", [
@@ -48,6 +51,8 @@ def test_values_are_parsed():
     ("HOROVOD_HIERARCHICAL_ALLREDUCE", "sometimes"),
     ("HOROVOD_HIERARCHICAL_ALLGATHER", "2"),
     ("HOROVOD_STALL_CHECK_TIME_SECONDS", "-5"),
+    ("HOROVOD_GPU_COMPLETION", "device"),
+    ("HOROVOD_STAGING_CHUNK_BYTES", "-1"),
 ])
 def test_invalid_value_names_the_variable(name, value):
     with pytest.raises(ValueError, match=rf"invalid value for {name}: '{re.escape(value)}'"):

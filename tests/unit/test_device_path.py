@@ -37,9 +37,10 @@ from cpp_testing import load_testing_module
 T = load_testing_module()
 TILE = T.batch_tile_elements
 
-def run(nranks, ops, staging, threshold=64 << 20, joined=(), chunk=0):
+def run(nranks, ops, staging, threshold=64 << 20, joined=(), chunk=0, stream=False):
     out = T.run_device_ops(nranks, ops, staging=staging, fusion_threshold=threshold,
-                           joined=list(joined), staging_chunk_bytes=chunk)
+                           joined=list(joined), staging_chunk_bytes=chunk,
+                           stream_completion=stream)
     for rank, (results, _) in enumerate(out):
         if rank in joined:
             continue
@@ -87,20 +88,24 @@ def test_batched_scale_copy_is_the_cpu_kernel_in_one_launch(dtype, factor, in_pl
 PATHS = [pytest.param(False, id="device-backend"), pytest.param(True, id="host-staging")]
 
 
+COMPLETION = [pytest.param(False, id="host-completion"), pytest.param(True, id="stream-completion")]
+
+
+@pytest.mark.parametrize("stream", COMPLETION)
 @pytest.mark.parametrize("staging", PATHS)
 @pytest.mark.parametrize("nranks", [1, 2, 3])
 @pytest.mark.parametrize("dtype,op", [(torch.float32, AVERAGE), (torch.float64, SUM),
                                       (torch.float16, SUM), (torch.bfloat16, AVERAGE),
                                       (torch.int32, MAX), (torch.int64, PRODUCT),
                                       (torch.int16, MIN), (torch.uint8, SUM)])
-def test_fused_allreduce_packs_in_one_launch(staging, nranks, dtype, op):
+def test_fused_allreduce_packs_in_one_launch(stream, staging, nranks, dtype, op):
     shapes = [(3, 4), (TILE + 5,), (1,), (2, 2, 2), (0,)]
     pre, post = (0.5, 3.0) if dtype in FLOATS else (1.0, 1.0)
     ops = [dict(op=ALLREDUCE, name=f"t{i}", dtype=DTYPE_CODE[dtype], reduce_op=op, prescale=pre,
                 postscale=post, shapes=[s] * nranks,
                 inputs=[to_bytes(data(i, r, s, dtype, op)) for r in range(nranks)])
            for i, s in enumerate(shapes)]
-    out = run(nranks, ops, staging)
+    out = run(nranks, ops, staging, stream=stream)  # stream: handles done once queued
     for r, (results, stats) in enumerate(out):
         for i, s in enumerate(shapes):
             want = reduce_ref([data(i, q, s, dtype, op) for q in range(nranks)], op, dtype,
@@ -138,9 +143,10 @@ def test_joined_rank_contributes_zeros(staging):
             close(from_bytes(out[r][0][i]["output"], torch.float32, s), want, torch.float32)
 
 
+@pytest.mark.parametrize("stream", COMPLETION)
 @pytest.mark.parametrize("staging", PATHS)
 @pytest.mark.parametrize("nranks", [1, 2, 3])
-def test_fused_allgather_with_uneven_first_dims(staging, nranks):
+def test_fused_allgather_with_uneven_first_dims(stream, staging, nranks):
     dtype = torch.bfloat16
     trailing = [(3,), (), (2, 2)]
     ops = []
@@ -148,7 +154,7 @@ def test_fused_allgather_with_uneven_first_dims(staging, nranks):
         shapes = [(r + i + (1 if tr == () else 0), *tr) for r in range(nranks)]
         ops.append(dict(op=ALLGATHER, name=f"a{i}", dtype=DTYPE_CODE[dtype], shapes=shapes,
                         inputs=[to_bytes(data(i, r, shapes[r], dtype)) for r in range(nranks)]))
-    out = run(nranks, ops, staging)
+    out = run(nranks, ops, staging, stream=stream)
     for r, (results, stats) in enumerate(out):
         for i, op in enumerate(ops):
             want = torch.cat([data(i, q, op["shapes"][q], dtype) for q in range(nranks)])

@@ -223,4 +223,6 @@ Status NcclBackend::ReduceScatter(const void* send, void* recv,
 
 Status NcclBackend::WaitForDevice(DeviceEvent* event) { return comms_.Wait(event); }
 
+Status NcclBackend::CheckAsync() { return comms_.CheckAsyncErrors(); }
+
 }  // namespace hvdl

@@ -55,6 +55,7 @@ class NcclBackend : public DataBackend {
   Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
                        DataType dtype, ReduceOp op, int ps) override;
   Status WaitForDevice(DeviceEvent* event) override;
+  Status CheckAsync() override;
 
  private:
   Status Comm(int ps, NcclComm** out);
