@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <map>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 namespace hvdl {
 namespace {
@@ -15,6 +17,28 @@ std::string Seconds(double s) {
 }
 
 std::string At(const std::string& site) { return site.empty() ? "" : " at " + site; }
+
+// (rank, text) pairs in rank order -> (" rank 3" or " ranks 0-2", text) for each run of
+// consecutive ranks with the same text.
+std::vector<std::pair<std::string, std::string>> Runs(
+    const std::vector<std::pair<int, std::string>>& items) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (size_t i = 0; i < items.size();) {
+    size_t j = i;
+    while (j + 1 < items.size() && items[j + 1].first == items[j].first + 1 &&
+           items[j + 1].second == items[i].second) {
+      ++j;
+    }
+    std::string ranks = j == i ? " rank " + std::to_string(items[i].first)
+                               : " ranks " + std::to_string(items[i].first) + "-" +
+                                     std::to_string(items[j].first);
+    std::string text = items[i].second;
+    if (j > i && text.rfind(" (its ", 0) == 0) text.replace(2, 3, "their");  // several ranks
+    out.emplace_back(std::move(ranks), std::move(text));
+    i = j + 1;
+  }
+  return out;
+}
 
 struct Waiting {
   const PendingInfo* any = nullptr;
@@ -50,18 +74,22 @@ StallVerdict StallInspector::Inspect(const std::vector<RankMessage>& messages,
     os << "\n  " << TensorLabel(OpTypeName(w.any->op), w.any->name);
     if (w.any->process_set != 0) os << " (process set " << w.any->process_set << ")";
     os << ": waited " << Seconds(w.oldest) << ".\n    submitted by:";
-    for (const auto& [rank, p] : w.by_rank) os << " rank " << rank << At(p->site) << ";";
+    // Consecutive ranks that say the same are one entry ("ranks 0-1022 at train.py:42"), so a
+    // report stays short at a thousand ranks.
+    std::vector<std::pair<int, std::string>> submitted;
+    for (const auto& [rank, p] : w.by_rank) submitted.emplace_back(rank, At(p->site));
+    for (const auto& [ranks, text] : Runs(submitted)) os << ranks << text << ";";
     os << "\n    missing on:";
+    std::vector<std::pair<int, std::string>> absent;
     for (int m : missing) {
       const PendingInfo& last = messages[static_cast<size_t>(m)].last;
-      os << " rank " << m;
-      if (last.name.empty()) {
-        os << " (no collective submitted yet);";
-      } else {
-        os << " (its last submission: " << TensorLabel(OpTypeName(last.op), last.name)
-           << At(last.site) << ", " << Seconds(last.age_seconds) << " ago);";
-      }
+      absent.emplace_back(m, last.name.empty()
+                                 ? std::string(" (no collective submitted yet)")
+                                 : " (its last submission: " +
+                                       TensorLabel(OpTypeName(last.op), last.name) +
+                                       At(last.site) + ", " + Seconds(last.age_seconds) + " ago)");
     }
+    for (const auto& [ranks, text] : Runs(absent)) os << ranks << text << ";";
     if (shutdown_seconds_ > 0 && w.oldest >= shutdown_seconds_) verdict.shutdown = true;
   }
   if (stalled == 0) return verdict;

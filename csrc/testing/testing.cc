@@ -29,6 +29,7 @@ void RegisterDeviceTesting(py::module_& m);  // testing/testing_device.cc
 void RegisterCommTesting(py::module_& m);    // testing/testing_comm.cc
 void RegisterShmTesting(py::module_& m);     // testing/testing_shm.cc
 void RegisterHandleTesting(py::module_& m);  // testing/testing_handles.cc
+void RegisterScaleTesting(py::module_& m);   // testing/testing_scale.cc
 namespace {
 
 template <typename T>
@@ -349,6 +350,7 @@ void RegisterTesting(py::module_& m) {
   RegisterCommTesting(m);
   RegisterShmTesting(m);
   RegisterHandleTesting(m);
+  RegisterScaleTesting(m);
 }
 
 }  // namespace hvdl
