@@ -101,7 +101,8 @@ def launch(n: int, launcher: str, delay: float = SSH_DELAY, timeout: float = 170
         reader.join(5)
     regs = pool.registered
     ranks = sorted(r.rank for r in regs)
-    row = {"case": "launch", "launcher": launcher, "ranks": n, "hosts": len(set(r.host for r in regs)),
+    row = {"case": "launch", "launcher": launcher, "ranks": n,
+           "hosts": len(set(r.host for r in regs)),
            "seconds": round(max((r.at for r in regs), default=done) - began, 3) if ok else None,
            "first": round(min((r.at for r in regs), default=began) - began, 3),
            "teardown": round(ended - done, 3), "status": status, "registered": len(regs),
@@ -127,13 +128,15 @@ class _Proc:
 def elastic_round(n: int) -> dict:
     """One ``elastic_round`` row (see the top)."""
     from horovodlite.common import elastic_rounds
-    from horovodlite.runner import elastic_driver, launch as launch_cli
+    from horovodlite.runner import elastic_driver
+    from horovodlite.runner import launch as launch_cli
     from horovodlite.runner.rendezvous_server import RendezvousServer
     from horovodlite.runner.report import Rank, ReportServer
 
     per_host = SLOTS if n >= 2 * SLOTS else 1  # a host lost leaves workers to go on with
     args = launch_cli._parser().parse_args(
-        ["--elastic", "-np", str(n), "-H", hosts_arg(n, per_host), "--network-interface", "lo", "true"])
+        ["--elastic", "-np", str(n), "-H", hosts_arg(n, per_host), "--network-interface", "lo",
+         "true"])
     slots = [(h.split(":")[0], int(h.split(":")[1])) for h in args.hosts.split(",")]
     job = elastic_driver.ElasticJob(args, slots, {})
     job.reports = ReportServer(bind=job.addr, on_lost=lambda *_: None)
