@@ -90,11 +90,11 @@ Status DeviceMemory::Copy(const std::vector<CopyRegion>& regions, DataType dtype
 
 Status DeviceMemory::Zero(void* dst, size_t bytes) { return ops_->Zero(dst, bytes); }
 
-// "allreduce of grad.w and 3 more": the batch, for an error found after it completed.
+// "allreduce.grad.w and 3 more": the batch, for an error found after it completed.
 std::string DeviceMemory::Describe(const BatchItems& items) {
   if (items.empty()) return "a batch";
   const Response& r = *items.front().response;
-  std::string out = std::string(OpTypeName(r.op)) + " of " + r.name;
+  std::string out = TensorLabel(OpTypeName(r.op), r.name);
   if (items.size() > 1) out += " and " + std::to_string(items.size() - 1) + " more";
   return out;
 }

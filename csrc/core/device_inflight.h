@@ -12,7 +12,7 @@
 //     a lost peer cannot hang the caller's stream forever);
 //   - Add retires first, and past `max_depth` batches waits for the oldest (a bound on events
 //     and on how far the host runs ahead).
-// A failure names the batch ("allreduce of grad.w and 3 more") and says its handles had already
+// A failure names the batch ("allreduce.grad.w and 3 more") and says its handles had already
 // completed. Background thread only.
 #pragma once
 
