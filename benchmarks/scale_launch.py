@@ -72,7 +72,10 @@ def launch(n: int, launcher: str, delay: float = SSH_DELAY, timeout: float = 170
     pool = scale_standins.Pool(n, timeout=timeout)
     with tempfile.TemporaryDirectory(prefix="scale_launch.") as folder:
         agent = scale_standins.write_agent(folder, pool.port, delay)
-        argv = [sys.executable, "-m", "horovodlite.runner.launch",
+        # SCALE_LAUNCH_PROFILE=FILE: the launcher's main thread under cProfile, written to FILE
+        profile = os.environ.get("SCALE_LAUNCH_PROFILE")
+        argv = [sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []),
+                "-m", "horovodlite.runner.launch",
                 "--elastic" if launcher == "elastic" else "--gloo", "-np", str(n),
                 "-H", hosts_arg(n), "--ssh-agent", agent, "--network-interface", "lo",
                 "--start-timeout", str(int(timeout)), "true"]

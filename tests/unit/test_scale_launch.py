@@ -65,3 +65,39 @@ def test_remote_line_parsed():
         "cd /w && exec env A=1 B='x y' python -m horovodlite.runner.task -- true")
     assert env == {"A": "1", "B": "x y"}
     assert command == ["python", "-m", "horovodlite.runner.task", "--", "true"]
+
+
+def test_forwarder_serves_many_pipes_from_one_thread():
+    """The launcher's output forwarding (``rank_output.Forwarder``) takes one thread for every
+    rank's pipes, not two per rank; lines stay whole and prefixed, a carriage return is no line
+    end, a last line without a newline gets one."""
+    import io
+    import os
+    import threading
+
+    from horovodlite.runner import rank_output
+
+    out, err = io.BytesIO(), io.BytesIO()
+    fw = rank_output.Forwarder(stdout=out, stderr=err)
+    before = threading.active_count()
+    writers = []
+    for rank in range(40):
+        for stream in ("stdout", "stderr"):
+            r, w = os.pipe()
+            fw.add(rank, stream, os.fdopen(r, "rb"))
+            writers.append((rank, stream, w))
+    assert threading.active_count() <= before + 1
+    for rank, stream, w in writers:
+        os.write(w, f"{stream} {rank}\nbar\r50%".encode())
+        os.close(w)
+    fw.join(10)
+    lines = out.getvalue().split(b"\n")[:-1] + err.getvalue().split(b"\n")[:-1]
+    expected = [f"[{rank}]<{stream}>:{text}".encode() for rank in range(40)
+                for stream in ("stdout", "stderr") for text in (f"{stream} {rank}", "bar\r50%")]
+    assert sorted(lines) == sorted(expected)
+    r, w = os.pipe()  # pipes added after the others ended are served too
+    fw.add(1, "stdout", os.fdopen(r, "rb"))
+    os.write(w, b"again\n")
+    os.close(w)
+    fw.join(10)
+    assert out.getvalue().endswith(b"[1]<stdout>:again\n")
