@@ -101,3 +101,31 @@ def test_forwarder_serves_many_pipes_from_one_thread():
     os.close(w)
     fw.join(10)
     assert out.getvalue().endswith(b"[1]<stdout>:again\n")
+
+
+def test_driver_reads_one_counter_while_nobody_asked_for_a_reset():
+    """The elastic driver looks for reset requests every 0.2 s: while none was made, that look
+    is one store call, not one per worker; requests still count once each."""
+    import torch.distributed as dist
+
+    from horovodlite.common import elastic_rounds as er
+
+    calls = []
+
+    class Counting:
+        def __init__(self, store):
+            self.store = store
+
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(self.store, name)
+
+    store = Counting(dist.HashStore())
+    workers = [str(w) for w in range(2048)]
+    assert er.resets_requested(store, 0, workers) == 0
+    assert len(calls) == 1
+    er.request_reset(store, 0, "5")
+    er.request_reset(store, 0, "5")
+    er.request_reset(store, 0, "7")
+    assert er.resets_requested(store, 0, workers) == 2
+    assert er.resets_requested(store, 1, workers) == 0
