@@ -2,12 +2,14 @@
 the code before it and with the signed store, side by side, on this machine.
 
     python benchmarks/rendezvous.py [--np 2] [--rounds 30] [--trials 3] [--before e48caa0]
+                                    [--after REV]
 
 "before" runs ``horovodlite/common/rendezvous.py`` and ``elastic_rounds.py`` as they were at
 ``--before`` (loaded from git into a temporary folder; the rest of the package is today's);
-"after" runs today's. Both meet through a ``RendezvousServer`` on 127.0.0.1 hosting the job's
-store, with ``--np`` rank processes whose host names all differ, so every meeting also builds
-the Gloo pairs between them (the part where c10d reads the pair addresses through the store).
+"after" runs today's (the working tree's), or those at ``--after``. Both meet through a
+``RendezvousServer`` on 127.0.0.1 hosting the job's store, with ``--np`` rank processes whose
+host names all differ, so every meeting also builds the Gloo pairs between them (the part where
+c10d reads the pair addresses through the store).
 
 - start-up: one ``meet()`` per round, as ``hvd.init()`` does under ``horovodliterun --gloo``: a
   store connection, the secret's check, each rank's address, the Gloo pairs.
@@ -37,19 +39,20 @@ MODULES = ("rendezvous", "elastic_rounds")
 
 
 def load(mode: str, folder: str) -> dict:
-    """The two modules of ``mode``: today's, or the old ones written to ``folder``."""
-    if mode == "after":
+    """The two modules of ``mode``: today's, or those written to ``folder/mode`` from git."""
+    if not Path(folder, mode).is_dir():
         from horovodlite.common import elastic_rounds, rendezvous
 
         return {"rendezvous": rendezvous, "elastic_rounds": elastic_rounds}
     found = {}
     for name in MODULES:
-        if f"before_{name}" not in sys.modules:
-            spec = importlib.util.spec_from_file_location(f"before_{name}", f"{folder}/{name}.py")
+        if f"{mode}_{name}" not in sys.modules:
+            spec = importlib.util.spec_from_file_location(f"{mode}_{name}",
+                                                          f"{folder}/{mode}/{name}.py")
             module = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = module  # (dataclasses look their module up)
             spec.loader.exec_module(module)
-        found[name] = sys.modules[f"before_{name}"]
+        found[name] = sys.modules[f"{mode}_{name}"]
     return found
 
 
@@ -101,7 +104,7 @@ def trial(mode, folder, size, rounds, elastic) -> list:
 
     with RendezvousServer("127.0.0.1") as server:
         m = load(mode, folder)
-        if mode == "before":  # what the old launcher stored: the secret's hash
+        if hasattr(m["rendezvous"], "secret_hash"):  # what the old launcher stored
             server.store.set("horovodlite/secret", m["rendezvous"].secret_hash(server.secret))
         ctx = multiprocessing.get_context("spawn")
         out = ctx.Queue()
@@ -110,7 +113,7 @@ def trial(mode, folder, size, rounds, elastic) -> list:
                  for r in range(size)]
         for p in procs:
             p.start()
-        results = dict(out.get(timeout=300) for _ in procs)
+        results = dict(out.get(timeout=600) for _ in procs)
         for p in procs:
             p.join(timeout=60)
     per_round = []
@@ -126,12 +129,18 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--before", default="e48caa0", help="the git revision before signing")
+    p.add_argument("--after", help="a git revision (default: the working tree)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        for name in MODULES:
-            text = subprocess.run(["git", "show", f"{args.before}:horovodlite/common/{name}.py"],
-                                  cwd=ROOT, capture_output=True, text=True, check=True).stdout
-            Path(folder, f"{name}.py").write_text(text)
+        for mode, rev in (("before", args.before), ("after", args.after)):
+            if rev is None:
+                continue
+            Path(folder, mode).mkdir()
+            for name in MODULES:
+                text = subprocess.run(["git", "show", f"{rev}:horovodlite/common/{name}.py"],
+                                      cwd=ROOT, capture_output=True, text=True,
+                                      check=True).stdout
+                Path(folder, mode, f"{name}.py").write_text(text)
         print(f"{args.np} ranks (each its own host name: Gloo pairs between all), "
               f"{args.rounds - 1} rounds a trial; ms per round, median [min - max]")
         for elastic in (False, True):
