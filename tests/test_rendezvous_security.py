@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -94,7 +93,6 @@ def test_an_elastic_round_overwritten_is_refused_and_the_drivers_next_round_proc
     """Rank 0 forges round 1 (one that ends the job) and the pointer to it at epoch 0, batch 1;
     rank 2 is killed at epoch 1: the survivors refuse the forgery, go on to the driver's own
     round 1 and finish from the last commit with the weights of a correct job."""
-    start = time.monotonic()
     rc, out = job(("--elastic", "-np", "3"), sys.executable, ELASTIC, "--forge-round", "0:1",
                   "--kill", "2:1:2")
     assert rc == 0, out
@@ -106,7 +104,6 @@ def test_an_elastic_round_overwritten_is_refused_and_the_drivers_next_round_proc
     assert "forged by a stranger" not in out, out  # the forged round's end was never used
     assert "horovodliterun: round 1: 2 workers" in out, out
     assert finals(out) == {0: (2, 2, 15), 1: (2, 2, 15)}, out
-    assert time.monotonic() - start < 120
 
 
 def test_garbage_to_the_elastic_driver_is_ignored_and_logged():

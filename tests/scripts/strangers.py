@@ -47,7 +47,7 @@ def garbage_to(addr: str, port: int) -> list:
     random bytes, a rank's hello with a made-up signature, an old-style hello with a guessed
     token, a long line without an end. Returns what it sent, one word each."""
     rank_hello = json.dumps({"event": "started", "rank": 0, "host": "evil", "pid": 1})
-    blobs = {"random": os.urandom(4096),
+    blobs = {"random": os.urandom(4096) + b"\n",
              "forged-hello": ("0" * 64 + " " + rank_hello + "\n").encode(),
              "token-hello": (json.dumps({"event": "started", "rank": 0, "host": "evil", "pid": 1,
                                          "token": "guess"}) + "\n").encode(),
