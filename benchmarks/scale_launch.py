@@ -23,13 +23,14 @@ Three cases, one row (a dict; a JSON line with ``--json``) per case and rank cou
   the reports (their processes are stand-ins that never exit); ``idle`` is one look at the job
   when nothing changed (the driver looks every 0.2 s), ``seconds`` the look that finds a host
   lost and publishes the next round without its 8 workers (checked: read back, in order).
-- ``store_rendezvous`` (``launcher`` "tcpstore"): N clients (threads of this process) meet on
-  the job's TCPStore (a real ``RendezvousServer``) with ``rendezvous.py``'s own code: a store
-  connection, the secret's check, ``gather_ranks`` (each rank's host and pid under the signed
-  prefix, everyone's read back and verified), ``layout``. No Gloo pairs. ``seconds``: from the
-  start of the first to the end of the last. The N clients share this process's two cores and
-  one interpreter, so every verification of N values by N clients (N^2 HMACs) runs here one
-  after another; ``client_cpu`` says how much CPU this process spent, most of it that.
+- ``store_rendezvous`` (``launcher`` "tcpstore"): N clients meet on the job's TCPStore (a real
+  ``RendezvousServer`` in this process) with ``rendezvous.py``'s own code: a store connection,
+  the secret's check, ``gather_ranks`` (each rank's host and pid under the signed prefix; rank
+  0 lists them all, the others read the list), ``layout``. No Gloo pairs. The clients are
+  threads of up to 8 processes (256 a process; they load torch before the start), which share
+  this machine's two cores: ``client_cpu`` is what they spent in all. ``seconds``: from the
+  start signal to the end of the last client; ``connected``: to the last client connected
+  with its secret checked.
 
 What is a stand-in: the ssh (a bash script per rank, no network hop), the remote machines (all
 on 127.0.0.1), the ranks' wrappers and their commands (threads of one process; no torch import
@@ -178,45 +179,51 @@ def elastic_round(n: int) -> dict:
             "membership_ok": published.workers == expected and not published.end}
 
 
-def store_rendezvous(n: int, timeout: float = 120.0) -> dict:
+def store_rendezvous(n: int, timeout: float = 120.0, per_process: int = 256) -> dict:
     """One ``store_rendezvous`` row (see the top)."""
-    from horovodlite.common import launchers, rendezvous
+    import multiprocessing
+
     from horovodlite.runner.rendezvous_server import RendezvousServer
 
     hosts = [f"host{r // SLOTS:03d}" for r in range(n)]
-    results: list = [None] * n
-    errors: list = []
+    procs = max(1, min(8, n // per_process))
+    ctx = multiprocessing.get_context("spawn")
+    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    found: list = []
+    cpu = 0.0
     with RendezvousServer("127.0.0.1", timeout_seconds=timeout) as server:
         envs = server.rank_environment(hosts)
-
-        def client(r: int) -> None:
-            try:
-                launch = launchers.detect(envs[r], mpi_built=False, default_group=False)
-                store = rendezvous._tcp_store(launch, timeout, host=False)
-                rendezvous.check_secret(store, launch, timeout)
-                ns = rendezvous.namespace(store, launch, 0)
-                found = rendezvous.gather_ranks(ns, launch, timeout)
-                results[r] = (time.monotonic(), rendezvous.layout([f["host"] for f in found], r))
-            except Exception as e:  # noqa: BLE001
-                errors.append(f"rank {r}: {type(e).__name__}: {e}")
-
-        threading.stack_size(512 * 1024)
-        threads = [threading.Thread(target=client, args=(r,), daemon=True) for r in range(n)]
-        cpu = time.process_time()
-        began = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout + 10)
-        cpu = time.process_time() - cpu
-    done = [x for x in results if x is not None]
-    layouts_ok = all(x[1] == {"local_rank": r % SLOTS, "local_size": SLOTS,
-                              "cross_rank": r // SLOTS, "cross_size": (n + SLOTS - 1) // SLOTS}
-                     for r, x in enumerate(results) if x is not None) and n % SLOTS == 0
+        parts = [list(range(p, n, procs)) for p in range(procs)]
+        children = [ctx.Process(target=scale_standins.store_clients, daemon=True,
+                                args=(part, [envs[r] for r in part], timeout, ready, go, out))
+                    for part in parts]
+        for c in children:
+            c.start()
+        try:
+            for _ in children:
+                ready.get(timeout=timeout)
+            began = time.time()
+            go.set()
+            for _ in children:
+                part, seconds = out.get(timeout=timeout + 30)
+                found += part
+                cpu += seconds
+        finally:
+            for c in children:
+                c.join(5)
+                if c.is_alive():
+                    c.kill()
+    errors = [f[3] for f in found if f[3]]
+    done = {f[0]: f for f in found if not f[3]}
+    layouts_ok = n % SLOTS == 0 and all(
+        f[2] == {"local_rank": r % SLOTS, "local_size": SLOTS, "cross_rank": r // SLOTS,
+                 "cross_size": n // SLOTS} for r, f in done.items())
     return {"case": "store_rendezvous", "launcher": "tcpstore", "ranks": n,
-            "seconds": round(max(x[0] for x in done) - began, 3) if len(done) == n else None,
-            "client_cpu": round(cpu, 3), "met": len(done), "layout_ok": layouts_ok,
-            **({"errors": errors[:3]} if errors else {})}
+            "seconds": round(max(f[1] for f in done.values()) - began, 3)
+            if len(done) == n else None,
+            "connected": round(max(f[4] for f in done.values()) - began, 3) if done else None,
+            "client_processes": procs, "client_cpu": round(cpu, 3), "met": len(done),
+            "layout_ok": layouts_ok, **({"errors": errors[:3]} if errors else {})}
 
 
 def launch_rows(ranks: list, *, json_lines: bool, cases=CASES, launchers=("gloo", "elastic"),

@@ -195,3 +195,41 @@ class Pool:
         self.finish()
         self._srv.close()
         self._work.shutdown(wait=False, cancel_futures=True)
+
+
+def store_clients(ranks: list, envs: list, timeout: float, ready, go, out) -> None:
+    """Clients of ``store_rendezvous`` (``scale_launch.py``): ranks ``ranks`` (their variables
+    ``envs``), a thread each in this process; once ``go`` is set, each meets the others with
+    ``rendezvous.py``'s own code. Puts [(rank, time.time() at the end, layout or None, error or
+    None, time.time() once connected and its secret checked)] and this process's CPU seconds on
+    ``out``."""
+    import resource
+
+    import torch.distributed  # noqa: F401 - loaded before the start, as in a rank
+
+    def client(r: int, env: dict, found: list) -> None:
+        try:
+            launch = launchers.detect(env, mpi_built=False, default_group=False)
+            store = rendezvous._tcp_store(launch, timeout, host=False)
+            rendezvous.check_secret(store, launch, timeout)
+            ns = rendezvous.namespace(store, launch, 0)
+            connected = time.time()
+            met = rendezvous.gather_ranks(ns, launch, timeout)
+            found.append((r, time.time(), rendezvous.layout([m["host"] for m in met], r), None,
+                          connected))
+        except Exception as e:  # noqa: BLE001
+            found.append((r, time.time(), None, f"rank {r}: {type(e).__name__}: {e}", 0.0))
+
+    found: list = []
+    threading.stack_size(512 * 1024)
+    threads = [threading.Thread(target=client, args=(r, env, found), daemon=True)
+               for r, env in zip(ranks, envs)]
+    ready.put(len(threads))
+    if not go.wait(timeout):
+        return
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 10)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out.put((found, usage.ru_utime + usage.ru_stime))

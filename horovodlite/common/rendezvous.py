@@ -231,26 +231,40 @@ def _wait_all(ns, keys: list, timeout: float, superseded) -> bool:
 
 
 def gather_ranks(ns, launch: Launch, timeout: float, superseded=None) -> list:
-    """Every rank's {"host", "pid"} in rank order, once all have published. ``superseded``: see
-    ``_wait_all`` (elastic jobs)."""
+    """Every rank's {"host", "pid"} in rank order, once all have published. Rank 0 reads them
+    all and publishes the list as one value (``ranks``), which the others read: the store serves
+    2N reads and writes for the job, not N^2 (each rank reading every rank's key took 27 s for
+    1,024 clients on one machine, benchmarks/scale_launch.py). ``superseded``: see ``_wait_all``
+    (elastic jobs)."""
     ns.set(f"rank/{launch.rank}", json.dumps({"host": launch.host or host_id(),
                                               "pid": os.getpid()}))
     keys = [f"rank/{r}" for r in range(launch.size)]
-    if not _wait_all(ns, keys, timeout, superseded):
+    first = launch.rank == 0
+    if not _wait_all(ns, keys if first else ["ranks"], timeout, superseded):
         missing = [r for r in range(launch.size) if not ns.check([f"rank/{r}"])]
         shown = ", ".join(str(r) for r in missing[:16]) + (" ..." if len(missing) > 16 else "")
+        if not missing:  # (a rank other than 0: rank 0 did not list them)
+            shown = "0 (all the others reached it; rank 0 did not list them)"
         raise RendezvousError(
-            f"rank {launch.rank}: rank(s) {shown} of {launch.size} did not reach the rendezvous "
-            f"at {launch.addr}:{launch.port} within {timeout:g} s "
+            f"rank {launch.rank}: rank(s) {shown} of {launch.size} did not reach the "
+            f"rendezvous at {launch.addr}:{launch.port} within {timeout:g} s "
             f"({'--elastic-timeout' if launch.worker else TIMEOUT_VAR}); were they started, "
             "with the same job settings?")
     try:
-        values = ns.multi_get(keys) if hasattr(ns, "multi_get") else [ns.get(k) for k in keys]
+        if first:
+            values = ns.multi_get(keys) if hasattr(ns, "multi_get") else [ns.get(k) for k in keys]
+            ranks = [json.loads(v) for v in values]
+            ns.set("ranks", json.dumps(ranks))
+            return ranks
+        ranks = json.loads(ns.get("ranks"))
     except RuntimeError:
         if getattr(ns, "tampered", ""):
             raise RendezvousError(f"rank {launch.rank}: {ns.tampered}") from None
         raise
-    return [json.loads(v) for v in values]
+    if len(ranks) != launch.size:
+        raise RendezvousError(f"rank {launch.rank}: rank 0 of the rendezvous at {launch.addr}:"
+                              f"{launch.port} lists {len(ranks)} ranks, not {launch.size}")
+    return ranks
 
 
 def layout(hosts: list, rank: int) -> dict:
