@@ -93,6 +93,7 @@ def rank_main(mode, folder, rank, size, port, secret, rounds, elastic, out) -> N
         else:
             rv.meet(launch, k)
         times.append((start, time.time()))
+        barrier(bench, f"bench/{mode}/{elastic}/{k}/met", size)  # no pair closed while being built
         rv.release()
     out.put((rank, times))
     barrier(bench, f"bench/{mode}/{elastic}/end", size)  # nobody leaves a pair half-built
