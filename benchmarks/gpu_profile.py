@@ -128,124 +128,127 @@ def configurations(args, peer: str) -> list:
     return [(peer, None)] + [(None, mode) for mode in args.completions]
 
 
+def who_runs(mode, peer: str) -> str:
+    """The label of a configuration: ``peer`` (mode None) or horovodlite, restarted under
+    ``mode`` when needed."""
+    return peer if mode is None else completion(mode)
+
+
 def case_step(args, plan, w: Writer) -> None:
-    device = plan.torch_device
     for who, mode in [("plain", None)] + configurations(args, "ddp"):
-        if mode is not None:
-            who = completion(mode)
-        model = train_step.make_model(args.model).to(device)
+        one_step_configuration(args, plan, w, who_runs(mode, who))
+
+
+def one_step_configuration(args, plan, w: Writer, who: str) -> None:
+    device = plan.torch_device
+    model = train_step.make_model(args.model).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if who.startswith("horovodlite"):
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    elif who == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=plan.ddp_device_ids)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        if who.startswith("horovodlite"):
-            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-        elif who == "ddp":
-            model = torch.nn.parallel.DistributedDataParallel(model,
-                                                              device_ids=plan.ddp_device_ids)
-            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        x, y = (t.to(device) for t in train_step.make_batch(args.model, args.batch_size,
-                                                             hvd.rank()))
+    x, y = (t.to(device) for t in train_step.make_batch(args.model, args.batch_size, hvd.rank()))
 
-        def step():
-            opt.zero_grad(set_to_none=True)
-            with plan.autocast(args.amp):
-                loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with plan.autocast(args.amp):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
 
-        for _ in range(args.warmup):
+    def three_steps():
+        for _ in range(3):
             step()
+
+    for _ in range(args.warmup):
+        step()
+    plan.synchronize()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        step()
         plan.synchronize()
-        times = []
-        for _ in range(args.steps):
-            t0 = time.perf_counter()
-            step()
-            plan.synchronize()
-            times.append(time.perf_counter() - t0)
-        fields = dict(case="step", who=who, model=args.model, amp=args.amp or "fp32",
-                      batch=args.batch_size, ms_per_step=round(1e3 * statistics.median(times), 3),
-                      ms_min=round(1e3 * min(times), 3),
-                      parameters=sum(1 for _ in model.parameters()))
+        times.append(time.perf_counter() - t0)
+    fields = dict(case="step", who=who, model=args.model, amp=args.amp or "fp32",
+                  batch=args.batch_size, ms_per_step=round(1e3 * statistics.median(times), 3),
+                  ms_min=round(1e3 * min(times), 3), parameters=sum(1 for _ in model.parameters()))
+    profiled(args, plan, w, f"step_{who}", fields, three_steps)
 
-        def three_steps():
-            for _ in range(3):
-                step()
 
-        profiled(args, plan, w, f"step_{who}", fields, three_steps)
-        del model, opt
+def small_ops(t, who: str):
+    """(submit, wait) of an in-place 4 B allreduce for ``who``."""
+    if who.startswith("horovodlite"):
+        return (lambda: hvd.allreduce_async_(t, name="profile.small", op=hvd.Sum)), hvd.synchronize
+    return (lambda: dist.all_reduce(t, async_op=True)), (lambda h: h.wait())
 
 
 def case_small(args, plan, w: Writer) -> None:
     t = torch.ones(1, device=plan.torch_device)
     for who, mode in configurations(args, plan.peer_backend):
-        if mode is None:
-            def submit():
-                return dist.all_reduce(t, async_op=True)
+        label = who_runs(mode, who)
+        one_small_configuration(args, plan, w, label, *small_ops(t, label))
 
-            def wait(h):
-                h.wait()
-        else:
-            who = completion(mode)
 
-            def submit():
-                return hvd.allreduce_async_(t, name="profile.small", op=hvd.Sum)
-
-            wait = hvd.synchronize
-        for _ in range(args.ops // 10):
+def one_small_configuration(args, plan, w: Writer, who: str, submit, wait) -> None:
+    def ops():
+        for _ in range(min(300, args.ops)):
             wait(submit())
+
+    for _ in range(args.ops // 10):
+        wait(submit())
+    plan.synchronize()
+    rounds = []
+    for _ in range(5):  # loop: back to back, one synchronize at the end
+        t0 = time.perf_counter()
+        for _ in range(args.ops):
+            wait(submit())  # in-place allreduce_ as a user writes it: submit, then wait
         plan.synchronize()
-        rounds = []
-        for _ in range(5):  # loop: back to back, one synchronize at the end
-            t0 = time.perf_counter()
-            for _ in range(args.ops):
-                wait(submit())  # in-place allreduce_ as a user writes it: submit, then wait
-            plan.synchronize()
-            rounds.append((time.perf_counter() - t0) / args.ops)
-        sub, wt = [], []
-        for _ in range(args.ops):  # waited: each op's latency, the device synchronized too
-            t0 = time.perf_counter()
-            h = submit()
-            t1 = time.perf_counter()
-            wait(h)
-            plan.synchronize()
-            t2 = time.perf_counter()
-            sub.append(t1 - t0)
-            wt.append(t2 - t1)
-        total = [a + b for a, b in zip(sub, wt)]
-        fields = dict(case="small", who=who, bytes=4, loop_us=median_us(rounds),
-                      waited_us=median_us(total), submit_us=median_us(sub), wait_us=median_us(wt),
-                      waited_p90_us=round(1e6 * sorted(total)[len(total) * 9 // 10], 2))
-
-        def ops():
-            for _ in range(min(300, args.ops)):
-                wait(submit())
-
-        profiled(args, plan, w, f"small_{who}", fields, ops)
+        rounds.append((time.perf_counter() - t0) / args.ops)
+    sub, wt = [], []
+    for _ in range(args.ops):  # waited: each op's latency, the device synchronized too
+        t0 = time.perf_counter()
+        h = submit()
+        t1 = time.perf_counter()
+        wait(h)
+        plan.synchronize()
+        t2 = time.perf_counter()
+        sub.append(t1 - t0)
+        wt.append(t2 - t1)
+    total = [a + b for a, b in zip(sub, wt)]
+    fields = dict(case="small", who=who, bytes=4, loop_us=median_us(rounds),
+                  waited_us=median_us(total), submit_us=median_us(sub), wait_us=median_us(wt),
+                  waited_p90_us=round(1e6 * sorted(total)[len(total) * 9 // 10], 2))
+    profiled(args, plan, w, f"small_{who}", fields, ops)
 
 
 def case_staged(args, plan, w: Writer) -> None:
-    device = plan.torch_device
     for nbytes in STAGED_SIZES:
-        t = torch.ones(max(1, nbytes // 4), device=device)
-        reps = 100 if nbytes <= 4096 else (20 if nbytes <= 1 << 20 else 5)
+        t = torch.ones(max(1, nbytes // 4), device=plan.torch_device)
         for who, mode in configurations(args, plan.peer_backend):
-            if mode is not None:
-                who = completion(mode)
+            one_staged_configuration(plan, w, who_runs(mode, who), t, nbytes)
 
-            def one():
-                if who.startswith("horovodlite"):
-                    hvd.allreduce_(t, name=f"profile.staged.{nbytes}", op=hvd.Sum)
-                else:
-                    dist.all_reduce(t)
-            for _ in range(2):
-                one()
-            plan.synchronize()
-            times = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                one()
-                plan.synchronize()
-                times.append(time.perf_counter() - t0)
-            w.record(case="staged", who=who, bytes=nbytes, shared_gpu=plan.shared,
-                     ms=round(1e3 * statistics.median(times), 4))
+
+def one_staged_configuration(plan, w: Writer, who: str, t, nbytes: int) -> None:
+    reps = 100 if nbytes <= 4096 else (20 if nbytes <= 1 << 20 else 5)
+
+    def one():
+        if who.startswith("horovodlite"):
+            hvd.allreduce_(t, name=f"profile.staged.{nbytes}", op=hvd.Sum)
+        else:
+            dist.all_reduce(t)
+
+    for _ in range(2):
+        one()
+    plan.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        one()
+        plan.synchronize()
+        times.append(time.perf_counter() - t0)
+    w.record(case="staged", who=who, bytes=nbytes, shared_gpu=plan.shared,
+             ms=round(1e3 * statistics.median(times), 4))
 
 
 def main(argv=None) -> int:

@@ -32,10 +32,10 @@ Three cases, one row (a dict; a JSON line with ``--json``) per case and rank cou
   own end dominates: ``rank0`` (every rank connected, checked, its key set, all read by rank 0)
   is 2-4 s, then thousands of threads woken at once with Python work to do (the list's JSON,
   a signature, the layout) take 30-70 s of mostly system CPU here, while the same store wakes
-  2,048 plain waiting threads that only read the list in 0.5 s: measure ``rank0`` for the store. ``seconds``: from the
-  start signal to the end of the last client; ``connected``: to the last client connected
-  with its secret checked; ``rank0``: to rank 0's end (it has listed the ranks); ``median``:
-  to the median client's end.
+  2,048 plain waiting threads that only read the list in 0.5 s: measure ``rank0`` for the
+  store. ``seconds``: from the start signal to the end of the last client; ``connected``: to
+  the last client connected with its secret checked; ``rank0``: to rank 0's end (it has
+  listed the ranks); ``median``: to the median client's end.
 
 What is a stand-in: the ssh (a bash script per rank, no network hop), the remote machines (all
 on 127.0.0.1), the ranks' wrappers and their commands (threads of one process; no torch import

@@ -74,8 +74,8 @@ def training_table(results: dict) -> str:
         ddp_share = t.get("ddp_of_alone")
         rows.append((f"ResNet-50, 1 GPU, {label}", rate_share(ours, share),
                      rate_share(ddp, ddp_share), fmt(t.get("horovodlite_over_ddp"), "x", 3)))
-    return table(["training step", "horovodlite (share of plain torch)", "DDP", "horovodlite / DDP"],
-                 rows)
+    return table(["training step", "horovodlite (share of plain torch)", "DDP",
+                  "horovodlite / DDP"], rows)
 
 
 def small_table(results: dict) -> str:

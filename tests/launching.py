@@ -21,6 +21,30 @@ def retry_if_launcher_did_not_start(run, attempts: int = 2):
     return result
 
 
+def run_job(cmd: list, *, cwd, env: dict, timeout: float, what: str = "the job",
+            tail: int = 6000) -> tuple:
+    """(exit status, stdout + stderr, seconds) of ``cmd`` run in a session of its own. A job
+    that does not end within ``timeout`` s is killed (its whole process group) and fails the
+    test with the output's tail."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import pytest
+
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{what} did not end within {timeout:.0f} s:\n{out[-tail:]}")
+    return proc.returncode, out, time.monotonic() - start
+
+
 def run_with_event(cmd: list, log, ranks_up: int, event, timeout: float, *, cwd=None,
                    env: dict | None = None, settle: float = 1.0):
     """Runs the job ``cmd`` with its output in ``log``; once ``ranks_up`` "UP rank" lines are

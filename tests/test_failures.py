@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launching import retry_if_launcher_did_not_start
+from launching import retry_if_launcher_did_not_start, run_job
 
 HERE = Path(__file__).parent
 SCRIPTS = HERE / "scripts"
@@ -31,16 +31,7 @@ def _job(np_: int, script: str, *args, env: dict | None = None, timeout: float =
     full_env.update(env or {})
     cmd = [sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_), sys.executable,
            str(SCRIPTS / script), *map(str, args)]
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=HERE.parent, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"job did not end within {timeout}s:\n{out[-5000:]}")
-    return proc.returncode, out, time.monotonic() - start
+    return run_job(cmd, cwd=HERE.parent, env=full_env, timeout=timeout, tail=5000)
 
 
 def line_of(script: str, text: str) -> int:

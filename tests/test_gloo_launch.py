@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from launching import run_job
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "scripts" / "gloo_job.py"
@@ -29,16 +27,7 @@ def gloo_job(np_: int, *args: str, launch_args: tuple = (), env: dict | None = N
     cmd = [sys.executable, "-m", "horovodlite.runner.launch", "--gloo", "-np", str(np_),
            *launch_args, sys.executable, str(SCRIPT), *args]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=HERE.parent, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"the job did not end within {timeout:.0f} s:\n{out[-6000:]}")
-    return proc.returncode, out, time.monotonic() - start
+    return run_job(cmd, cwd=HERE.parent, env=full_env, timeout=timeout)
 
 
 def ok_lines(out: str) -> dict:

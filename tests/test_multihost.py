@@ -244,9 +244,10 @@ def test_a_host_whose_processes_die_is_named_and_the_job_fails(hosts, tmp_path):
     assert rc != 0, out
     # every survivor raised HorovodInternalError naming the host and its ranks, within 5 s -
     # unless Open MPI's launcher, which ends any job that loses a daemon, ended them first
-    # (seen about once in ten runs, more often on a loaded machine): then it says so.
+    # (seen about once in ten runs, more often on a loaded machine): then it says so (PRRTE in
+    # Open MPI 5, ORTE in 4).
     if not raised:
-        assert "PRTE has lost communication with a remote daemon" in out, out
+        assert re.search(r"(PRTE|ORTE) has lost communication with a remote daemon", out), out
     else:
         assert sorted(raised) == [0, 1], out
     for rank, (after, msg) in raised.items():

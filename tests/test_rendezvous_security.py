@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from launching import run_job
 
 from horovodlite.common.basics import gloo_built
 
@@ -32,15 +31,7 @@ def job(mode: tuple, *args: str, timeout: float = 120) -> tuple:
     """(exit status, stdout + stderr) of ``horovodliterun MODE ARGS`` from the repository."""
     cmd = [sys.executable, "-m", "horovodlite.runner.launch", *mode, *args]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"the job did not end within {timeout:.0f} s:\n{out[-6000:]}")
-    return proc.returncode, out
+    return run_job(cmd, cwd=ROOT, env=env, timeout=timeout)[:2]
 
 
 def oks(out: str) -> list:

@@ -15,13 +15,11 @@ Every job is bounded in time.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from launching import run_job
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -45,16 +43,8 @@ def torchrun(np_: int, *args, env: dict | None = None, timeout: float = 300):
     """(returncode, output, seconds) of ``torchrun --standalone --nproc_per_node np_ ARGS``."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={np_}", *map(str, args)]
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env or torchrun_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"torchrun np={np_} did not end within {timeout}s (hang):\n{out[-8000:]}")
-    return proc.returncode, out, time.monotonic() - start
+    return run_job(cmd, cwd=ROOT, env=env or torchrun_env(), timeout=timeout,
+                   what=f"torchrun np={np_} (hang?)", tail=8000)
 
 
 @pytest.mark.parametrize("np_", [2, 3], ids=lambda n: f"np{n}")
