@@ -16,9 +16,9 @@ Cases (rank 0 writes; the ranks place themselves as benchmarks/gpu_setup.py says
   (HOROVOD_GPU_OPERATIONS=mpi): median ms per size, horovodlite and gloo on the CUDA tensors.
   With HOROVOD_TIMELINE set, horovodlite's timeline of them is the staged path's profile.
 
-``--completions host,stream`` (the default) runs horovodlite's configurations under each
-HOROVOD_GPU_COMPLETION mode (re-initialised between them); the stream mode's rows are
-``horovodlite-stream``.
+``--completions stream,host`` (the default) runs horovodlite's configurations under each
+HOROVOD_GPU_COMPLETION mode (re-initialised between them); the default mode's (stream's) rows
+are ``horovodlite``, the other's ``horovodlite-host``.
 
 Every figure also goes to ``profile.json`` (one object per case and configuration, appended):
 scripts/gpu_report.py turns them into the README's tables. HVDL_BENCH_CUDA_STAND_IN=1 runs the
@@ -48,6 +48,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 import horovodlite.torch as hvd  # noqa: E402
 
 STAGED_SIZES = (4, 1 << 20, 16 << 20, 64 << 20)
+DEFAULT_COMPLETION = "stream"  # HOROVOD_GPU_COMPLETION's default (csrc/common/config.cc)
 
 
 def median_us(xs) -> float:
@@ -116,11 +117,11 @@ def per_call_us(prof, name: str):
 def completion(mode: str) -> str:
     """Restarts horovodlite under HOROVOD_GPU_COMPLETION=``mode`` when it runs under another;
     the label of its rows."""
-    if os.environ.get("HOROVOD_GPU_COMPLETION", "host") != mode:
+    if os.environ.get("HOROVOD_GPU_COMPLETION", DEFAULT_COMPLETION) != mode:
         os.environ["HOROVOD_GPU_COMPLETION"] = mode
         hvd.shutdown()
         hvd.init()
-    return "horovodlite" if mode == "host" else f"horovodlite-{mode}"
+    return "horovodlite" if mode == DEFAULT_COMPLETION else f"horovodlite-{mode}"
 
 
 def configurations(args, peer: str) -> list:
@@ -261,7 +262,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--steps", type=int, default=20, help="timed steps per configuration")
     p.add_argument("--ops", type=int, default=1000, help="4 B ops per style (small)")
-    p.add_argument("--completions", default="host,stream",
+    p.add_argument("--completions", default="stream,host",
                    help="HOROVOD_GPU_COMPLETION modes to run horovodlite under (comma separated)")
     p.add_argument("--no-profile", action="store_true",
                    help="the timings alone: no torch.profiler run, no tables or traces")

@@ -35,8 +35,7 @@
 #                  the staged path at np 2, 4 B to 64 MiB against gloo, with horovodlite's
 #                  timeline of it (profile/timeline_staged.json)
 #   gpu-tests      the GPU tests (pytest)
-#   gpu-tests-stream
-#                  tests/test_gpu.py again with HOROVOD_GPU_COMPLETION=stream
+#   gpu-tests-host tests/test_gpu.py again with HOROVOD_GPU_COMPLETION=host (the default is stream)
 # With --ab REV the steps are env, mpi, build-distro and:
 #   ab-build       REV's sources (a folder, or `git archive REV`) built with the distribution's
 #                  compiler into build/gpu-check/ab-pkg
@@ -58,7 +57,7 @@ BUDGET=${HVDL_GPU_CHECK_SECONDS:-360}
 START=$(date +%s)
 ALL_STEPS="env mpi build-distro check-build bench-allreduce-np1 bench-train-np1
 bench-train-bf16-np1 bench-allreduce-np2 profile-np1 profile-staged-np2 gpu-tests
-gpu-tests-stream"
+gpu-tests-host"
 AB_STEPS="env mpi build-distro ab-build ab-bench"
 OPTIONAL_STEPS="build-default"  # run only when --only names it
 # (tests/unit/test_device_path.py, the device path's logic on the CPU, runs in every CI run)
@@ -211,7 +210,7 @@ step profile-np1 90 "cd '$OUT' && $GP '$OUT/profile' --cases step,small $PA"
 step profile-staged-np2 45 "cd '$OUT' && HOROVOD_TIMELINE='$OUT/profile/timeline_staged.json' \
 ${GP/-np 1/-np 2} '$OUT/profile' --cases staged $PA"
 step gpu-tests 240 "$DISTRO $PY -m pytest -q -p no:cacheprovider -o addopts='-ra' $(echo $GPU_TESTS)"
-step gpu-tests-stream 120 "HOROVOD_GPU_COMPLETION=stream $PY -m pytest -q -p no:cacheprovider \
+step gpu-tests-host 120 "HOROVOD_GPU_COMPLETION=host $PY -m pytest -q -p no:cacheprovider \
 -o addopts='-ra' tests/test_gpu.py"
 
 # A/B: REV's build beside the working tree's, the same benchmark scripts (the working tree's)

@@ -120,7 +120,7 @@ def staged_table(results: dict) -> str:
 def profile_table(results: dict) -> str:
     step = results["profile"].get("step", {})
     rows = []
-    for who in sorted(set(step) | {"plain", "horovodlite", "horovodlite-stream", "ddp"}):
+    for who in sorted(set(step) | {"plain", "horovodlite", "horovodlite-host", "ddp"}):
         r = step.get(who, {})
         rows.append((f"{who} ({r['model']}, batch {r['batch']}, {r['amp']})" if r else who,
                      fmt(r.get("ms_per_step"), " ms", 2), fmt(r.get("accumulate_grad_us"), " us"),

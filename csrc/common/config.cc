@@ -217,13 +217,14 @@ const std::vector<Knob>& Table() {
         "buffers, one stream). 0: one piece (copy all, reduce, copy all back). Same value on "
         "every rank."},
        [](auto& n, auto& v, Config* c) { return ParseInt(n, v, 0, &c->staging_chunk_bytes); }},
-      {{"HOROVOD_GPU_COMPLETION", "host",
-        "CUDA tensors: when a handle completes. host: once the device has run the collective "
-        "(the background thread waits for it, so a failure reaches the op's own handle). "
-        "stream: once the collective is queued on horovodlite's stream (synchronize makes the "
-        "caller's stream wait for it, as DDP does): the host never waits for the GPU, and a "
-        "failure the device reports later fails the next GPU collective, naming the one that "
-        "failed. HOROVOD_AUTOTUNE (which times collectives) keeps host."},
+      {{"HOROVOD_GPU_COMPLETION", "stream",
+        "CUDA tensors: when a handle completes. stream: once the collective is queued on "
+        "horovodlite's stream (synchronize makes the caller's stream wait for it, as DDP "
+        "does): the host never waits for the GPU, and a failure the device reports later fails "
+        "the next GPU collective, naming the one that failed. host: once the device has run "
+        "the collective (the background thread waits for it, so a failure reaches the op's own "
+        "handle; ResNet-50 on one H100 ran at 88-91 % of plain torch under host, 98-100 % under "
+        "stream). HOROVOD_AUTOTUNE (which times collectives) keeps host."},
        [](auto& n, auto& v, Config* c) {
          const std::string mode = Lower(v);
          if (mode != "host" && mode != "stream") {

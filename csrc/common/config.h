@@ -52,7 +52,7 @@ struct Config {
   Toggle hierarchical_allgather = Toggle::kAuto;
   GpuOperations gpu_operations = GpuOperations::kNccl;
   int64_t staging_chunk_bytes = 4LL << 20;  // host staging's pipeline chunk; 0: one piece
-  bool gpu_stream_completion = false;  // HOROVOD_GPU_COMPLETION=stream (core/device_inflight.h)
+  bool gpu_stream_completion = true;   // HOROVOD_GPU_COMPLETION=stream (core/device_inflight.h)
   bool native_gradient_hooks = true;
   int64_t wait_spin_us = -1;  // -1: auto (see the knob)
 };

@@ -21,7 +21,7 @@ def test_defaults():
     assert cfg["log_level"] == "WARNING"
     assert cfg["stall_check_seconds"] == 60.0
     assert cfg["hierarchical_allreduce"] == cfg["hierarchical_allgather"] == "auto"
-    assert cfg["staging_chunk_bytes"] == 4 << 20 and cfg["gpu_completion"] == "host"
+    assert cfg["staging_chunk_bytes"] == 4 << 20 and cfg["gpu_completion"] == "stream"
 
 
 def test_values_are_parsed():
@@ -36,8 +36,8 @@ def test_values_are_parsed():
     assert cfg["hierarchical_allreduce"] == "on" and cfg["hierarchical_allgather"] == "off"
     cfg = T.parse_config({"HOROVOD_HIERARCHICAL_ALLREDUCE": "Auto"})
     assert cfg["hierarchical_allreduce"] == "auto"
-    cfg = T.parse_config({"HOROVOD_GPU_COMPLETION": "Stream", "HOROVOD_STAGING_CHUNK_BYTES": "0"})
-    assert cfg["gpu_completion"] == "stream" and cfg["staging_chunk_bytes"] == 0
+    cfg = T.parse_config({"HOROVOD_GPU_COMPLETION": "Host", "HOROVOD_STAGING_CHUNK_BYTES": "0"})
+    assert cfg["gpu_completion"] == "host" and cfg["staging_chunk_bytes"] == 0
 
 
 @pytest.mark.parametrize("name,value", [

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 STEPS = ["env", "mpi", "build-distro", "check-build", "bench-allreduce-np1",
          "bench-train-np1", "bench-train-bf16-np1", "bench-allreduce-np2", "profile-np1",
-         "profile-staged-np2", "gpu-tests", "gpu-tests-stream"]
+         "profile-staged-np2", "gpu-tests", "gpu-tests-host"]
 AB_STEPS = ["env", "mpi", "build-distro", "ab-build", "ab-bench"]
 # The profile on the CPU standing in for the GPU: a small model, few steps (the plumbing only).
 STAND_IN = dict(HVDL_BENCH_CUDA_STAND_IN="1", HOROVODLITE_NO_REBUILD="1",
