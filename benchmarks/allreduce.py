@@ -365,6 +365,25 @@ def run_across_hosts(comps, sizes, quick, collective):
 _GLOO_PORT = None
 
 
+def hosts_link_mbit() -> float | None:
+    """The test hosts' link rate (tests/hosts/hostctl.sh keeps it, in tc units, in its state
+    folder), in Mbit/s; None elsewhere."""
+    path = os.path.join(os.environ.get("HVDL_HOSTS_STATE", "/run/hvdl-hosts"), "rate")
+    try:
+        with open(path) as f:
+            text = f.read().strip().lower()
+    except OSError:
+        return None
+    units = {"kbit": 1e-3, "mbit": 1.0, "gbit": 1e3, "tbit": 1e6}
+    for unit, scale in units.items():
+        if text.endswith(unit):
+            try:
+                return float(text[:-len(unit)]) * scale
+            except ValueError:
+                return None
+    return None
+
+
 def controller_env(controller: str) -> dict:
     """What makes the next hvd.init() start on `controller`: the Gloo controller gets the
     variables torchrun would give (rank 0 hosts the store; the address other hosts reach it at)."""
@@ -382,9 +401,20 @@ def controller_env(controller: str) -> dict:
             "MASTER_PORT": _GLOO_PORT - 1}  # rank 0 hosts the store at MASTER_PORT + 1
 
 
-def run_controllers(comps, sizes, quick, fusion=(200, 64 * KiB)):
+def link_bound(nbytes: int, link_mbit: float | None) -> float | None:
+    """The least time an allreduce of `nbytes` can take when every host has one link of
+    `link_mbit` each way: each host must send 2(H-1)/H of the data (reduce-scatter and allgather
+    of the hosts' shares), whichever algorithm runs. None on one host or without a rate."""
+    hosts = hvd.cross_size()
+    if not link_mbit or hosts < 2:
+        return None
+    return 2 * (hosts - 1) / hosts * nbytes / (link_mbit * 1e6 / 8)
+
+
+def run_controllers(comps, sizes, quick, fusion=(200, 64 * KiB), link_mbit=None):
     """horovodlite on MPI and on the Gloo controller (restarted between the two, in alternation,
-    every round), against raw MPI and torch gloo: single sizes, then the fusion case."""
+    every round), against raw MPI and torch gloo: single sizes, then the fusion case. Across
+    hosts with `link_mbit`, each time's share of the link's bound (link_bound) too."""
     others = {c.name: c for c in comps if c.name in ("mpi4py", "gloo")}
     modes = {"hvdl on MPI": "mpi", "hvdl on Gloo": "gloo"}
     rounds = 3 if quick else 5
@@ -392,7 +422,7 @@ def run_controllers(comps, sizes, quick, fusion=(200, 64 * KiB)):
     log(f"\n== horovodlite's controllers: MPI and Gloo (no MPI), np={SIZE}, "
         f"{hvd.cross_size()} host(s), float32 Sum ==")
     log(f"{'case':>14} {'library':>14} {'time':>12} {'busbw':>12} {'x raw MPI':>10} "
-        f"{'x on MPI':>9} {'x gloo':>8}")
+        f"{'x on MPI':>9} {'x gloo':>8} {'link bound':>11} {'of bound':>9}")
     cases = [(size_label(n), n, "single", (n,)) for n in sizes]
     cases.append((f"{fusion[0]}x{size_label(fusion[1])}", fusion[0] * fusion[1], "many", fusion))
     for label, nbytes, fn, fn_args in cases:
@@ -409,13 +439,18 @@ def run_controllers(comps, sizes, quick, fusion=(200, 64 * KiB)):
             for k, v in times.items():
                 samples[k].append(v)
         med = {k: statistics.median(v) for k, v in samples.items()}
+        bound = link_bound(nbytes, link_mbit)
         for k, t in med.items():
+            share = bound / t if bound else None
             log(f"{label:>14} {k:>14} {fmt_time(t):>12} {fmt_bw(busbw(nbytes, t)):>12} "
                 f"{t / med['mpi4py']:10.2f} {t / med['hvdl on MPI']:9.2f} "
-                f"{t / med['gloo'] if 'gloo' in med else float('nan'):8.2f}")
+                f"{t / med['gloo'] if 'gloo' in med else float('nan'):8.2f} "
+                f"{fmt_time(bound) if bound else '-':>11} "
+                f"{f'{share:.2f}' if share else '-':>9}")
             rows.append(dict(case=f"controllers {fn}", bytes=nbytes, library=k, seconds=t,
                              busbw=busbw(nbytes, t), ratio_to_mpi=t / med["mpi4py"],
-                             ratio_to_hvdl_mpi=t / med["hvdl on MPI"]))
+                             ratio_to_hvdl_mpi=t / med["hvdl on MPI"], link_bound=bound,
+                             share_of_bound=share))
     restart_horovodlite(**controller_env("mpi"))
     return rows
 
@@ -668,6 +703,9 @@ def parse_args(argv=None):
                         "torch.distributed NCCL (or gloo when ranks share a GPU)")
     p.add_argument("--no-cpu-reference", action="store_true",
                    help="--device cuda: leave out horovodlite on CPU tensors")
+    p.add_argument("--link-mbit", type=float,
+                   help="across hosts: each host's link rate in Mbit/s, for the `controllers` "
+                        "part's bound (default: the test hosts' rate, when they are up)")
     p.add_argument("--sizes", type=lambda text: [int(v) for v in text.split(",")],
                    help="the single sizes in bytes, e.g. 4,1048576 (default: by --device and "
                         "--quick)")
@@ -701,8 +739,9 @@ def main() -> int:
             rows += run_across_hosts(comps, [16 * MiB] if args.quick else
                                      [1 * MiB, 16 * MiB, 64 * MiB], args.quick, collective)
     if "controllers" not in skip and hvd.gloo_built():
-        rows += run_controllers(comps, [4, 1 * MiB, 16 * MiB] if args.quick else
-                                [4, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB], args.quick)
+        rows += run_controllers(comps, args.sizes or ([4, 1 * MiB, 16 * MiB] if args.quick else
+                                [4, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB]), args.quick,
+                                link_mbit=args.link_mbit or hosts_link_mbit())
         restart_horovodlite(**controller_env(args.controller))
     if "single" not in skip:
         rows += run_single_sizes(comps, sizes, args.quick)

@@ -22,7 +22,8 @@ AllreducePlanner::AllreducePlanner(const Config& config, const Fabric* fabric,
                          : kHostSegmentBytes),
       network_segment_bytes_(config.ring_segment_bytes > 0
                                  ? static_cast<size_t>(config.ring_segment_bytes)
-                                 : kNetworkSegmentBytes),
+                             : fabric != nullptr ? fabric->network_segment_bytes()
+                                                 : kNetworkSegmentBytes),
       hierarchical_(config.hierarchical_allreduce),
       device_hierarchical_(config.hierarchical_allreduce == Toggle::kOn && fabric != nullptr &&
                            fabric->homogeneous()) {
@@ -76,7 +77,10 @@ void AllreducePlanner::PlanHost(const AllreduceQuery& q, AllreducePlan* out) con
     out->algorithm = AllreducePlan::Algorithm::kNative;
   }
   out->spans = ring && q.tensors > 1;
-  out->activity = ring ? "RING_ALLREDUCE" : "MPI_ALLREDUCE";
+  out->activity = out->algorithm == AllreducePlan::Algorithm::kHierarchical
+                      ? "HIERARCHICAL_ALLREDUCE"
+                  : ring ? "RING_ALLREDUCE"
+                         : "MPI_ALLREDUCE";
 }
 
 Status AllreducePlanner::Plan(const AllreduceQuery& q, AllreducePlan* out) const {

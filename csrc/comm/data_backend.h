@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "common/config.h"
@@ -42,6 +43,8 @@ struct AllreduceArgs {
   std::vector<std::vector<Span>> chunks;
   // The planner's decision; null: the backend asks the planner itself (host staging's buffer).
   const AllreducePlan* plan = nullptr;
+  // Where set, an algorithm of several stages names each as it starts (the timeline's phases).
+  std::function<void(const char* activity)> phase;
 };
 
 class DataBackend {

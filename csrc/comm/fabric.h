@@ -11,6 +11,7 @@
 // executor runs the agreed responses in one order everywhere). Failures return a Status.
 #pragma once
 
+#include <cstddef>
 #include <vector>
 
 #include "comm/transport.h"
@@ -39,6 +40,9 @@ class Fabric {
   virtual bool spans_hosts() const = 0;
   // Every host of the job runs the same number of ranks (one host included).
   virtual bool homogeneous() const = 0;
+  // The ring segment on links between hosts, unless HOROVOD_RING_SEGMENT_BYTES says otherwise:
+  // what this fabric's network transport moves best per message (MPI over TCP: its eager size).
+  virtual size_t network_segment_bytes() const { return 64 * 1024; }
   // For set 0, when homogeneous(): the transport among this host's ranks (`local`, member i =
   // local rank i) and among the ranks with this rank's local rank, one per host (`cross`,
   // member h = host index h). Built at first use, collectively over the job.

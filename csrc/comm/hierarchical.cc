@@ -7,7 +7,11 @@ namespace hvdl {
 Status HierarchicalAllreduce(Transport* local, Transport* cross,
                              const std::vector<std::vector<Span>>& chunks, DataType dtype,
                              ReduceOp op, double postscale, size_t local_segment_bytes,
-                             size_t cross_segment_bytes, RingStats* stats) {
+                             size_t cross_segment_bytes, RingStats* stats,
+                             const std::function<void(const char*)>& phase) {
+  const auto stage = [&](const char* name) {
+    if (phase) phase(name);
+  };
   const size_t L = static_cast<size_t>(local->size());
   const size_t C = static_cast<size_t>(cross->size());
   if (chunks.size() != L * C) {
@@ -22,13 +26,16 @@ Status HierarchicalAllreduce(Transport* local, Transport* cross,
       super[j].insert(super[j].end(), c.begin(), c.end());
     }
   }
+  stage("LOCAL_REDUCESCATTER");
   HVDL_RETURN_IF_ERROR(
       RingReduceScatter(local, super, dtype, op, local_segment_bytes, stats));
   const size_t owned = static_cast<size_t>(RingOwnedChunk(local->rank(), local->size()));
   const std::vector<std::vector<Span>> mine(chunks.begin() + static_cast<long>(owned * C),
                                             chunks.begin() + static_cast<long>(owned * C + C));
+  stage("CROSS_ALLREDUCE");
   HVDL_RETURN_IF_ERROR(
       RingAllreduce(cross, mine, dtype, op, postscale, cross_segment_bytes, stats));
+  stage("LOCAL_ALLGATHER");
   return RingAllgather(local, super, dtype, local_segment_bytes, stats);
 }
 

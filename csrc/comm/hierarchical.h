@@ -20,6 +20,7 @@
 // L == 1 or C == 1 degenerate to the flat ring over the other transport.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "comm/ring.h"
@@ -27,9 +28,11 @@
 
 namespace hvdl {
 
+// `phase`, where set, is told each stage as it starts (kPhases: the timeline's names).
 Status HierarchicalAllreduce(Transport* local, Transport* cross,
                              const std::vector<std::vector<Span>>& chunks, DataType dtype,
                              ReduceOp op, double postscale, size_t local_segment_bytes,
-                             size_t cross_segment_bytes, RingStats* stats);
+                             size_t cross_segment_bytes, RingStats* stats,
+                             const std::function<void(const char*)>& phase = nullptr);
 
 }  // namespace hvdl

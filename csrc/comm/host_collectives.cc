@@ -24,7 +24,7 @@ Status HostCollectives::RemoveProcessSet(int ps) {
 }
 
 size_t HostCollectives::Segment() const {
-  return fabric_->spans_hosts() ? AllreducePlanner::kNetworkSegmentBytes
+  return fabric_->spans_hosts() ? fabric_->network_segment_bytes()
                                 : AllreducePlanner::kHostSegmentBytes;
 }
 
@@ -64,7 +64,7 @@ Status HostCollectives::RunPlan(const AllreducePlan& plan, const AllreduceArgs& 
     ++hierarchical_allreduces_;
     return HierarchicalAllreduce(local, cross, chunks(local->size() * cross->size()), a.dtype,
                                  a.op, a.postscale, plan.segment_bytes, plan.cross_segment_bytes,
-                                 nullptr);
+                                 nullptr, a.phase);
   }
   Transport* t;
   HVDL_RETURN_IF_ERROR(Begin(a.ps, &t));

@@ -1,5 +1,9 @@
 #include "comm/routed_transport.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 namespace hvdl {
 
 RoutedTransport::RoutedTransport(std::vector<std::unique_ptr<Transport>> parts,
@@ -40,7 +44,38 @@ Status RoutedTransport::PostRecv(const std::vector<Span>& spans, size_t esize, i
 Status RoutedTransport::Wait(int request) {
   const auto [part, inner] = requests_[static_cast<size_t>(request)];
   free_.push_back(request);
-  return parts_[static_cast<size_t>(part)]->Wait(inner);
+  Transport* waited = parts_[static_cast<size_t>(part)].get();
+  if (parts_.size() > 1 && !waited->Ready(inner)) {
+    // Yield the core first (the peers that drain us may need it), then short sleeps: a long
+    // Gloo transfer costs little while a message to a local peer still streams.
+    const auto start = std::chrono::steady_clock::now();
+    auto sleep = std::chrono::microseconds(8);
+    while (!waited->Ready(inner)) {
+      bool pending = false;
+      for (size_t p = 0; p < parts_.size(); ++p) {
+        if (static_cast<int>(p) != part) pending |= parts_[p]->Progress();
+      }
+      if (!pending) break;
+      if (std::chrono::steady_clock::now() - start < std::chrono::microseconds(200)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(sleep);
+        sleep = std::min(sleep * 2, std::chrono::microseconds(64));
+      }
+    }
+  }
+  return waited->Wait(inner);
+}
+
+bool RoutedTransport::Progress() {
+  bool pending = false;
+  for (auto& p : parts_) pending |= p->Progress();
+  return pending;
+}
+
+bool RoutedTransport::Ready(int request) {
+  const auto [part, inner] = requests_[static_cast<size_t>(request)];
+  return parts_[static_cast<size_t>(part)]->Ready(inner);
 }
 
 int RoutedTransport::single_copy_peers() const {

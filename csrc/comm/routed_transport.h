@@ -5,6 +5,11 @@
 // `routes[m]` says which part carries messages with member m and who m is there. Requests of
 // the parts are renumbered (a part may use any ids, completed ones included). Ordering holds per
 // part, which is all the contract asks: messages with one peer always take the same part.
+// Progress: a part may move bytes only while its caller waits on it (shared memory streams a
+// large message through its rings in Wait). So before blocking in one part's Wait, Wait keeps
+// the other parts' posted requests moving (Transport::Progress) until they are done: otherwise
+// a flat ring over shared memory and Gloo deadlocks - rank 0 blocked on Gloo from rank 3 never
+// streams its message to rank 1, which rank 1 must pass on over Gloo before 3 can send.
 // Background thread only, like every transport; the parts are owned.
 #pragma once
 
@@ -32,6 +37,8 @@ class RoutedTransport : public Transport {
                   int* request) override;
   Status Wait(int request) override;
   int single_copy_peers() const override;
+  bool Progress() override;
+  bool Ready(int request) override;
 
  private:
   int Remember(int part, int inner);

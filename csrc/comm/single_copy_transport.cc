@@ -222,6 +222,11 @@ Status SingleCopyTransport::CompleteReceive(Request* r) {
   }
 }
 
+bool SingleCopyTransport::Ready(int request) {
+  const Request& r = requests_[static_cast<size_t>(request)];
+  return base_->Ready(r.first) && (r.second < 0 || base_->Ready(r.second));
+}
+
 Status SingleCopyTransport::Wait(int request) {
   Request& r = requests_[static_cast<size_t>(request)];
   Status s;

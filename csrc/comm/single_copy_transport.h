@@ -42,6 +42,9 @@ class SingleCopyTransport : public Transport {
   Status PostRecv(const std::vector<Span>& spans, size_t esize, int peer, int tag,
                   int* request) override;
   Status Wait(int request) override;
+  // The base's (a single-copy receive copies in its own Wait, which a peer never waits for).
+  bool Progress() override { return base_->Progress(); }
+  bool Ready(int request) override;
 
  private:
   // One posted operation: a plain one is `first` only; a single-copy send adds the

@@ -43,6 +43,16 @@ class Transport {
   // Members whose messages travel by single copy (read straight from their memory).
   virtual int single_copy_peers() const { return 0; }
 
+  // For transports that move bytes only while their caller waits (shared memory: a message
+  // larger than its ring streams through it in Wait): moves what it can of every posted request
+  // without blocking; true while some is unfinished. A transport that makes progress on its own
+  // (MPI, Gloo's threads) has nothing to do here. A transport joining several
+  // (comm/routed_transport) calls it on the others while one part's Wait would block.
+  virtual bool Progress() { return false; }
+  // Non-blocking: true when Wait(request) returns without waiting for a peer (done, or failed).
+  // The default, true, is for transports whose Wait makes all the progress its requests need.
+  virtual bool Ready(int request) { return true; }
+
   // Tag 0, the channel every algorithm uses.
   Status IsendSpans(const std::vector<Span>& spans, size_t esize, int peer, int* request) {
     return PostSend(spans, esize, peer, 0, request);

@@ -174,8 +174,9 @@ const std::vector<Knob>& Table() {
        [](auto& n, auto& v, Config* c) { return ParseInt(n, v, -1, &c->ring_threshold_bytes); }},
       {{"HOROVOD_RING_SEGMENT_BYTES", "auto",
         "Pipeline segment of the ring: one segment is reduced while the next is in flight. "
-        "auto: 256 KiB between ranks of one host, 64 KiB on rings that cross hosts (MPI's TCP "
-        "sends that much without a handshake)."},
+        "auto: 256 KiB between ranks of one host; on rings that cross hosts 64 KiB over MPI "
+        "(its TCP sends that much without a handshake) and 1 MiB over Gloo (each message a "
+        "handshake)."},
        [](auto& n, auto& v, Config* c) {
          if (Lower(v) == "auto") {
            c->ring_segment_bytes = 0;

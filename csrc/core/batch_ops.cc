@@ -105,6 +105,7 @@ Status BatchOps::Allreduce(BatchItems& items, BatchMemory* m, const Phase& phase
                                       plan.prescale));
     }
     a.buf = e.output.data;
+    a.phase = phase;
     phase(plan.activity);
     return plan.backend->Allreduce(a);
   }
@@ -143,6 +144,7 @@ Status BatchOps::Allreduce(BatchItems& items, BatchMemory* m, const Phase& phase
   }
   HVDL_RETURN_IF_ERROR(m->Copy(pack, r.dtype, plan.prescale));
   a.buf = buf;
+  a.phase = phase;
   phase(plan.activity);
   HVDL_RETURN_IF_ERROR(plan.backend->Allreduce(a));
   phase("MEMCPY_OUT_FUSION_BUFFER");
@@ -195,6 +197,7 @@ Status BatchOps::FusedRing(BatchItems& items, BatchMemory* m, const AllreducePla
                                       p.count});
     }
   }
+  a->phase = phase;
   phase(plan.activity);
   return plan.backend->Allreduce(*a);
 }

@@ -26,6 +26,8 @@
 #   hostctl.sh run HOST CMD [ARG...]   run CMD on HOST with this cwd and environment (like a
 #                                      shell on that machine); exits with CMD's status
 #   hostctl.sh rate RATE               change the rate of every link (tc units: 100mbit, 1gbit)
+#                                      (up and rate: the tbf burst holds HVDL_HOSTS_BURST_MS of
+#                                      data, default 4 ms; 2 halves the shaper's buffer)
 #   hostctl.sh mpi-args                print the mpirun arguments that use these hosts (not -H),
 #                                      for the Open MPI of ${MPIRUN:-mpirun} (4 or 5)
 #   hostctl.sh agent HOST CMDLINE...   Open MPI's rsh agent (what ssh is on a cluster): runs the
@@ -209,14 +211,15 @@ check() {
   fi
 }
 
-rate_burst() {  # tbf burst in bytes for a tc rate: 4 ms worth of data, at least 16 KiB
-  awk -v r="$1" 'BEGIN {
+rate_burst() {  # tbf burst in bytes for a tc rate: $HVDL_HOSTS_BURST_MS (4) ms of data, >= 16 KiB
+  awk -v r="$1" -v ms="${HVDL_HOSTS_BURST_MS:-4}" 'BEGIN {
     if (match(tolower(r), /^[0-9.]+/) == 0) exit 1
     n = substr(r, 1, RLENGTH); u = tolower(substr(r, RLENGTH + 1)); m = 1
     if (u ~ /^[kmgt]/) m = 1000 ^ index("kmgt", substr(u, 1, 1))
     if (u ~ /^[kmgt]i/) m = 1024 ^ index("kmgt", substr(u, 1, 1))
     if (u ~ /bps$/) m *= 8; else if (u !~ /bit$/ && u != "") exit 1
-    b = int(n * m / 8 * 0.004); if (b < 16384) b = 16384; print b }'
+    if (ms !~ /^[0-9.]+$/ || ms <= 0) exit 1
+    b = int(n * m / 8 * ms / 1000); if (b < 16384) b = 16384; print b }'
 }
 
 shape() {  # shape N RATE: tbf on both ends of host N's veth

@@ -33,6 +33,9 @@ class GlooTransport : public Transport {
   Status PostRecv(const std::vector<Span>& spans, size_t esize, int peer, int tag,
                   int* request) override;
   Status Wait(int request) override;
+  // c10d's point-to-point work cannot be polled (its isCompleted is only set by wait): unknown,
+  // so a routed transport keeps its other parts moving until they are done.
+  bool Ready(int request) override { return false; }
 
  private:
   struct Request {

@@ -184,7 +184,7 @@ bool ShmTransport::AdvanceRecv(Queue* q) {
   return moved;
 }
 
-bool ShmTransport::Progress() {
+bool ShmTransport::AdvanceAll() {
   bool moved = false;
   for (size_t i = 0; i < active_.size() && failure_.ok();) {
     Queue& q = queues_[active_[i]];
@@ -199,6 +199,32 @@ bool ShmTransport::Progress() {
     }
   }
   return moved;
+}
+
+// A caller that polls instead of waiting here (comm/routed_transport, while it waits on another
+// transport) gets the waits' checks too: the group's cancellation at once, the peers' processes
+// every ShmWaiter::kLivenessPeriod.
+bool ShmTransport::Progress() {
+  AdvanceAll();
+  if (!failure_.ok() || active_.empty()) return false;
+  Status s = group_->cancelled();
+  const auto now = ShmWaiter::Clock::now();
+  if (s.ok() && now >= next_liveness_check_) {
+    next_liveness_check_ = now + ShmWaiter::kLivenessPeriod;
+    s = group_->CheckPeers();
+  }
+  if (!s.ok()) {
+    FailAll(Status(s.code(), "shm transport of '" + group_->name() + "' on " +
+                                 group_->MemberName(rank()) + " failed: " + s.message()));
+    return false;
+  }
+  return true;
+}
+
+bool ShmTransport::Ready(int request) {
+  if (request < 0 || static_cast<size_t>(request) >= ops_.size()) return true;
+  const Op& op = ops_[static_cast<size_t>(request)];
+  return !op.in_use || op.complete || !failure_.ok();
 }
 
 // The transport cannot go on (a member died, the group was cancelled, a stream is corrupt):
@@ -221,7 +247,7 @@ Status ShmTransport::Wait(int request) {
   Op& op = ops_[static_cast<size_t>(request)];
   ShmWaiter waiter(group_.get(), op.peer);
   while (!op.complete && failure_.ok()) {
-    if (Progress()) {
+    if (AdvanceAll()) {
       waiter.Progressed();
       continue;
     }

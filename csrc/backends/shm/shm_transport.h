@@ -28,6 +28,7 @@
 // Wait returns; a request id is released by its Wait; nothing throws.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <vector>
@@ -54,6 +55,9 @@ class ShmTransport : public Transport {
   // Blocking (see the protocol). Errors: the request's own (a message larger than the
   // receive), the transport's failure, kInternal for an unknown request.
   Status Wait(int request) override;
+  // Non-blocking: one pass of the progress engine; true while some request is unfinished.
+  bool Progress() override;
+  bool Ready(int request) override;
 
   ShmGroup* group() const { return group_.get(); }
 
@@ -87,7 +91,7 @@ class ShmTransport : public Transport {
   bool Advance(size_t queue);  // moves what it can; true if anything moved
   bool AdvanceSend(Queue* q);
   bool AdvanceRecv(Queue* q);
-  bool Progress();             // Advance over every queue with pending operations
+  bool AdvanceAll();           // Advance over every queue with pending operations
   void FailAll(const Status& cause);
   std::string Describe(const Op& op) const;
 
@@ -97,6 +101,7 @@ class ShmTransport : public Transport {
   std::vector<Op> ops_;
   std::vector<int> free_;
   Status failure_;
+  std::chrono::steady_clock::time_point next_liveness_check_{};  // Progress's
 };
 
 }  // namespace hvdl
