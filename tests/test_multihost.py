@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from hosts.fixture import HOSTCTL, hosts_fixture
-from launching import discovery_script, retry_if_launcher_did_not_start, run_with_event
+from launching import discovery_script, retry_if_launcher_did_not_start, run_job, run_with_event
 from test_parallel import run_parallel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -306,6 +306,32 @@ def test_gloo_job_across_hosts(hosts):
     want = sorted(tuple(str(v) for v in (row[:6] + row[7:])) for row in expected_topology(slots))
     assert got == want, r.stdout
     print(re.search(r"TIMING .*", r.stdout).group(0))
+
+
+GLOO_DATA_LAYOUTS = {  # name: (-H, ranks, whether allreduces go hierarchically)
+    "3x1": ("hvdl-host0:1,hvdl-host1:1,hvdl-host2:1", 3, False),
+    "2x2": (LAYOUTS["2x2"][0], 4, True),
+    "3x2": ("hvdl-host0:2,hvdl-host1:2,hvdl-host2:2", 6, True),
+    "2+1": (LAYOUTS["2+1"][0], 3, False),
+}
+
+
+@pytest.mark.parametrize("layout", GLOO_DATA_LAYOUTS)
+def test_gloo_collectives_across_hosts(hosts, layout):
+    """The controller without MPI moves data right across hosts: every reduce op and dtype at odd
+    sizes, alone and fused, 16 MiB + 12 B, allgather, broadcast, reducescatter and a mismatch,
+    every rank checking against its own reference (tests/scripts/gloo_job.py data); where every
+    host has two ranks or more, allreduces and large allgathers go hierarchically."""
+    spec, np_, hierarchical = GLOO_DATA_LAYOUTS[layout]
+    rc, out, _ = run_job([*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch",
+                          "-np", str(np_), *_gloo_args(spec), *GLOO_JOB, "data"], cwd=ROOT,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
+                         timeout=300, what=f"the {layout} job")
+    assert rc == 0, out[-8000:]
+    done = {int(m.group(1)): (int(m.group(2)), int(m.group(3)))
+            for m in re.finditer(r"^\[\d+\]<stdout>:DATA (\d+) (\d+) (\d+)$", out, re.M)}
+    assert sorted(done) == list(range(np_)), out[-8000:]
+    assert all((a > 0, g > 0) == (hierarchical,) * 2 for a, g in done.values()), done
 
 
 def test_gloo_a_host_whose_processes_die_is_named_by_every_survivor(hosts, tmp_path):

@@ -47,6 +47,10 @@ class Fabric {
   // local rank i) and among the ranks with this rank's local rank, one per host (`cross`,
   // member h = host index h). Built at first use, collectively over the job.
   virtual Status HostTransports(Transport** local, Transport** cross) = 0;
+  // When hierarchical(): columns[l] = the job's ranks with local rank l, ascending - the members
+  // of the cross transport of local rank l, in its member order. Empty where the fabric offers
+  // no hierarchical gathers (its natives have their own).
+  virtual std::vector<std::vector<int>> LocalRankColumns() const { return {}; }
 
   // Blocking: every member of `ps` has reached this call. Waits without spinning, so that a
   // rank that gets to a collective before its peers does not burn a core the training threads

@@ -1,5 +1,6 @@
 #include "comm/hierarchical.h"
 
+#include <cstring>
 #include <string>
 
 namespace hvdl {
@@ -37,6 +38,46 @@ Status HierarchicalAllreduce(Transport* local, Transport* cross,
       RingAllreduce(cross, mine, dtype, op, postscale, cross_segment_bytes, stats));
   stage("LOCAL_ALLGATHER");
   return RingAllgather(local, super, dtype, local_segment_bytes, stats);
+}
+
+Status HierarchicalAllgatherv(Transport* local, Transport* cross, const void* send, void* recv,
+                              const std::vector<int64_t>& counts, DataType dtype,
+                              const std::vector<std::vector<int>>& columns,
+                              size_t local_segment_bytes, size_t cross_segment_bytes) {
+  const size_t L = static_cast<size_t>(local->size());
+  const size_t C = static_cast<size_t>(cross->size());
+  const size_t me_local = static_cast<size_t>(local->rank());
+  if (columns.size() != L || columns[me_local].size() != C) {
+    return Status::Internal("hierarchical allgather: a layout of " +
+                            std::to_string(columns.size()) + " columns for " +
+                            std::to_string(L) + " local x " + std::to_string(C) + " cross ranks");
+  }
+  const size_t esize = DataTypeSize(dtype);
+  std::vector<int64_t> at(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) at[i] = at[i - 1] + counts[i - 1];
+  const auto block = [&](int rank) {
+    const size_t r = static_cast<size_t>(rank);
+    return Span{static_cast<char*>(recv) + at[r] * static_cast<int64_t>(esize), counts[r]};
+  };
+  const int me = columns[me_local][static_cast<size_t>(cross->rank())];
+  if (send != nullptr) {
+    std::memcpy(block(me).data, send, static_cast<size_t>(counts[static_cast<size_t>(me)]) * esize);
+  }
+  // The ring completes chunk RingOwnedChunk(m, n) = m + 1 at member m: chunk (m + 1) mod n is
+  // what member m brings.
+  if (C > 1) {
+    std::vector<std::vector<Span>> chunks(C);
+    for (size_t h = 0; h < C; ++h) chunks[(h + 1) % C] = {block(columns[me_local][h])};
+    HVDL_RETURN_IF_ERROR(RingAllgather(cross, chunks, dtype, cross_segment_bytes, nullptr));
+  }
+  if (L > 1) {
+    std::vector<std::vector<Span>> chunks(L);
+    for (size_t l = 0; l < L; ++l) {
+      for (int rank : columns[l]) chunks[(l + 1) % L].push_back(block(rank));
+    }
+    HVDL_RETURN_IF_ERROR(RingAllgather(local, chunks, dtype, local_segment_bytes, nullptr));
+  }
+  return Status::Ok();
 }
 
 }  // namespace hvdl

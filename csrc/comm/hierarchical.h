@@ -35,4 +35,16 @@ Status HierarchicalAllreduce(Transport* local, Transport* cross,
                              size_t cross_segment_bytes, RingStats* stats,
                              const std::function<void(const char*)>& phase = nullptr);
 
+// Allgather of blocks in rank order (`counts` per rank, `recv` the whole result, this rank's
+// block copied in from `send` first) over the same two transports: `columns[l]` lists the
+// ranks of local rank l in the cross transport's member order (Fabric::LocalRankColumns).
+//   1. across hosts, the ranks of equal local rank gather their blocks (ring over `cross`);
+//   2. inside the host, each local rank passes on the column it gathered (ring over `local`).
+// Each host's link carries its own blocks out and the other hosts' in once, where the flat ring
+// sends (n-1)/n of everything over each of its links that crosses hosts.
+Status HierarchicalAllgatherv(Transport* local, Transport* cross, const void* send, void* recv,
+                              const std::vector<int64_t>& counts, DataType dtype,
+                              const std::vector<std::vector<int>>& columns,
+                              size_t local_segment_bytes, size_t cross_segment_bytes);
+
 }  // namespace hvdl

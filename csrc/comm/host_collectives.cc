@@ -75,6 +75,22 @@ Status HostCollectives::RunPlan(const AllreducePlan& plan, const AllreduceArgs& 
 Status HostCollectives::Allgatherv(const void* send, void* recv,
                                    const std::vector<int64_t>& counts, DataType dtype, int ps) {
   if (natives_ != nullptr) return natives_->Allgatherv(send, recv, counts, dtype, ps);
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  const int64_t bytes = total * static_cast<int64_t>(DataTypeSize(dtype));
+  if (ps == 0 && fabric_->hierarchical() &&
+      (hierarchical_allgather_ == Toggle::kOn ||
+       (hierarchical_allgather_ == Toggle::kAuto && bytes >= kHierarchicalAllgatherBytes))) {
+    const auto columns = fabric_->LocalRankColumns();
+    if (!columns.empty()) {
+      Transport *local, *cross;
+      HVDL_RETURN_IF_ERROR(fabric_->HostTransports(&local, &cross));
+      HVDL_RETURN_IF_ERROR(fabric_->Meet(ps));
+      ++hierarchical_allgathers_;
+      return HierarchicalAllgatherv(local, cross, send, recv, counts, dtype, columns,
+                                    AllreducePlanner::kHostSegmentBytes, Segment());
+    }
+  }
   Transport* t;
   HVDL_RETURN_IF_ERROR(Begin(ps, &t));
   return TransportAllgatherv(t, send, recv, counts, dtype, Segment());

@@ -48,8 +48,12 @@ class HostCollectives : public DataBackend {
   int single_copy_peers() const override { return fabric_->single_copy_peers(); }
   int64_t hierarchical_allreduces() const override { return hierarchical_allreduces_; }
   int64_t hierarchical_allgathers() const override {
-    return natives_ != nullptr ? natives_->hierarchical_allgathers() : 0;
+    return natives_ != nullptr ? natives_->hierarchical_allgathers() : hierarchical_allgathers_;
   }
+  // HOROVOD_HIERARCHICAL_ALLGATHER for the gathers run here (without natives): auto from
+  // kHierarchicalAllgatherBytes gathered in all.
+  void set_hierarchical_allgather(Toggle t) { hierarchical_allgather_ = t; }
+  static constexpr int64_t kHierarchicalAllgatherBytes = 256 * 1024;
 
  private:
   Status RunPlan(const AllreducePlan& plan, const AllreduceArgs& args);
@@ -61,6 +65,8 @@ class HostCollectives : public DataBackend {
   DataBackend* natives_;
   const AllreducePlanner* planner_ = nullptr;
   int64_t hierarchical_allreduces_ = 0;
+  int64_t hierarchical_allgathers_ = 0;
+  Toggle hierarchical_allgather_ = Toggle::kAuto;
 };
 
 }  // namespace hvdl

@@ -204,8 +204,9 @@ const std::vector<Knob>& Table() {
       {{"HOROVOD_HIERARCHICAL_ALLGATHER", "auto",
         "CPU allgathers of the global set exchange each rank's block across hosts once per "
         "host (between ranks of equal local rank), then share them inside each host; same "
-        "conditions as above. 1: whenever possible; auto: from 256 KiB gathered in all; 0: "
-        "MPI_Allgatherv over all ranks."},
+        "conditions as above, on MPI and on the controller without MPI alike. 1: whenever "
+        "possible; auto: from 256 KiB gathered in all; 0: one allgather over all ranks "
+        "(MPI_Allgatherv, or the ring)."},
        [](auto& n, auto& v, Config* c) { return ParseToggle(n, v, &c->hierarchical_allgather); }},
       {{"HOROVOD_GPU_OPERATIONS", "nccl",
         "CUDA tensors: nccl (NCCL when built, else host staging) or mpi (always through host "

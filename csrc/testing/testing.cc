@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <thread>
 
 #include <unistd.h>
@@ -201,6 +202,65 @@ std::vector<py::bytes> Hierarchical(const std::vector<std::string>& inputs, int 
   return std::vector<py::bytes>(bufs.begin(), bufs.end());
 }
 
+// HierarchicalAllgatherv among rank threads placed by `hosts` (hosts[h]: host h's ranks in local
+// order, every host alike; ranks need not be contiguous): blocks[r] is rank r's block of bytes.
+// Returns each rank's gathered bytes.
+std::vector<py::bytes> HierarchicalGather(const std::vector<std::string>& blocks,
+                                          const std::vector<std::vector<int>>& hosts,
+                                          size_t segment) {
+  const int n = static_cast<int>(blocks.size());
+  const size_t per_host = hosts.at(0).size();
+  std::vector<std::vector<int>> columns(per_host);
+  std::vector<int> host_of(static_cast<size_t>(n)), local_of(static_cast<size_t>(n));
+  for (size_t h = 0; h < hosts.size(); ++h) {
+    if (hosts[h].size() != per_host) throw py::value_error("every host needs as many ranks");
+    for (size_t l = 0; l < per_host; ++l) {
+      const int r = hosts[h][l];
+      host_of.at(static_cast<size_t>(r)) = static_cast<int>(h);
+      local_of.at(static_cast<size_t>(r)) = static_cast<int>(l);
+      columns[l].push_back(r);
+    }
+  }
+  for (auto& c : columns) std::sort(c.begin(), c.end());  // Fabric::LocalRankColumns' order
+  std::vector<int64_t> counts;
+  for (const std::string& b : blocks) counts.push_back(static_cast<int64_t>(b.size()));
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<std::string> out(static_cast<size_t>(n), std::string(static_cast<size_t>(total), '?'));
+  std::vector<std::shared_ptr<LocalMailboxes>> local_boxes, cross_boxes;
+  for (size_t h = 0; h < hosts.size(); ++h) {
+    local_boxes.push_back(std::make_shared<LocalMailboxes>(static_cast<int>(per_host)));
+  }
+  for (size_t l = 0; l < per_host; ++l) {
+    cross_boxes.push_back(std::make_shared<LocalMailboxes>(static_cast<int>(hosts.size())));
+  }
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  {
+    py::gil_scoped_release nogil;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        const size_t l = static_cast<size_t>(local_of[static_cast<size_t>(r)]);
+        const auto& column = columns[l];
+        const int cross_rank =
+            static_cast<int>(std::find(column.begin(), column.end(), r) - column.begin());
+        LocalTransport local(local_boxes[static_cast<size_t>(host_of[static_cast<size_t>(r)])],
+                             static_cast<int>(l));
+        LocalTransport cross(cross_boxes[l], cross_rank);
+        Status s = HierarchicalAllgatherv(&local, &cross, blocks[static_cast<size_t>(r)].data(),
+                                          out[static_cast<size_t>(r)].data(), counts,
+                                          DataType::kUInt8, columns, segment, segment);
+        if (!s.ok()) errors[static_cast<size_t>(r)] = s.message();
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (const std::string& e : errors) {
+    if (!e.empty()) throw InternalError(e);
+  }
+  return std::vector<py::bytes>(out.begin(), out.end());
+}
+
 py::bytes Reduce(std::string dst, const std::string& src, int dtype, int op) {
   auto dt = static_cast<DataType>(dtype);
   ReduceInto(dst.data(), src.data(), static_cast<int64_t>(dst.size() / DataTypeSize(dt)), dt,
@@ -331,6 +391,8 @@ void RegisterTesting(py::module_& m) {
   m.def("ring_allreduce", &Ring, py::arg("inputs"), py::arg("dtype"), py::arg("op"),
         py::arg("chunks") = std::vector<int64_t>(), py::arg("postscale") = 1.0,
         py::arg("segment_bytes") = 64);
+  m.def("hierarchical_allgather", &HierarchicalGather, py::arg("blocks"), py::arg("hosts"),
+        py::arg("segment") = 64);
   m.def("hierarchical_allreduce", &Hierarchical, py::arg("inputs"), py::arg("hosts"),
         py::arg("dtype"), py::arg("op"), py::arg("chunks") = std::vector<int64_t>(),
         py::arg("postscale") = 1.0, py::arg("segment") = 65536);

@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include "backends/shm/shm_transport.h"
 #include "comm/hierarchical_control_plane.h"
 #include "comm/ring.h"
+#include "comm/routed_transport.h"
 #include "comm/single_copy_transport.h"
 #include "common/errors.h"
 #include "testing/local_control_plane.h"
@@ -284,6 +286,53 @@ py::list ControlPlaneScript(const std::vector<std::vector<int>>& hosts, const py
   return out;
 }
 
+// A flat ring allreduce over RoutedTransports joining shared memory among the ranks of each
+// pretend host (hosts[h]: host h's global ranks) and a LocalTransport among all of them, which
+// stands in for Gloo: its receives are never known ready and its waits block. Rank r adds
+// r + 1 to `count` floats; per rank: its error ("" if none) and whether every element is
+// n(n+1)/2. Messages far larger than the rings (`segment`) stream through them only while their
+// sender polls: the ring deadlocks unless the routed transport keeps shared memory moving while
+// it waits on the other part.
+py::list RoutedRing(const std::vector<std::vector<int>>& hosts, int64_t count, size_t segment,
+                    uint32_t slots) {
+  PretendHosts p(hosts);
+  auto boxes = std::make_shared<LocalMailboxes>(p.size);
+  std::vector<uint8_t> right(static_cast<size_t>(p.size), 0);
+  auto errors = RunThreads(p.size, [&](int r) -> Status {
+    const auto& mine = p.hosts[static_cast<size_t>(p.host_of[static_cast<size_t>(r)])];
+    ShmGroupOptions o;
+    o.timeout = std::chrono::seconds(20);
+    if (slots > 0) o.slots = slots;
+    std::shared_ptr<ShmGroup> g;
+    HVDL_RETURN_IF_ERROR(ShmGroup::Attach(p.segments[static_cast<size_t>(p.host_of[r])],
+                                          p.index_of[static_cast<size_t>(r)],
+                                          static_cast<int>(mine.size()), o, &g));
+    std::vector<std::unique_ptr<Transport>> parts;
+    parts.push_back(std::make_unique<ShmTransport>(std::move(g)));
+    parts.push_back(std::make_unique<LocalTransport>(boxes, r));
+    std::vector<RoutedTransport::Route> routes;
+    for (int m = 0; m < p.size; ++m) {
+      const bool here = p.host_of[static_cast<size_t>(m)] == p.host_of[static_cast<size_t>(r)];
+      routes.push_back(here ? RoutedTransport::Route{0, p.index_of[static_cast<size_t>(m)]}
+                            : RoutedTransport::Route{1, m});
+    }
+    RoutedTransport t(std::move(parts), std::move(routes), r);
+    std::vector<float> data(static_cast<size_t>(count), static_cast<float>(r + 1));
+    HVDL_RETURN_IF_ERROR(RingAllreduce(
+        &t, ContiguousChunks(data.data(), EvenChunks(count, p.size), DataType::kFloat32),
+        DataType::kFloat32, ReduceOp::kSum, 1.0, segment, nullptr));
+    const float want = static_cast<float>(p.size * (p.size + 1) / 2);
+    right[static_cast<size_t>(r)] =
+        std::all_of(data.begin(), data.end(), [&](float v) { return v == want; });
+    return Status::Ok();
+  });
+  py::list out;
+  for (int r = 0; r < p.size; ++r) {
+    out.append(py::make_tuple(errors[static_cast<size_t>(r)], right[static_cast<size_t>(r)] != 0));
+  }
+  return out;
+}
+
 // Member 0 of 2 waits for a message member 1 never sends; another thread cancels the group
 // after wait_ms. Returns (the wait's error | a later call's error, seconds waited).
 py::tuple CancelWhileWaiting(int wait_ms) {
@@ -353,6 +402,8 @@ void RegisterShmTesting(py::module_& m) {
   m.def("shm_footprint", &Footprint, py::arg("size"), py::arg("tags") = 4,
         py::arg("star") = false, py::arg("slots") = 0, py::arg("words") = 0);
   m.def("shm_cancel_while_waiting", &CancelWhileWaiting, py::arg("wait_ms"));
+  m.def("routed_ring_allreduce", &RoutedRing, py::arg("hosts"), py::arg("count"),
+        py::arg("segment"), py::arg("slots") = 0);
   m.def("check_hierarchical_layout",
         [](int local_size, int local_rank, int cross_size, int cross_rank, int size,
            const std::vector<int>& local_ranks, const std::vector<int>& root_ranks) {

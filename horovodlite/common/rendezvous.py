@@ -46,6 +46,7 @@ from horovodlite.common.launchers import (
 )
 
 TIMEOUT_VAR = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+CONNECTIONS_VAR = "HOROVOD_GLOO_CONNECTIONS"
 IFACE_VARS = (launch_env.GLOO_IFACE, "GLOO_SOCKET_IFNAME")
 
 # What keeps the job's store and process group alive while the runtime uses them.
@@ -66,6 +67,24 @@ def timeout_seconds(env=None) -> float:
     if seconds <= 0:
         raise ValueError(f"{TIMEOUT_VAR}={value!r}: expected a positive number of seconds")
     return seconds
+
+
+def connections(env=None) -> int:
+    """HOROVOD_GLOO_CONNECTIONS: the TCP connections per pair of ranks on different hosts (the
+    Gloo group's contexts; large messages are striped over them, gloo_transport.h). auto: 1 -
+    on the test hosts one connection filled a 1 Gbit/s link at 0.92-0.96 of its bound (see the
+    README), and each more costs a loop thread and a connection per pair at start-up."""
+    env = os.environ if env is None else env
+    value = env.get(CONNECTIONS_VAR, "auto").strip().lower()
+    if value == "auto":
+        return 1
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= 16:
+        raise ValueError(f"{CONNECTIONS_VAR}={value!r}: expected auto or 1 to 16")
+    return count
 
 
 def host_id() -> str:
@@ -294,7 +313,9 @@ def device_address(launch: Launch) -> str | None:
         return "127.0.0.1"
 
 
-def gloo_group(ns, launch: Launch, timeout: float, name: str):
+def gloo_group(ns, launch: Launch, timeout: float, name: str, count: int = 1):
+    """The job's Gloo process group, with `count` devices on one interface: as many contexts,
+    each a TCP connection per pair and a loop thread of its own."""
     import torch
     import torch.distributed as dist
     from torch._C import _distributed_c10d as c10d
@@ -303,13 +324,15 @@ def gloo_group(ns, launch: Launch, timeout: float, name: str):
     options._timeout = datetime.timedelta(seconds=timeout)
     iface = next((os.environ[v] for v in IFACE_VARS if os.environ.get(v)), None)
     addr = device_address(launch)
-    if iface:
-        device = dist.ProcessGroupGloo.create_device(interface=iface)
-    elif addr:
-        device = dist.ProcessGroupGloo.create_device(hostname=addr)
-    else:
-        device = dist.ProcessGroupGloo.create_default_device()
-    options._devices = [device]
+
+    def device():
+        if iface:
+            return dist.ProcessGroupGloo.create_device(interface=iface)
+        if addr:
+            return dist.ProcessGroupGloo.create_device(hostname=addr)
+        return dist.ProcessGroupGloo.create_default_device()
+
+    options._devices = [device() for _ in range(count)]
     try:  # the pairs' addresses come through ``ns``: verified where the job has a secret
         backend = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", ns), launch.rank,
                                         launch.size, options)
@@ -351,7 +374,8 @@ def meet(launch: Launch, round_: int = 0, wait: float | None = None, superseded=
     _held.update(store=store, ns=ns)
     if found["cross_size"] > 1:
         name = f"horovodlite-{launch.job}-{round_}"
-        group = gloo_group(ns, launch, timeout, name)
+        found["connections"] = connections()
+        group = gloo_group(ns, launch, timeout, name, found["connections"])
         found["process_group"] = name
         _held.update(group=group, name=name)
     return found

@@ -5,6 +5,13 @@
                                        "OK <rank> <size> <local> <local size> <cross> <cross
                                        size> <host>"; --time: rank 0 also prints the time per
                                        4-byte and per 16 MiB allreduce
+    python gloo_job.py data            every rank checks allreduces of every reduce op and dtype
+                                       at odd sizes, one at a time and fused (and a 16 MiB + 12 B
+                                       one, and that fusion does not change float32 sums' bits),
+                                       allgather, broadcast and reducescatter against a reference
+                                       each rank computes, and a shape mismatch named on every
+                                       rank; prints "DATA <rank> <hierarchical allreduces>
+                                       <hierarchical allgathers>"
     python gloo_job.py exit            rank 1 exits with status 3 after a few allreduces
     python gloo_job.py kill            rank 1 kills itself (SIGKILL) in a stream of allreduces;
                                        the others print "RAISED <rank> <unix time> <message>"
@@ -53,6 +60,76 @@ def check(timing: bool) -> None:
     if timing:
         report_timing(r)
     print("OK", *found, socket.gethostname(), flush=True)
+
+
+def data() -> None:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parallel"))
+    from helpers import DTYPES, OPS, assert_close, rank_data, reference_allreduce
+
+    from horovodlite.common.basics import _stats
+
+    r, n = hvd.rank(), hvd.size()
+    sizes = (1, 7, 1001, 65537)
+
+    def close(got, want, dtype, what):  # half precision rounds once per stage: grows with n
+        if dtype in (torch.float16, torch.bfloat16):
+            import numpy as np
+
+            atol = (0.01 if dtype == torch.float16 else 0.03) * max(1.0, n / 3)
+            np.testing.assert_allclose(got.double().numpy(), want, rtol=3e-2, atol=atol,
+                                       err_msg=f"rank {r} {what}")
+        else:
+            assert_close(got, want, dtype, what)
+
+    for di, dtype in enumerate(DTYPES):
+        for oi, (op_name, op) in enumerate(OPS.items()):
+            ins = {c: [rank_data(di * 100 + oi * 10 + i, k, (c,), dtype, op_name)
+                       for k in range(n)] for i, c in enumerate(sizes)}
+            want = {c: reference_allreduce(ins[c], op_name, dtype) for c in sizes}
+            for c in sizes:  # one at a time
+                got = hvd.allreduce(ins[c][r], op=op, name=f"one.{dtype}.{op_name}.{c}")
+                close(got, want[c], dtype, f"alone {op_name} {dtype} x{c}")
+            handles = {c: hvd.allreduce_async(ins[c][r], op=op, name=f"fused.{dtype}.{op_name}.{c}")
+                       for c in sizes}  # together: one fused batch
+            for c, h in handles.items():
+                close(hvd.synchronize(h), want[c], dtype, f"fused {op_name} {dtype} x{c}")
+    big = [rank_data(7, k, ((4 << 20) + 3,), torch.float32) for k in range(n)]
+    alone = hvd.allreduce(big[r], op=hvd.Sum, name="big.alone")
+    assert_close(alone, reference_allreduce(big, "Sum", torch.float32), torch.float32, "16 MiB")
+    small = rank_data(8, r, (999,), torch.float32)
+    h = [hvd.allreduce_async(big[r], op=hvd.Sum, name="big.fused"),
+         hvd.allreduce_async(small, op=hvd.Sum, name="small.fused")]
+    assert torch.equal(hvd.synchronize(h[0]), alone), "fused with another, the sum's bits changed"
+    hvd.synchronize(h[1])
+    mine = rank_data(9, r, (r + 2, 5), torch.float64)  # first dimensions differ by rank
+    got = hvd.allgather(mine, name="gather")
+    assert torch.equal(got, torch.cat([rank_data(9, k, (k + 2, 5), torch.float64)
+                                       for k in range(n)])), "allgather"
+    mine = rank_data(12, r, (70_001 + r,), torch.float32)  # over 256 KiB in all: hierarchical
+    got = hvd.allgather(mine, name="gather.big")
+    assert torch.equal(got, torch.cat([rank_data(12, k, (70_001 + k,), torch.float32)
+                                       for k in range(n)])), "large allgather"
+    root = rank_data(10, n - 1, (100_003,), torch.int32)
+    got = hvd.broadcast(rank_data(10, r, (100_003,), torch.int32), root_rank=n - 1, name="bcast")
+    assert torch.equal(got, root), "broadcast"
+    rows = 3 * n + 1  # uneven: the first ranks get one row more
+    ins = [rank_data(11, k, (rows, 7), torch.float32) for k in range(n)]
+    got = hvd.reducescatter(ins[r], op=hvd.Sum, name="rs")
+    total = torch.from_numpy(reference_allreduce(ins, "Sum", torch.float32)).float()
+    start = sum(rows // n + (k < rows % n) for k in range(r))
+    assert_close(got, total[start:start + got.shape[0]].double().numpy(), torch.float32, "rs")
+    shape = (4, 4) if r == 0 else (4, 5)  # a mismatch: named on every rank, then work goes on
+    try:
+        hvd.allreduce(torch.zeros(shape), name="mm")
+    except hvd.HorovodInternalError as e:
+        listing = ", ".join(f"rank {k} float32[4,{4 if k == 0 else 5}]" for k in range(n))
+        assert "allreduce.mm: shape mismatch" in str(e) and listing in str(e), str(e)
+    else:
+        raise AssertionError(f"rank {r}: no error for mismatched shapes")
+    after = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="after.mm")
+    assert torch.equal(after, torch.full((3,), float(n))), after
+    stats = _stats()
+    print("DATA", r, stats["hierarchical_allreduces"], stats["hierarchical_allgathers"], flush=True)
 
 
 def per_call(tensor, name: str, warmup: int, count: int) -> float:
@@ -123,6 +200,8 @@ def main() -> None:
         hvd.allreduce(torch.ones(3), name="never")
     elif mode == "kill":
         killed(hvd.rank())
+    elif mode == "data":
+        data()
     else:
         check("--time" in sys.argv)
 

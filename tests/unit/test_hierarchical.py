@@ -70,3 +70,18 @@ def test_result_depends_only_on_chunk_index(grid, pads, seed):
 def test_bad_grid_is_an_error():
     with pytest.raises(ValueError):
         T.hierarchical_allreduce([b"\0" * 4] * 3, 2, DT[torch.float32], 1)
+
+
+@pytest.mark.parametrize("hosts", [[[0, 1], [2, 3]], [[0, 2], [1, 3]], [[0], [1], [2]],
+                                   [[0, 1, 2]], [[0, 3], [5, 1], [2, 4]]],
+                         ids=["2x2", "2x2-interleaved", "3x1", "1x3", "3x2-scattered"])
+@pytest.mark.parametrize("sizes", ["even", "uneven"])
+def test_hierarchical_allgather_matches_the_concatenation(hosts, sizes):
+    """comm/hierarchical's allgather: across hosts by local rank, then inside each host, for
+    any placement of ranks on hosts (columns in ascending rank order) and blocks of any size
+    (empty ones too), in segments smaller than the blocks."""
+    n = sum(len(h) for h in hosts)
+    blocks = [bytes((r * 37 + i) % 251 for i in range(100 if sizes == "even" else r * 45))
+              for r in range(n)]
+    outs = T.hierarchical_allgather(blocks, hosts, segment=16)
+    assert outs == [b"".join(blocks)] * n

@@ -359,3 +359,13 @@ def test_attach_timeout_names_a_missing_creator():
     procs, queue, _ = start(2, members=[1], action="pingpong", timeout_ms=300)
     error = collect(procs, queue, 1)[1]["error"]
     assert "rank 0 never created it within 300 ms (it does not exist)" in error
+
+
+@pytest.mark.parametrize("hosts", [[[0, 1], [2, 3]], [[0, 1, 2], [3]], [[0, 1], [2, 3], [4, 5]]],
+                         ids=["2x2", "3+1", "3x2"])
+def test_a_flat_ring_over_shared_memory_and_a_blocking_network_completes(hosts):
+    """RoutedTransport: rank 0 blocked on the network must keep streaming its message to rank 1
+    through shared memory (a ring of 2 slots, 1 MiB messages), or the ring deadlocks."""
+    n = sum(len(h) for h in hosts)
+    out = T.routed_ring_allreduce(hosts, count=(1 << 20) + 3, segment=1 << 20, slots=2)
+    assert out == [("", True)] * n, out

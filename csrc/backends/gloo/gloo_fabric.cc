@@ -42,7 +42,7 @@ std::unique_ptr<Transport> GlooFabric::Gloo(const std::vector<int>& members, int
     names.push_back(Name(members[i]));
   }
   return std::make_unique<GlooTransport>(backend_, members, me, tag_base, std::move(names),
-                                         waits_);
+                                         waits_, launch_.connections);
 }
 
 // The local transport to the members here, Gloo to the others; one kind alone needs no routing.
@@ -141,6 +141,16 @@ Status GlooFabric::HostTransports(Transport** local, Transport** cross) {
   *local = local_.get();
   *cross = cross_.get();
   return Status::Ok();
+}
+
+std::vector<std::vector<int>> GlooFabric::LocalRankColumns() const {
+  std::vector<std::vector<int>> columns(static_cast<size_t>(launch_.local_size));
+  std::map<std::string, int> seen;  // host -> how many of its ranks came before
+  for (int r = 0; r < launch_.size; ++r) {
+    const int local_rank = seen[launch_.hosts[static_cast<size_t>(r)]]++;
+    if (local_rank < launch_.local_size) columns[static_cast<size_t>(local_rank)].push_back(r);
+  }
+  return columns;
 }
 
 int GlooFabric::single_copy_transports() const {

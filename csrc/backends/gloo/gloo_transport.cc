@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backends/gloo/gloo_work.h"
@@ -10,13 +11,14 @@ namespace hvdl {
 
 GlooTransport::GlooTransport(c10::intrusive_ptr<c10d::Backend> backend, std::vector<int> members,
                              int rank, int tag_base, std::vector<std::string> names,
-                             GlooWaits* waits)
+                             GlooWaits* waits, int connections)
     : backend_(std::move(backend)),
       members_(std::move(members)),
       rank_(rank),
       tag_base_(tag_base),
       names_(std::move(names)),
-      waits_(waits) {}
+      waits_(waits),
+      connections_(std::max(1, connections)) {}
 
 GlooTransport::Request& GlooTransport::NewRequest(int* id) {
   if (!free_.empty()) {
@@ -54,17 +56,30 @@ Status GlooTransport::Post(bool send, const std::vector<Span>& spans, size_t esi
     }
   }
   const int global = members_[static_cast<size_t>(peer)];
-  const int gloo_tag = tag_base_ + tag;
   r.what = std::string(send ? "send to " : "receive from ") + names_[static_cast<size_t>(peer)];
-  std::vector<at::Tensor> tensors{
-      at::from_blob(data, {bytes}, at::TensorOptions().dtype(at::kByte))};
-  Status s = PostWork(
-      [&] {
-        return send ? backend_->send(tensors, global, gloo_tag)
-                    : backend_->recv(tensors, global, gloo_tag);
-      },
-      r.what, &r.work);
-  if (!s.ok()) free_.push_back(*request);
+  const int stripes = bytes >= kStripeBytes * connections_ ? connections_ : 1;
+  r.works.assign(static_cast<size_t>(stripes), {});
+  Status s;
+  for (int k = 0; k < stripes && s.ok(); ++k) {
+    const int64_t begin = bytes * k / stripes, end = bytes * (k + 1) / stripes;
+    const int gloo_tag = (tag_base_ + tag) * connections_ + k;
+    std::vector<at::Tensor> tensors{at::from_blob(static_cast<char*>(data) + begin,
+                                                  {end - begin},
+                                                  at::TensorOptions().dtype(at::kByte))};
+    s = PostWork(
+        [&] {
+          return send ? backend_->send(tensors, global, gloo_tag)
+                      : backend_->recv(tensors, global, gloo_tag);
+        },
+        r.what, &r.works[static_cast<size_t>(k)]);
+  }
+  if (!s.ok()) {  // the stripes posted already are waited for, so their buffers stay valid
+    for (auto& w : r.works) {
+      if (w) WaitWork(w, r.what, waits_);
+    }
+    r.works.clear();
+    free_.push_back(*request);
+  }
   return s;
 }
 
@@ -80,7 +95,11 @@ Status GlooTransport::PostRecv(const std::vector<Span>& spans, size_t esize, int
 
 Status GlooTransport::Wait(int request) {
   Request& r = requests_[static_cast<size_t>(request)];
-  Status s = r.work ? WaitWork(r.work, r.what, waits_) : Status::Ok();
+  Status s;
+  for (auto& w : r.works) {  // every stripe, even after one failed: its buffer is the caller's
+    Status one = w ? WaitWork(w, r.what, waits_) : Status::Ok();
+    if (s.ok()) s = one;
+  }
   if (s.ok() && !r.unpack.empty()) {
     const char* p = r.staging.data();
     for (const Span& u : r.unpack) {
@@ -88,7 +107,7 @@ Status GlooTransport::Wait(int request) {
       p += u.count;
     }
   }
-  r.work.reset();
+  r.works.clear();
   r.unpack.clear();
   free_.push_back(request);
   return s;

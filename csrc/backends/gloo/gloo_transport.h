@@ -9,6 +9,14 @@
 // of exactly the message's size (no larger), so this transport cannot carry single copy's
 // descriptors: single copy runs over the shared-memory transport of one host instead.
 // A wait gives up after the launch's timeout naming the peer (gloo_work.h). Background thread.
+//
+// Connections: the process group may hold several Gloo contexts (one per device it was made
+// with: HOROVOD_GLOO_CONNECTIONS), each its own TCP connection per pair and its own loop
+// thread; c10d sends a message of tag t on context t mod (contexts). With `connections` > 1 a
+// message of at least kStripeBytes per connection is cut into that many contiguous stripes,
+// stripe s on Gloo tag (tag_base + tag) * connections + s, so each travels its own connection;
+// a smaller message goes whole on stripe 0. Both sides decide from the message's size, which
+// they agree on (a Gloo receive has the message's exact size).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -23,9 +31,13 @@ namespace hvdl {
 
 class GlooTransport : public Transport {
  public:
-  // `names[i]`: how messages name member i ("rank 3 (host h1)").
+  static constexpr int64_t kStripeBytes = 256 * 1024;
+
+  // `names[i]`: how messages name member i ("rank 3 (host h1)"); `connections`: the group's
+  // contexts to stripe messages over (1: none).
   GlooTransport(c10::intrusive_ptr<c10d::Backend> backend, std::vector<int> members, int rank,
-                int tag_base, std::vector<std::string> names, GlooWaits* waits);
+                int tag_base, std::vector<std::string> names, GlooWaits* waits,
+                int connections = 1);
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(members_.size()); }
   Status PostSend(const std::vector<Span>& spans, size_t esize, int peer, int tag,
@@ -39,7 +51,7 @@ class GlooTransport : public Transport {
 
  private:
   struct Request {
-    c10::intrusive_ptr<c10d::Work> work;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;  // one per stripe
     std::vector<char> staging;  // several spans: packed copy (send) / landing place (receive)
     std::vector<Span> unpack;   // receive of several spans: where the staging goes, in bytes
     std::string what;           // for messages
@@ -54,6 +66,7 @@ class GlooTransport : public Transport {
   int tag_base_;
   std::vector<std::string> names_;
   GlooWaits* waits_;
+  int connections_;
   std::vector<Request> requests_;
   std::vector<int> free_;
 };

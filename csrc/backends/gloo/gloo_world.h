@@ -41,6 +41,7 @@ struct GlooLaunch {
   std::string process_group;           // the registered name of the job's Gloo process group
   std::string shm_prefix;              // "/hvdl-<job>-<round>-<host>": names this host's segments
   double timeout_seconds = 30;         // HOROVOD_GLOO_TIMEOUT_SECONDS: a silent peer fails a wait
+  int connections = 1;                 // HOROVOD_GLOO_CONNECTIONS: the group's contexts
 };
 
 // What the ranks of one host use among themselves; the composition root gives shared memory
