@@ -308,11 +308,13 @@ def test_gloo_job_across_hosts(hosts):
     print(re.search(r"TIMING .*", r.stdout).group(0))
 
 
-GLOO_DATA_LAYOUTS = {  # name: (-H, ranks, whether allreduces go hierarchically)
-    "3x1": ("hvdl-host0:1,hvdl-host1:1,hvdl-host2:1", 3, False),
-    "2x2": (LAYOUTS["2x2"][0], 4, True),
-    "3x2": ("hvdl-host0:2,hvdl-host1:2,hvdl-host2:2", 6, True),
-    "2+1": (LAYOUTS["2+1"][0], 3, False),
+GLOO_DATA_LAYOUTS = {  # name: (-H, ranks, whether allreduces go hierarchically, environment)
+    "3x1": ("hvdl-host0:1,hvdl-host1:1,hvdl-host2:1", 3, False, {}),
+    "2x2": (LAYOUTS["2x2"][0], 4, True, {}),
+    "3x2": ("hvdl-host0:2,hvdl-host1:2,hvdl-host2:2", 6, True, {}),
+    "2+1": (LAYOUTS["2+1"][0], 3, False, {}),
+    # three connections per pair: messages from 768 KiB travel in three stripes
+    "2x2-3-connections": (LAYOUTS["2x2"][0], 4, True, {"HOROVOD_GLOO_CONNECTIONS": "3"}),
 }
 
 
@@ -322,10 +324,10 @@ def test_gloo_collectives_across_hosts(hosts, layout):
     sizes, alone and fused, 16 MiB + 12 B, allgather, broadcast, reducescatter and a mismatch,
     every rank checking against its own reference (tests/scripts/gloo_job.py data); where every
     host has two ranks or more, allreduces and large allgathers go hierarchically."""
-    spec, np_, hierarchical = GLOO_DATA_LAYOUTS[layout]
+    spec, np_, hierarchical, extra = GLOO_DATA_LAYOUTS[layout]
     rc, out, _ = run_job([*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch",
                           "-np", str(np_), *_gloo_args(spec), *GLOO_JOB, "data"], cwd=ROOT,
-                         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
+                         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra),
                          timeout=300, what=f"the {layout} job")
     assert rc == 0, out[-8000:]
     done = {int(m.group(1)): (int(m.group(2)), int(m.group(3)))

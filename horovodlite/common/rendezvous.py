@@ -372,9 +372,9 @@ def meet(launch: Launch, round_: int = 0, wait: float | None = None, superseded=
     host_key = hashlib.sha256(hosts[launch.rank].encode()).hexdigest()[:8]
     found["shm_prefix"] = f"/hvdl-{launch.job}-{round_}-{host_key}"
     _held.update(store=store, ns=ns)
+    found["connections"] = connections()  # a bad value fails every job, not only one across hosts
     if found["cross_size"] > 1:
         name = f"horovodlite-{launch.job}-{round_}"
-        found["connections"] = connections()
         group = gloo_group(ns, launch, timeout, name, found["connections"])
         found["process_group"] = name
         _held.update(group=group, name=name)

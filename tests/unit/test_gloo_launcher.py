@@ -349,3 +349,20 @@ def test_a_forwarder_never_blocks_a_rank_on_a_closed_console():
     threading.Thread(target=produce, daemon=True).start()
     assert done.wait(5)
     fw.join(5)
+
+
+@pytest.mark.parametrize("value, count", [(None, 1), ("auto", 1), ("AUTO", 1), ("1", 1),
+                                          ("4", 4), ("16", 16)])
+def test_gloo_connections_knob(value, count):
+    from horovodlite.common import rendezvous
+
+    env = {} if value is None else {"HOROVOD_GLOO_CONNECTIONS": value}
+    assert rendezvous.connections(env) == count
+
+
+@pytest.mark.parametrize("value", ["0", "17", "two", "-1", ""])
+def test_gloo_connections_knob_refuses_what_it_cannot_use(value):
+    from horovodlite.common import rendezvous
+
+    with pytest.raises(ValueError, match=r"HOROVOD_GLOO_CONNECTIONS=.*expected auto or 1 to 16"):
+        rendezvous.connections({"HOROVOD_GLOO_CONNECTIONS": value})
