@@ -116,3 +116,43 @@ def test_a_host_that_cannot_be_reached_ends_the_job_at_once():
     assert "  rank 1 on unreachable.invalid never started: its --ssh-agent exited with status 1" \
            in out, out
     assert took < 20, out
+
+
+REINIT = """
+import torch, horovodlite.torch as hvd
+for k in range(3):
+    hvd.init()
+    assert hvd.gloo_enabled()
+    out = hvd.allreduce(torch.ones(1) * (hvd.rank() + k), op=hvd.Sum, name=f"round{k}")
+    assert out.item() == 1 + 2 * k, out
+    hvd.shutdown()
+print("DONE", flush=True)
+"""
+
+
+def test_init_after_shutdown_where_rank_0_hosts_the_rendezvous():
+    """Launched by nothing but MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE (a Kubernetes job without
+    torchrun's agent): rank 0 hosts the store, and an init after shutdown meets through the store
+    it already hosts (hosting again found its own port taken)."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("OMPI_", "PMIX_", "PMI_", "HOROVOD_", "TORCHELASTIC_"))}
+    base.update(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-c", REINIT], cwd=HERE.parent, text=True,
+                              env=dict(base, RANK=str(r), LOCAL_RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in range(2)]
+    for r, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"rank {r} did not finish within 120 s")
+        assert p.returncode == 0 and "DONE" in out, f"rank {r}:\n{out[-4000:]}"

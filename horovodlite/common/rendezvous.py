@@ -148,7 +148,15 @@ def base_store(launch: Launch, timeout: float):
     if launch.store == STORE_CLIENT:
         return _tcp_store(launch, timeout, host=False)
     if launch.store == STORE_HOST:
-        return _tcp_store(launch, timeout, host=launch.rank == 0)
+        if launch.rank != 0:
+            return _tcp_store(launch, timeout, host=False)
+        # rank 0 keeps hosting the store it made: an init after shutdown meets through it again
+        # (in a fresh round), where hosting anew would find the port taken by it
+        hosted = _held.get("hosted")
+        if hosted is None or hosted[0] != (launch.addr, launch.port):
+            hosted = ((launch.addr, launch.port), _tcp_store(launch, timeout, host=True))
+            _held["hosted"] = hosted
+        return hosted[1]
     return dist.HashStore()
 
 
