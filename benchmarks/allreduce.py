@@ -30,6 +30,10 @@ mpirun job (mpi4py keeps the ranks together), and compares both with raw MPI and
     horovodliterun -np 2 python benchmarks/allreduce.py --only controllers
     horovodliterun -np 2 python benchmarks/allreduce.py --controller gloo --only single,fusion
 
+Across hosts ``controllers`` prints the link's bound beside each time (--link-mbit, or the test
+hosts' rate) and each time's share of it; ``connections`` (only when --only names it) times the
+Gloo controller with HOROVOD_GLOO_CONNECTIONS = 1, 2 and 4 in alternation.
+
 Across hosts (a job with the same number of ranks on several hosts, e.g. the test hosts of
 docs/test_hosts.md) it first compares horovodlite's flat and hierarchical allreduce and allgather
 (restarting horovodlite between them, alternately, every round) with raw MPI and gloo:
@@ -455,6 +459,36 @@ def run_controllers(comps, sizes, quick, fusion=(200, 64 * KiB), link_mbit=None)
     return rows
 
 
+def run_connections(sizes, quick, counts=(1, 2, 4), link_mbit=None):
+    """The Gloo controller with HOROVOD_GLOO_CONNECTIONS set to each of `counts` (restarted in
+    alternation, every round): allreduce times, their ratio to one connection and their share
+    of the link's bound."""
+    global _GLOO_PORT
+    rounds = 3 if quick else 5
+    rows = []
+    log(f"\n== the Gloo controller's connections per pair of ranks, np={SIZE}, "
+        f"{hvd.cross_size()} host(s), float32 Sum ==")
+    log(f"{'size':>10} {'connections':>12} {'time':>12} {'x one':>7} {'of bound':>9}")
+    for nbytes in sizes:
+        samples = {k: [] for k in counts}
+        for _ in range(rounds):
+            for k in counts:
+                _GLOO_PORT = None  # a fresh rendezvous port for every start
+                restart_horovodlite(**controller_env("gloo"), HOROVOD_GLOO_CONNECTIONS=k)
+                t = compare({k: Horovodlite().single(nbytes)}, 2, 0.05 if quick else 0.2, 1)
+                samples[k].append(t[k])
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        bound = link_bound(nbytes, link_mbit)
+        for k, t in med.items():
+            log(f"{size_label(nbytes):>10} {k:>12} {fmt_time(t):>12} {t / med[counts[0]]:7.2f} "
+                f"{f'{bound / t:.2f}' if bound else '-':>9}")
+            rows.append(dict(case="connections", bytes=nbytes, connections=k, seconds=t,
+                             ratio_to_one=t / med[counts[0]],
+                             share_of_bound=bound / t if bound else None))
+    os.environ.pop("HOROVOD_GLOO_CONNECTIONS", None)
+    return rows
+
+
 def bg_thread_cpu_seconds() -> float:
     """CPU seconds used so far by horovodlite's background thread (named hvdl-bg)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -720,7 +754,8 @@ def main() -> int:
     os.environ.update({k: str(v) for k, v in controller_env(args.controller).items()})
     hvd.init()
     comps = competitors(gloo=not args.no_gloo)
-    parts = {"single", "fusion", "idle", "timeline", "rss", "hosts", "controllers"}
+    parts = {"single", "fusion", "idle", "timeline", "rss", "hosts", "controllers",
+             "connections"}
     skip = set(filter(None, args.skip.split(",")))
     if args.only:
         skip |= parts - set(args.only.split(","))
@@ -741,6 +776,10 @@ def main() -> int:
     if "controllers" not in skip and hvd.gloo_built():
         rows += run_controllers(comps, args.sizes or ([4, 1 * MiB, 16 * MiB] if args.quick else
                                 [4, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB]), args.quick,
+                                link_mbit=args.link_mbit or hosts_link_mbit())
+        restart_horovodlite(**controller_env(args.controller))
+    if "connections" in (args.only or "").split(",") and hvd.gloo_built():  # asked for only
+        rows += run_connections(args.sizes or [16 * MiB, 64 * MiB], args.quick,
                                 link_mbit=args.link_mbit or hosts_link_mbit())
         restart_horovodlite(**controller_env(args.controller))
     if "single" not in skip:
