@@ -124,6 +124,12 @@ class RawMPI:
         out = np.empty(a.size * SIZE, np.float32)
         return lambda: COMM.Allgather(a, out)
 
+    def scatter(self, nbytes):
+        """Reduce-scatter of `nbytes` in all (each rank gets its share of the sum)."""
+        a = np.ones(max(nbytes // 4 // SIZE, 1) * SIZE, np.float32)
+        out = np.empty(a.size // SIZE, np.float32)
+        return lambda: COMM.Reduce_scatter_block(a, out, op=MPI.SUM)
+
     def many(self, count, nbytes):
         bufs = [np.ones(nbytes // 4, np.float32) for _ in range(count)]
 
@@ -178,6 +184,10 @@ class Horovodlite:
         t = torch.ones(max(nbytes // 4 // SIZE, 1))
         return lambda: hvd.allgather(t, name=f"gather.{nbytes}")
 
+    def scatter(self, nbytes):
+        t = torch.ones(max(nbytes // 4 // SIZE, 1) * SIZE)
+        return lambda: hvd.reducescatter(t, name=f"scatter.{nbytes}", op=hvd.Sum)
+
     def many(self, count, nbytes):
         ts = [torch.ones(nbytes // 4) for _ in range(count)]
         names = [f"many.{i}" for i in range(count)]
@@ -207,6 +217,10 @@ class Horovod(Horovodlite):
     def gather(self, nbytes):
         t = torch.ones(max(nbytes // 4 // SIZE, 1))
         return lambda: self.hvd.allgather(t, name=f"gather.{nbytes}")
+
+    def scatter(self, nbytes):
+        t = torch.ones(max(nbytes // 4 // SIZE, 1) * SIZE)
+        return lambda: self.hvd.reducescatter(t, name=f"scatter.{nbytes}", op=self.hvd.Sum)
 
     def many(self, count, nbytes):
         ts = [torch.ones(nbytes // 4) for _ in range(count)]
@@ -322,6 +336,9 @@ ACROSS_HOSTS = {
                   lambda n: 2 * (n - 1) / n),
     "allgather": ("HOROVOD_HIERARCHICAL_ALLGATHER", "hierarchical_allgathers", "gather",
                   lambda n: (n - 1) / n),
+    # the controller without MPI only (on MPI, reducescatter is MPI's own)
+    "reducescatter": ("HOROVOD_HIERARCHICAL_ALLREDUCE", "hierarchical_reducescatters", "scatter",
+                      lambda n: (n - 1) / n),
 }
 
 
@@ -333,7 +350,8 @@ def run_across_hosts(comps, sizes, quick, collective):
     knob, stat, fn, factor = ACROSS_HOSTS[collective]
     log(f"\n== {collective} across hosts: {hvd.cross_size()} hosts x {hvd.local_size()} ranks, "
         f"float32 ==")
-    others = {c.name: c for c in comps if c.name in ("mpi4py", "gloo", "horovod")}
+    others = {c.name: c for c in comps
+              if c.name in ("mpi4py", "gloo", "horovod") and hasattr(c, fn)}
     modes = {"horovodlite flat": "0", "horovodlite hierarchical": "1"}
     rounds = 3 if quick else 5
     rows = []
@@ -771,6 +789,8 @@ def main() -> int:
     if "hosts" not in skip and hvd.cross_size() > 1 and hvd.local_size() > 1 and \
             hvd.is_homogeneous():
         for collective in ACROSS_HOSTS:
+            if collective == "reducescatter" and not hvd.gloo_enabled():
+                continue
             rows += run_across_hosts(comps, [16 * MiB] if args.quick else
                                      [1 * MiB, 16 * MiB, 64 * MiB], args.quick, collective)
     if "controllers" not in skip and hvd.gloo_built():

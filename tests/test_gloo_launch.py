@@ -130,24 +130,26 @@ print("DONE", flush=True)
 """
 
 
-def test_init_after_shutdown_where_rank_0_hosts_the_rendezvous():
-    """Launched by nothing but MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE (a Kubernetes job without
-    torchrun's agent): rank 0 hosts the store, and an init after shutdown meets through the store
-    it already hosts (hosting again found its own port taken)."""
+def plain_ranks(script: str, per_rank=({}, {})) -> list:
+    """(exit status, output) of each of len(per_rank) processes started with nothing but
+    MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE (a Kubernetes job without torchrun's agent: rank 0
+    hosts the store), rank r's environment updated with per_rank[r]."""
     import socket
     import subprocess
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    n = len(per_rank)
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("OMPI_", "PMIX_", "PMI_", "HOROVOD_", "TORCHELASTIC_"))}
-    base.update(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, "-c", REINIT], cwd=HERE.parent, text=True,
-                              env=dict(base, RANK=str(r), LOCAL_RANK=str(r)),
+    base.update(WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port), OMP_NUM_THREADS="1", HOROVOD_GLOO_TIMEOUT_SECONDS="20")
+    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=HERE.parent, text=True,
+                              env=dict(base, RANK=str(r), LOCAL_RANK=str(r), **per_rank[r]),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for r in range(2)]
+             for r in range(n)]
+    results = []
     for r, p in enumerate(procs):
         try:
             out, _ = p.communicate(timeout=120)
@@ -155,4 +157,25 @@ def test_init_after_shutdown_where_rank_0_hosts_the_rendezvous():
             for q in procs:
                 q.kill()
             pytest.fail(f"rank {r} did not finish within 120 s")
-        assert p.returncode == 0 and "DONE" in out, f"rank {r}:\n{out[-4000:]}"
+        results.append((p.returncode, out))
+    return results
+
+
+def test_init_after_shutdown_where_rank_0_hosts_the_rendezvous():
+    """Rank 0 hosts the store; an init after shutdown meets through the store it already hosts
+    (hosting again found its own port taken)."""
+    for r, (rc, out) in enumerate(plain_ranks(REINIT)):
+        assert rc == 0 and "DONE" in out, f"rank {r}:\n{out[-4000:]}"
+
+
+def test_ranks_with_different_gloo_connections_are_told_on_every_rank():
+    script = ("import time, horovodlite.torch as hvd\n"
+              "try:\n    hvd.init()\nexcept hvd.HorovodInternalError as e:\n"
+              "    print('RAISED', e, flush=True)\n"
+              "time.sleep(3)  # rank 0 hosts the store the others read the verdict from\n")
+    results = plain_ranks(script, ({"HOROVOD_GLOO_CONNECTIONS": "2"},
+                                   {"HOROVOD_GLOO_CONNECTIONS": "3"}))
+    for rc, out in results:
+        assert rc == 0, out[-4000:]
+        assert "RAISED" in out and "HOROVOD_GLOO_CONNECTIONS differs between ranks" in out, out
+        assert "rank 0 2" in out and "rank 1 3" in out, out

@@ -74,6 +74,7 @@ class DataBackend {
   // Allreduces that went through comm/hierarchical (HOROVOD_HIERARCHICAL_ALLREDUCE).
   virtual int64_t hierarchical_allreduces() const { return 0; }
   virtual int64_t hierarchical_allgathers() const { return 0; }
+  virtual int64_t hierarchical_reducescatters() const { return 0; }
   // recv receives every member's block, member i's block of counts[i] elements at offset
   // sum(counts[0..i)). send holds counts[my rank] elements, or is nullptr when this rank's block
   // is already in place inside recv.

@@ -44,8 +44,9 @@ class Fabric {
   // what this fabric's network transport moves best per message (MPI over TCP: its eager size).
   virtual size_t network_segment_bytes() const { return 64 * 1024; }
   // For set 0, when homogeneous(): the transport among this host's ranks (`local`, member i =
-  // local rank i) and among the ranks with this rank's local rank, one per host (`cross`,
-  // member h = host index h). Built at first use, collectively over the job.
+  // local rank i) and among the ranks with this rank's local rank, one per host (`cross`, its
+  // members in ascending rank order - host order where hosts hold contiguous ranks). Built at
+  // first use, collectively over the job.
   virtual Status HostTransports(Transport** local, Transport** cross) = 0;
   // When hierarchical(): columns[l] = the job's ranks with local rank l, ascending - the members
   // of the cross transport of local rank l, in its member order. Empty where the fabric offers

@@ -47,9 +47,10 @@ Status HierarchicalAllgatherv(Transport* local, Transport* cross, const void* se
   const size_t L = static_cast<size_t>(local->size());
   const size_t C = static_cast<size_t>(cross->size());
   const size_t me_local = static_cast<size_t>(local->rank());
-  if (columns.size() != L || columns[me_local].size() != C) {
+  if (columns.size() != L || columns[me_local].size() != C || counts.size() != L * C) {
     return Status::Internal("hierarchical allgather: a layout of " +
-                            std::to_string(columns.size()) + " columns for " +
+                            std::to_string(columns.size()) + " columns and " +
+                            std::to_string(counts.size()) + " counts for " +
                             std::to_string(L) + " local x " + std::to_string(C) + " cross ranks");
   }
   const size_t esize = DataTypeSize(dtype);
@@ -77,6 +78,52 @@ Status HierarchicalAllgatherv(Transport* local, Transport* cross, const void* se
     }
     HVDL_RETURN_IF_ERROR(RingAllgather(local, chunks, dtype, local_segment_bytes, nullptr));
   }
+  return Status::Ok();
+}
+
+Status HierarchicalReduceScatter(Transport* local, Transport* cross, const void* send, void* recv,
+                                 const std::vector<int64_t>& counts, DataType dtype, ReduceOp op,
+                                 const std::vector<std::vector<int>>& columns,
+                                 size_t local_segment_bytes, size_t cross_segment_bytes) {
+  const size_t L = static_cast<size_t>(local->size());
+  const size_t C = static_cast<size_t>(cross->size());
+  const size_t me_local = static_cast<size_t>(local->rank());
+  if (columns.size() != L || columns[me_local].size() != C || counts.size() != L * C) {
+    return Status::Internal("hierarchical reducescatter: a layout of " +
+                            std::to_string(columns.size()) + " columns and " +
+                            std::to_string(counts.size()) + " counts for " + std::to_string(L) +
+                            " local x " + std::to_string(C) + " cross ranks");
+  }
+  const size_t esize = DataTypeSize(dtype);
+  std::vector<int64_t> at(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) at[i] = at[i - 1] + counts[i - 1];
+  // The rings reduce in place: on a copy, since `send` is the caller's.
+  thread_local std::vector<char> work;
+  work.resize(static_cast<size_t>(at.back() + counts.back()) * esize);
+  std::memcpy(work.data(), send, work.size());
+  const auto block = [&](int rank) {
+    const size_t r = static_cast<size_t>(rank);
+    return Span{work.data() + at[r] * static_cast<int64_t>(esize), counts[r]};
+  };
+  // The ring completes chunk RingOwnedChunk(m, n) = m + 1 at member m: chunk (m + 1) mod n is
+  // what member m ends up with.
+  if (L > 1) {
+    std::vector<std::vector<Span>> chunks(L);
+    for (size_t l = 0; l < L; ++l) {
+      for (int rank : columns[l]) chunks[(l + 1) % L].push_back(block(rank));
+    }
+    HVDL_RETURN_IF_ERROR(
+        RingReduceScatter(local, chunks, dtype, op, local_segment_bytes, nullptr));
+  }
+  if (C > 1) {
+    std::vector<std::vector<Span>> chunks(C);
+    for (size_t h = 0; h < C; ++h) chunks[(h + 1) % C] = {block(columns[me_local][h])};
+    HVDL_RETURN_IF_ERROR(
+        RingReduceScatter(cross, chunks, dtype, op, cross_segment_bytes, nullptr));
+  }
+  const int me = columns[me_local][static_cast<size_t>(cross->rank())];
+  const Span mine = block(me);
+  std::memcpy(recv, mine.data, static_cast<size_t>(mine.count) * esize);
   return Status::Ok();
 }
 

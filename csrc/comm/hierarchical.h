@@ -47,4 +47,16 @@ Status HierarchicalAllgatherv(Transport* local, Transport* cross, const void* se
                               const std::vector<std::vector<int>>& columns,
                               size_t local_segment_bytes, size_t cross_segment_bytes);
 
+// Reduce-scatter, the allgather's mirror: `send` holds every rank's block (`counts`, in rank
+// order), `recv` gets this rank's block reduced over all ranks.
+//   1. inside the host, a ring reduce-scatter of the columns: local rank l gets the host's sum
+//      of the blocks of column l (the ranks of local rank l on every host);
+//   2. across hosts, a ring reduce-scatter of that column among its ranks: each gets its block.
+// Each host's link carries the other hosts' shares out and its own in once. The order of
+// additions depends only on the layout, not on timing.
+Status HierarchicalReduceScatter(Transport* local, Transport* cross, const void* send, void* recv,
+                                 const std::vector<int64_t>& counts, DataType dtype, ReduceOp op,
+                                 const std::vector<std::vector<int>>& columns,
+                                 size_t local_segment_bytes, size_t cross_segment_bytes);
+
 }  // namespace hvdl

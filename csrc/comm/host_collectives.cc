@@ -118,6 +118,22 @@ Status HostCollectives::ReduceScatter(const void* send, void* recv,
                                       const std::vector<int64_t>& counts, DataType dtype,
                                       ReduceOp op, int ps) {
   if (natives_ != nullptr) return natives_->ReduceScatter(send, recv, counts, dtype, op, ps);
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  const int64_t bytes = total * static_cast<int64_t>(DataTypeSize(dtype));
+  if (ps == 0 && fabric_->hierarchical() &&
+      (hierarchical_reducescatter_ == Toggle::kOn ||
+       (hierarchical_reducescatter_ == Toggle::kAuto && bytes >= kHierarchicalAllgatherBytes))) {
+    const auto columns = fabric_->LocalRankColumns();
+    if (!columns.empty()) {
+      Transport *local, *cross;
+      HVDL_RETURN_IF_ERROR(fabric_->HostTransports(&local, &cross));
+      HVDL_RETURN_IF_ERROR(fabric_->Meet(ps));
+      ++hierarchical_reducescatters_;
+      return HierarchicalReduceScatter(local, cross, send, recv, counts, dtype, op, columns,
+                                       AllreducePlanner::kHostSegmentBytes, Segment());
+    }
+  }
   Transport* t;
   HVDL_RETURN_IF_ERROR(Begin(ps, &t));
   return TransportReduceScatter(t, send, recv, counts, dtype, op, Segment());

@@ -53,6 +53,10 @@ class HostCollectives : public DataBackend {
   // HOROVOD_HIERARCHICAL_ALLGATHER for the gathers run here (without natives): auto from
   // kHierarchicalAllgatherBytes gathered in all.
   void set_hierarchical_allgather(Toggle t) { hierarchical_allgather_ = t; }
+  // HOROVOD_HIERARCHICAL_ALLREDUCE for the reduce-scatters run here (the allreduce's first
+  // half): auto from the same size as allgather's.
+  void set_hierarchical_reducescatter(Toggle t) { hierarchical_reducescatter_ = t; }
+  int64_t hierarchical_reducescatters() const override { return hierarchical_reducescatters_; }
   static constexpr int64_t kHierarchicalAllgatherBytes = 256 * 1024;
 
  private:
@@ -66,7 +70,9 @@ class HostCollectives : public DataBackend {
   const AllreducePlanner* planner_ = nullptr;
   int64_t hierarchical_allreduces_ = 0;
   int64_t hierarchical_allgathers_ = 0;
+  int64_t hierarchical_reducescatters_ = 0;
   Toggle hierarchical_allgather_ = Toggle::kAuto;
+  Toggle hierarchical_reducescatter_ = Toggle::kAuto;
 };
 
 }  // namespace hvdl

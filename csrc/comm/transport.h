@@ -47,7 +47,10 @@ class Transport {
   // larger than its ring streams through it in Wait): moves what it can of every posted request
   // without blocking; true while some is unfinished. A transport that makes progress on its own
   // (MPI, Gloo's threads) has nothing to do here. A transport joining several
-  // (comm/routed_transport) calls it on the others while one part's Wait would block.
+  // (comm/routed_transport) calls it on the others while one part's Wait would block, until
+  // they are done: so an algorithm must not wait on one peer while it has posted an operation
+  // with another whose match depends on something it posts only after that wait (the ring,
+  // the tree broadcast and alltoall do not).
   virtual bool Progress() { return false; }
   // Non-blocking: true when Wait(request) returns without waiting for a peer (done, or failed).
   // The default, true, is for transports whose Wait makes all the progress its requests need.

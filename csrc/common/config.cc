@@ -199,7 +199,8 @@ const std::vector<Knob>& Table() {
         "Allreduce inside each host first, then across hosts, then inside the host again; needs "
         "the same number of ranks on every host, and several hosts. 1: every allreduce of the "
         "global set (CPU and NCCL); auto: on CPU, wherever the algorithm choice below runs the "
-        "ring; 0: never."},
+        "ring; 0: never. On the controller without MPI it also decides CPU reducescatters of "
+        "the global set (inside each host, then across hosts; auto: from 256 KiB)."},
        [](auto& n, auto& v, Config* c) { return ParseToggle(n, v, &c->hierarchical_allreduce); }},
       {{"HOROVOD_HIERARCHICAL_ALLGATHER", "auto",
         "CPU allgathers of the global set exchange each rank's block across hosts once per "

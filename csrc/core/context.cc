@@ -292,11 +292,13 @@ void Context::OnCycle(const CycleResult& result) {
   stats_.single_copy_peers = 0;
   stats_.hierarchical_allreduces = 0;
   stats_.hierarchical_allgathers = 0;
+  stats_.hierarchical_reducescatters = 0;
   for (DataBackend* b : comm_.backends->all()) {
     stats_.single_copy_transports += b->single_copy_transports();
     stats_.single_copy_peers += b->single_copy_peers();
     stats_.hierarchical_allreduces += b->hierarchical_allreduces();
     stats_.hierarchical_allgathers += b->hierarchical_allgathers();
+    stats_.hierarchical_reducescatters += b->hierarchical_reducescatters();
   }
 }
 

@@ -56,6 +56,7 @@ struct RuntimeStats {
   int single_copy_peers = 0;       // summed over them: members read from directly
   int64_t hierarchical_allreduces = 0;  // allreduces reduced inside hosts, then across them
   int64_t hierarchical_allgathers = 0;  // allgathers across hosts, then inside them
+  int64_t hierarchical_reducescatters = 0;  // reduce-scatters inside hosts, then across them
   // The parameters in force on this rank (changed by autotune, identical on every rank).
   TunedParams params;
   bool autotune_converged = false;

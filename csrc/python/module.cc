@@ -111,6 +111,7 @@ py::dict Stats() {
   d["single_copy_peers"] = s.single_copy_peers;
   d["hierarchical_allreduces"] = s.hierarchical_allreduces;
   d["hierarchical_allgathers"] = s.hierarchical_allgathers;
+  d["hierarchical_reducescatters"] = s.hierarchical_reducescatters;
   d["fusion_threshold_bytes"] = s.params.fusion_threshold_bytes;
   d["cycle_time_ms"] = s.params.cycle_time_ms;
   d["allreduce_algorithm"] = AllreduceAlgorithmName(s.params.algorithm);

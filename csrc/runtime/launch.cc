@@ -61,6 +61,7 @@ void AddCollectives(const Config& config, CommRuntime* out) {
   auto host = std::make_unique<HostCollectives>(out->fabric.get(), out->natives.get());
   HostCollectives* h = host.get();
   h->set_hierarchical_allgather(config.hierarchical_allgather);
+  h->set_hierarchical_reducescatter(config.hierarchical_allreduce);
   out->backends->Add(std::move(host));
 #if HVDL_WITH_CUDA
   out->device_ops = std::make_unique<CudaDeviceOps>(out->topology.rank);

@@ -202,13 +202,16 @@ std::vector<py::bytes> Hierarchical(const std::vector<std::string>& inputs, int 
   return std::vector<py::bytes>(bufs.begin(), bufs.end());
 }
 
-// HierarchicalAllgatherv among rank threads placed by `hosts` (hosts[h]: host h's ranks in local
-// order, every host alike; ranks need not be contiguous): blocks[r] is rank r's block of bytes.
-// Returns each rank's gathered bytes.
-std::vector<py::bytes> HierarchicalGather(const std::vector<std::string>& blocks,
+// HierarchicalAllgatherv (`inputs[r]`: rank r's block of bytes; returns what each gathered) or,
+// with `reduce`, HierarchicalReduceScatter (`inputs[r]`: rank r's float32 data for every block,
+// `counts` floats per rank; returns each rank's summed block) among rank threads placed by
+// `hosts` (hosts[h]: host h's ranks in local order, every host alike; ranks need not be
+// contiguous).
+std::vector<py::bytes> HierarchicalGather(const std::vector<std::string>& inputs,
                                           const std::vector<std::vector<int>>& hosts,
-                                          size_t segment) {
-  const int n = static_cast<int>(blocks.size());
+                                          size_t segment, bool reduce,
+                                          std::vector<int64_t> counts) {
+  const int n = static_cast<int>(inputs.size());
   const size_t per_host = hosts.at(0).size();
   std::vector<std::vector<int>> columns(per_host);
   std::vector<int> host_of(static_cast<size_t>(n)), local_of(static_cast<size_t>(n));
@@ -222,11 +225,18 @@ std::vector<py::bytes> HierarchicalGather(const std::vector<std::string>& blocks
     }
   }
   for (auto& c : columns) std::sort(c.begin(), c.end());  // Fabric::LocalRankColumns' order
-  std::vector<int64_t> counts;
-  for (const std::string& b : blocks) counts.push_back(static_cast<int64_t>(b.size()));
+  if (!reduce) {
+    counts.clear();
+    for (const std::string& b : inputs) counts.push_back(static_cast<int64_t>(b.size()));
+  }
+  if (counts.size() != static_cast<size_t>(n)) throw py::value_error("a count per rank");
   int64_t total = 0;
   for (int64_t c : counts) total += c;
-  std::vector<std::string> out(static_cast<size_t>(n), std::string(static_cast<size_t>(total), '?'));
+  std::vector<std::string> out(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    out[static_cast<size_t>(r)].assign(
+        static_cast<size_t>(reduce ? counts[static_cast<size_t>(r)] * 4 : total), '?');
+  }
   std::vector<std::shared_ptr<LocalMailboxes>> local_boxes, cross_boxes;
   for (size_t h = 0; h < hosts.size(); ++h) {
     local_boxes.push_back(std::make_shared<LocalMailboxes>(static_cast<int>(per_host)));
@@ -247,9 +257,13 @@ std::vector<py::bytes> HierarchicalGather(const std::vector<std::string>& blocks
         LocalTransport local(local_boxes[static_cast<size_t>(host_of[static_cast<size_t>(r)])],
                              static_cast<int>(l));
         LocalTransport cross(cross_boxes[l], cross_rank);
-        Status s = HierarchicalAllgatherv(&local, &cross, blocks[static_cast<size_t>(r)].data(),
-                                          out[static_cast<size_t>(r)].data(), counts,
-                                          DataType::kUInt8, columns, segment, segment);
+        const char* in = inputs[static_cast<size_t>(r)].data();
+        char* to = out[static_cast<size_t>(r)].data();
+        Status s = reduce ? HierarchicalReduceScatter(&local, &cross, in, to, counts,
+                                                      DataType::kFloat32, ReduceOp::kSum, columns,
+                                                      segment, segment)
+                          : HierarchicalAllgatherv(&local, &cross, in, to, counts,
+                                                   DataType::kUInt8, columns, segment, segment);
         if (!s.ok()) errors[static_cast<size_t>(r)] = s.message();
       });
     }
@@ -391,8 +405,15 @@ void RegisterTesting(py::module_& m) {
   m.def("ring_allreduce", &Ring, py::arg("inputs"), py::arg("dtype"), py::arg("op"),
         py::arg("chunks") = std::vector<int64_t>(), py::arg("postscale") = 1.0,
         py::arg("segment_bytes") = 64);
-  m.def("hierarchical_allgather", &HierarchicalGather, py::arg("blocks"), py::arg("hosts"),
-        py::arg("segment") = 64);
+  m.def("hierarchical_allgather", [](const std::vector<std::string>& blocks,
+                                     const std::vector<std::vector<int>>& hosts, size_t segment) {
+    return HierarchicalGather(blocks, hosts, segment, false, {});
+  }, py::arg("blocks"), py::arg("hosts"), py::arg("segment") = 64);
+  m.def("hierarchical_reducescatter", [](const std::vector<std::string>& inputs,
+                                         const std::vector<std::vector<int>>& hosts,
+                                         const std::vector<int64_t>& counts, size_t segment) {
+    return HierarchicalGather(inputs, hosts, segment, true, counts);
+  }, py::arg("inputs"), py::arg("hosts"), py::arg("counts"), py::arg("segment") = 64);
   m.def("hierarchical_allreduce", &Hierarchical, py::arg("inputs"), py::arg("hosts"),
         py::arg("dtype"), py::arg("op"), py::arg("chunks") = std::vector<int64_t>(),
         py::arg("postscale") = 1.0, py::arg("segment") = 65536);

@@ -205,15 +205,25 @@ def _init_gloo(launch, comm, process_sets) -> None:
         else:
             found = rendezvous.meet(launch, _rounds)
     except rendezvous.RendezvousError as e:
+        _failed_round(launch)
         raise HorovodInternalError(str(e)) from None
     try:
         _C.init_gloo(found, process_sets=_ps._static_rank_lists(static), dynamic=dynamic)
     except Exception:
         rendezvous.release()
+        _failed_round(launch)
         raise
     _check_launch(launch)
     _launch = launch
     _started(static, comm, process_sets)
+
+
+def _failed_round(launch) -> None:
+    """An init that failed used its round up: a retry meets in the next one, never among this
+    one's keys (rank 0 keeps the store it hosts, and the others may still be reading it)."""
+    global _rounds
+    if not launch.worker:  # an elastic worker's rounds are the driver's
+        _rounds += 1
 
 
 def _started(static, comm, process_sets) -> None:

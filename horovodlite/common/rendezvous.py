@@ -257,14 +257,15 @@ def _wait_all(ns, keys: list, timeout: float, superseded) -> bool:
     return True
 
 
-def gather_ranks(ns, launch: Launch, timeout: float, superseded=None) -> list:
+def gather_ranks(ns, launch: Launch, timeout: float, superseded=None,
+                 extra: dict | None = None) -> list:
     """Every rank's {"host", "pid"} in rank order, once all have published. Rank 0 reads them
     all and publishes the list as one value (``ranks``), which the others read: the store serves
     2N reads and writes for the job, not N^2 (each rank reading every rank's key took 27 s for
     1,024 clients on one machine, benchmarks/scale_launch.py). ``superseded``: see ``_wait_all``
-    (elastic jobs)."""
+    (elastic jobs); ``extra``: more of this rank's settings for its record."""
     ns.set(f"rank/{launch.rank}", json.dumps({"host": launch.host or host_id(),
-                                              "pid": os.getpid()}))
+                                              "pid": os.getpid(), **(extra or {})}))
     keys = [f"rank/{r}" for r in range(launch.size)]
     first = launch.rank == 0
     if not _wait_all(ns, keys if first else ["ranks"], timeout, superseded):
@@ -284,10 +285,12 @@ def gather_ranks(ns, launch: Launch, timeout: float, superseded=None) -> list:
             ns.set("ranks", json.dumps(ranks))
             return ranks
         ranks = json.loads(ns.get("ranks"))
-    except RuntimeError:
+    except RuntimeError as e:
         if getattr(ns, "tampered", ""):
             raise RendezvousError(f"rank {launch.rank}: {ns.tampered}") from None
-        raise
+        raise RendezvousError(  # e.g. the host of the store (rank 0) ended meanwhile
+            f"rank {launch.rank}: the rendezvous at {launch.addr}:{launch.port} stopped "
+            f"answering while the ranks met: {str(e).splitlines()[0]}") from None
     if len(ranks) != launch.size:
         raise RendezvousError(f"rank {launch.rank}: rank 0 of the rendezvous at {launch.addr}:"
                               f"{launch.port} lists {len(ranks)} ranks, not {launch.size}")
@@ -363,6 +366,7 @@ def meet(launch: Launch, round_: int = 0, wait: float | None = None, superseded=
     elastic round waits for ranks that join at their next commit); ``superseded``: see
     ``_wait_all``."""
     timeout = timeout_seconds()
+    count = connections()  # a bad value fails every job, not only one across hosts
     store = base_store(launch, timeout)
     if not launch.worker:
         check_secret(store, launch, timeout)
@@ -373,14 +377,21 @@ def meet(launch: Launch, round_: int = 0, wait: float | None = None, superseded=
         launch = dataclasses.replace(launch, job=job_token(store),
                                      addr=launch.addr or where[0], port=launch.port or where[1])
     ns = namespace(store, launch, round_)
-    ranks = gather_ranks(ns, launch, timeout if wait is None else wait, superseded)
+    ranks = gather_ranks(ns, launch, timeout if wait is None else wait, superseded,
+                         extra={"connections": count})
+    differ = [r for r, rec in enumerate(ranks) if rec.get("connections", count) != count]
+    if differ:  # the group's contexts must match: every rank sees the same list and says so
+        raise RendezvousError(
+            f"rank {launch.rank}: {CONNECTIONS_VAR} differs between ranks: " +
+            ", ".join(f"rank {r} {rec.get('connections')}" for r, rec in enumerate(ranks)
+                      if r in differ or r == launch.rank) + "; set the same value everywhere")
     hosts = [r["host"] for r in ranks]
     found = {"rank": launch.rank, "size": launch.size, "hosts": hosts,
              "timeout_seconds": timeout, "process_group": "", **layout(hosts, launch.rank)}
     host_key = hashlib.sha256(hosts[launch.rank].encode()).hexdigest()[:8]
     found["shm_prefix"] = f"/hvdl-{launch.job}-{round_}-{host_key}"
     _held.update(store=store, ns=ns)
-    found["connections"] = connections()  # a bad value fails every job, not only one across hosts
+    found["connections"] = count
     if found["cross_size"] > 1:
         name = f"horovodlite-{launch.job}-{round_}"
         group = gloo_group(ns, launch, timeout, name, found["connections"])

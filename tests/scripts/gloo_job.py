@@ -11,7 +11,7 @@
                                        allgather, broadcast and reducescatter against a reference
                                        each rank computes, and a shape mismatch named on every
                                        rank; prints "DATA <rank> <hierarchical allreduces>
-                                       <hierarchical allgathers>"
+                                       <allgathers> <reducescatters>"
     python gloo_job.py exit            rank 1 exits with status 3 after a few allreduces
     python gloo_job.py kill            rank 1 kills itself (SIGKILL) in a stream of allreduces;
                                        the others print "RAISED <rank> <unix time> <message>"
@@ -118,6 +118,11 @@ def data() -> None:
     total = torch.from_numpy(reference_allreduce(ins, "Sum", torch.float32)).float()
     start = sum(rows // n + (k < rows % n) for k in range(r))
     assert_close(got, total[start:start + got.shape[0]].double().numpy(), torch.float32, "rs")
+    ins = [rank_data(13, k, (rows, 30_001), torch.float32) for k in range(n)]  # hierarchical
+    got = hvd.reducescatter(ins[r], op=hvd.Sum, name="rs.big")
+    total = torch.from_numpy(reference_allreduce(ins, "Sum", torch.float32)).float()
+    assert_close(got, total[start:start + got.shape[0]].double().numpy(), torch.float32,
+                 "large reducescatter")
     shape = (4, 4) if r == 0 else (4, 5)  # a mismatch: named on every rank, then work goes on
     try:
         hvd.allreduce(torch.zeros(shape), name="mm")
@@ -129,7 +134,8 @@ def data() -> None:
     after = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="after.mm")
     assert torch.equal(after, torch.full((3,), float(n))), after
     stats = _stats()
-    print("DATA", r, stats["hierarchical_allreduces"], stats["hierarchical_allgathers"], flush=True)
+    print("DATA", r, stats["hierarchical_allreduces"], stats["hierarchical_allgathers"],
+          stats["hierarchical_reducescatters"], flush=True)
 
 
 def per_call(tensor, name: str, warmup: int, count: int) -> float:

@@ -85,3 +85,19 @@ def test_hierarchical_allgather_matches_the_concatenation(hosts, sizes):
               for r in range(n)]
     outs = T.hierarchical_allgather(blocks, hosts, segment=16)
     assert outs == [b"".join(blocks)] * n
+
+
+@pytest.mark.parametrize("hosts", [[[0, 1], [2, 3]], [[0, 2], [1, 3]], [[0], [1], [2]],
+                                   [[0, 1, 2]], [[0, 3], [5, 1], [2, 4]]],
+                         ids=["2x2", "2x2-interleaved", "3x1", "1x3", "3x2-scattered"])
+def test_hierarchical_reducescatter_sums_each_ranks_block(hosts):
+    """comm/hierarchical's reduce-scatter: inside each host by column, then across hosts, for
+    any placement; blocks of different sizes (one empty), small integers: exact sums."""
+    n = sum(len(h) for h in hosts)
+    counts = [r * 7 + (0 if r == 1 else 3) for r in range(n)]
+    inputs = [np.arange(sum(counts), dtype=np.float32) % 5 + r for r in range(n)]
+    outs = T.hierarchical_reducescatter([a.tobytes() for a in inputs], hosts, counts, segment=16)
+    total = np.sum(inputs, axis=0)
+    at = np.cumsum([0] + counts)
+    for r in range(n):
+        np.testing.assert_array_equal(np.frombuffer(outs[r], np.float32), total[at[r]:at[r + 1]])

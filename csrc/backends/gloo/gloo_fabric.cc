@@ -111,7 +111,9 @@ Status GlooFabric::SetTransport(int ps, Transport** out) {
       return Status::Internal("rank " + std::to_string(launch_.rank) +
                               " is not a member of process set " + std::to_string(ps));
     }
-    if (ps >= INT_MAX / kTagsPerSet - 2) return Status::Internal("process set id too large");
+    if (ps >= INT_MAX / (kTagsPerSet * std::max(1, launch_.connections)) - 2) {
+      return Status::Internal("process set id too large");
+    }
     std::unique_ptr<Transport> t;
     HVDL_RETURN_IF_ERROR(Make(members_.at(ps), "ps" + std::to_string(ps),
                               (ps + 2) * kTagsPerSet, &t));

@@ -57,7 +57,8 @@ Status GlooTransport::Post(bool send, const std::vector<Span>& spans, size_t esi
   }
   const int global = members_[static_cast<size_t>(peer)];
   r.what = std::string(send ? "send to " : "receive from ") + names_[static_cast<size_t>(peer)];
-  const int stripes = bytes >= kStripeBytes * connections_ ? connections_ : 1;
+  const int stripes =
+      static_cast<int>(std::clamp<int64_t>(bytes / kStripeBytes, 1, connections_));
   r.works.assign(static_cast<size_t>(stripes), {});
   Status s;
   for (int k = 0; k < stripes && s.ok(); ++k) {

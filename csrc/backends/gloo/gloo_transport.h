@@ -13,10 +13,10 @@
 // Connections: the process group may hold several Gloo contexts (one per device it was made
 // with: HOROVOD_GLOO_CONNECTIONS), each its own TCP connection per pair and its own loop
 // thread; c10d sends a message of tag t on context t mod (contexts). With `connections` > 1 a
-// message of at least kStripeBytes per connection is cut into that many contiguous stripes,
-// stripe s on Gloo tag (tag_base + tag) * connections + s, so each travels its own connection;
-// a smaller message goes whole on stripe 0. Both sides decide from the message's size, which
-// they agree on (a Gloo receive has the message's exact size).
+// message is cut into min(connections, bytes / kStripeBytes) contiguous stripes (at least one),
+// stripe s on Gloo tag (tag_base + tag) * connections + s, so each travels its own connection.
+// Both sides decide from the message's size, which they agree on (a Gloo receive has the
+// message's exact size).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
