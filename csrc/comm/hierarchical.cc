@@ -40,6 +40,26 @@ Status HierarchicalAllreduce(Transport* local, Transport* cross,
   return RingAllgather(local, super, dtype, local_segment_bytes, stats);
 }
 
+namespace {
+
+// The gathers' layout: `columns` must be L columns of C ranks and `counts` one per rank; `at`
+// gets each rank's block offset (elements).
+Status BlockLayout(const char* what, size_t L, size_t C, size_t me_local,
+                   const std::vector<std::vector<int>>& columns,
+                   const std::vector<int64_t>& counts, std::vector<int64_t>* at) {
+  if (columns.size() != L || columns[me_local].size() != C || counts.size() != L * C) {
+    return Status::Internal(std::string("hierarchical ") + what + ": a layout of " +
+                            std::to_string(columns.size()) + " columns and " +
+                            std::to_string(counts.size()) + " counts for " + std::to_string(L) +
+                            " local x " + std::to_string(C) + " cross ranks");
+  }
+  at->assign(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) (*at)[i] = (*at)[i - 1] + counts[i - 1];
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status HierarchicalAllgatherv(Transport* local, Transport* cross, const void* send, void* recv,
                               const std::vector<int64_t>& counts, DataType dtype,
                               const std::vector<std::vector<int>>& columns,
@@ -47,15 +67,9 @@ Status HierarchicalAllgatherv(Transport* local, Transport* cross, const void* se
   const size_t L = static_cast<size_t>(local->size());
   const size_t C = static_cast<size_t>(cross->size());
   const size_t me_local = static_cast<size_t>(local->rank());
-  if (columns.size() != L || columns[me_local].size() != C || counts.size() != L * C) {
-    return Status::Internal("hierarchical allgather: a layout of " +
-                            std::to_string(columns.size()) + " columns and " +
-                            std::to_string(counts.size()) + " counts for " +
-                            std::to_string(L) + " local x " + std::to_string(C) + " cross ranks");
-  }
+  std::vector<int64_t> at;
+  HVDL_RETURN_IF_ERROR(BlockLayout("allgather", L, C, me_local, columns, counts, &at));
   const size_t esize = DataTypeSize(dtype);
-  std::vector<int64_t> at(counts.size(), 0);
-  for (size_t i = 1; i < counts.size(); ++i) at[i] = at[i - 1] + counts[i - 1];
   const auto block = [&](int rank) {
     const size_t r = static_cast<size_t>(rank);
     return Span{static_cast<char*>(recv) + at[r] * static_cast<int64_t>(esize), counts[r]};
@@ -88,15 +102,9 @@ Status HierarchicalReduceScatter(Transport* local, Transport* cross, const void*
   const size_t L = static_cast<size_t>(local->size());
   const size_t C = static_cast<size_t>(cross->size());
   const size_t me_local = static_cast<size_t>(local->rank());
-  if (columns.size() != L || columns[me_local].size() != C || counts.size() != L * C) {
-    return Status::Internal("hierarchical reducescatter: a layout of " +
-                            std::to_string(columns.size()) + " columns and " +
-                            std::to_string(counts.size()) + " counts for " + std::to_string(L) +
-                            " local x " + std::to_string(C) + " cross ranks");
-  }
+  std::vector<int64_t> at;
+  HVDL_RETURN_IF_ERROR(BlockLayout("reducescatter", L, C, me_local, columns, counts, &at));
   const size_t esize = DataTypeSize(dtype);
-  std::vector<int64_t> at(counts.size(), 0);
-  for (size_t i = 1; i < counts.size(); ++i) at[i] = at[i - 1] + counts[i - 1];
   // The rings reduce in place: on a copy, since `send` is the caller's.
   thread_local std::vector<char> work;
   work.resize(static_cast<size_t>(at.back() + counts.back()) * esize);

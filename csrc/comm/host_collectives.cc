@@ -72,24 +72,33 @@ Status HostCollectives::RunPlan(const AllreducePlan& plan, const AllreduceArgs& 
   return RingAllreduce(t, chunks(t->size()), a.dtype, a.op, a.postscale, segment, nullptr);
 }
 
-Status HostCollectives::Allgatherv(const void* send, void* recv,
-                                   const std::vector<int64_t>& counts, DataType dtype, int ps) {
-  if (natives_ != nullptr) return natives_->Allgatherv(send, recv, counts, dtype, ps);
+// Whether a gather-type collective of `counts` runs hierarchically under `toggle` (auto: from
+// kHierarchicalAllgatherBytes in all): then `out` holds the host and cross transports, after
+// the members met, and the columns; else out->local stays null.
+Status HostCollectives::Hierarchical(Toggle toggle, const std::vector<int64_t>& counts,
+                                     DataType dtype, int ps, HostLayout* out) {
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   const int64_t bytes = total * static_cast<int64_t>(DataTypeSize(dtype));
-  if (ps == 0 && fabric_->hierarchical() &&
-      (hierarchical_allgather_ == Toggle::kOn ||
-       (hierarchical_allgather_ == Toggle::kAuto && bytes >= kHierarchicalAllgatherBytes))) {
-    const auto columns = fabric_->LocalRankColumns();
-    if (!columns.empty()) {
-      Transport *local, *cross;
-      HVDL_RETURN_IF_ERROR(fabric_->HostTransports(&local, &cross));
-      HVDL_RETURN_IF_ERROR(fabric_->Meet(ps));
-      ++hierarchical_allgathers_;
-      return HierarchicalAllgatherv(local, cross, send, recv, counts, dtype, columns,
-                                    AllreducePlanner::kHostSegmentBytes, Segment());
-    }
+  if (ps != 0 || !fabric_->hierarchical() || toggle == Toggle::kOff ||
+      (toggle == Toggle::kAuto && bytes < kHierarchicalAllgatherBytes)) {
+    return Status::Ok();
+  }
+  out->columns = fabric_->LocalRankColumns();
+  if (out->columns.empty()) return Status::Ok();
+  HVDL_RETURN_IF_ERROR(fabric_->HostTransports(&out->local, &out->cross));
+  return fabric_->Meet(ps);
+}
+
+Status HostCollectives::Allgatherv(const void* send, void* recv,
+                                   const std::vector<int64_t>& counts, DataType dtype, int ps) {
+  if (natives_ != nullptr) return natives_->Allgatherv(send, recv, counts, dtype, ps);
+  HostLayout h;
+  HVDL_RETURN_IF_ERROR(Hierarchical(hierarchical_allgather_, counts, dtype, ps, &h));
+  if (h.local != nullptr) {
+    ++hierarchical_allgathers_;
+    return HierarchicalAllgatherv(h.local, h.cross, send, recv, counts, dtype, h.columns,
+                                  AllreducePlanner::kHostSegmentBytes, Segment());
   }
   Transport* t;
   HVDL_RETURN_IF_ERROR(Begin(ps, &t));
@@ -118,21 +127,12 @@ Status HostCollectives::ReduceScatter(const void* send, void* recv,
                                       const std::vector<int64_t>& counts, DataType dtype,
                                       ReduceOp op, int ps) {
   if (natives_ != nullptr) return natives_->ReduceScatter(send, recv, counts, dtype, op, ps);
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  const int64_t bytes = total * static_cast<int64_t>(DataTypeSize(dtype));
-  if (ps == 0 && fabric_->hierarchical() &&
-      (hierarchical_reducescatter_ == Toggle::kOn ||
-       (hierarchical_reducescatter_ == Toggle::kAuto && bytes >= kHierarchicalAllgatherBytes))) {
-    const auto columns = fabric_->LocalRankColumns();
-    if (!columns.empty()) {
-      Transport *local, *cross;
-      HVDL_RETURN_IF_ERROR(fabric_->HostTransports(&local, &cross));
-      HVDL_RETURN_IF_ERROR(fabric_->Meet(ps));
-      ++hierarchical_reducescatters_;
-      return HierarchicalReduceScatter(local, cross, send, recv, counts, dtype, op, columns,
-                                       AllreducePlanner::kHostSegmentBytes, Segment());
-    }
+  HostLayout h;
+  HVDL_RETURN_IF_ERROR(Hierarchical(hierarchical_reducescatter_, counts, dtype, ps, &h));
+  if (h.local != nullptr) {
+    ++hierarchical_reducescatters_;
+    return HierarchicalReduceScatter(h.local, h.cross, send, recv, counts, dtype, op, h.columns,
+                                     AllreducePlanner::kHostSegmentBytes, Segment());
   }
   Transport* t;
   HVDL_RETURN_IF_ERROR(Begin(ps, &t));

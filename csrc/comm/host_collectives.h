@@ -61,6 +61,13 @@ class HostCollectives : public DataBackend {
 
  private:
   Status RunPlan(const AllreducePlan& plan, const AllreduceArgs& args);
+  struct HostLayout {
+    Transport* local = nullptr;
+    Transport* cross = nullptr;
+    std::vector<std::vector<int>> columns;
+  };
+  Status Hierarchical(Toggle toggle, const std::vector<int64_t>& counts, DataType dtype, int ps,
+                      HostLayout* out);
   // The transport of `ps` after meeting its members.
   Status Begin(int ps, Transport** t);
   size_t Segment() const;
