@@ -21,6 +21,25 @@ def retry_if_launcher_did_not_start(run, attempts: int = 2):
     return result
 
 
+def communicate_all(procs: list, timeout: float, what: str = "rank") -> list:
+    """(exit status, output) of each process started with its output piped, in order; if one
+    does not end within ``timeout`` s, every one is killed and the test fails naming it."""
+    import subprocess
+
+    import pytest
+
+    results = []
+    for i, proc in enumerate(procs):
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail(f"{what} {i} did not finish within {timeout:.0f} s")
+        results.append((proc.returncode, out))
+    return results
+
+
 def run_job(cmd: list, *, cwd, env: dict, timeout: float, what: str = "the job",
             tail: int = 6000) -> tuple:
     """(exit status, stdout + stderr, seconds) of ``cmd`` run in a session of its own. A job

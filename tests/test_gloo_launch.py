@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launching import run_job
+from launching import communicate_all, run_job
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "scripts" / "gloo_job.py"
@@ -149,16 +149,7 @@ def plain_ranks(script: str, per_rank=({}, {})) -> list:
                               env=dict(base, RANK=str(r), LOCAL_RANK=str(r), **per_rank[r]),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for r in range(n)]
-    results = []
-    for r, p in enumerate(procs):
-        try:
-            out, _ = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail(f"rank {r} did not finish within 120 s")
-        results.append((p.returncode, out))
-    return results
+    return communicate_all(procs, 120)
 
 
 def test_init_after_shutdown_where_rank_0_hosts_the_rendezvous():

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from launching import communicate_all
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER_PREFIXES = ("OMPI_", "PMI", "PMIX_", "SLURM", "HOROVOD_", "HVDL_", "TORCHELASTIC_")
@@ -164,14 +165,8 @@ def srun(nodes: list, tasks_per_node: int, job: int, nodelist: str, **extra) -> 
             [sys.executable, str(ROOT / "tests/scripts/slurm_train.py")], env=env, cwd=ROOT,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     results = []
-    for rank, proc in enumerate(procs):
-        try:
-            out, _ = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail(f"srun task {rank} did not finish within 120 s")
-        assert proc.returncode == 0, f"task {rank} exited {proc.returncode}:\n{out[-4000:]}"
+    for rank, (returncode, out) in enumerate(communicate_all(procs, 120, "srun task")):
+        assert returncode == 0, f"task {rank} exited {returncode}:\n{out[-4000:]}"
         line = next(x for x in out.splitlines() if x.startswith("RESULT "))
         results.append(json.loads(line[len("RESULT "):]))
     return results
