@@ -136,6 +136,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """horovodliterun's argument parser: the one definition of its options (the docs' reference
+    is generated from it)."""
+    return _parser()
+
+
 def _knob_env(args) -> dict:
     env = {}
 
@@ -267,7 +273,7 @@ def _main_gloo(args) -> int:
     return gloo_launch.run(args, slots, env)
 
 
-__all__ = ["main", "parse_args", "choose_controller", "mpi_built", "rank_environment",
+__all__ = ["main", "build_parser", "parse_args", "choose_controller", "mpi_built", "rank_environment",
            "host_slots", "read_hostfile"]
 
 
