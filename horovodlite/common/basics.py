@@ -268,6 +268,7 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
+    """Whether ``init()`` has run and ``shutdown()`` has not since."""
     return bool(_C.is_initialized())
 
 
@@ -339,6 +340,7 @@ def mpi_enabled() -> bool:
 
 
 def mpi_built() -> bool:
+    """Whether this build of horovodlite has MPI (the MPI controller)."""
     return bool(_C.mpi_built())
 
 
@@ -359,10 +361,12 @@ def nccl_built() -> int:
 
 
 def ddl_built() -> bool:
+    """Always False: IBM DDL is not supported (kept for Horovod's API)."""
     return False
 
 
 def ccl_built() -> bool:
+    """Always False: oneCCL is not supported (kept for Horovod's API)."""
     return False
 
 
@@ -372,6 +376,7 @@ def cuda_built() -> bool:
 
 
 def rocm_built() -> bool:
+    """Always False: ROCm is not supported (kept for Horovod's API)."""
     return False
 
 

@@ -273,8 +273,8 @@ def _main_gloo(args) -> int:
     return gloo_launch.run(args, slots, env)
 
 
-__all__ = ["main", "build_parser", "parse_args", "choose_controller", "mpi_built", "rank_environment",
-           "host_slots", "read_hostfile"]
+__all__ = ["main", "build_parser", "parse_args", "choose_controller", "mpi_built",
+           "rank_environment", "host_slots", "read_hostfile"]
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ def _allgather(tensor, name: str, process_set) -> int:
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
+    """Starts one allgather per tensor of ``tensors``, negotiated and completed as one group
+    (names ``grouped_allgather.<name>.<i>``); returns a handle for ``synchronize``."""
     tensors = list(tensors)
     names = group_names("grouped_allgather", name, len(tensors))
     ps, sites = _id_of(process_set), [call_site()] * len(tensors)
@@ -111,6 +113,8 @@ def _grouped_average(tensors, process_set):
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Allgathers each tensor of ``tensors`` as one group (see ``grouped_allgather_async``);
+    returns the gathered tensors in order. Differentiable."""
     return list(_GroupedAllgatherFunction.apply(name, process_set, *tensors))
 
 
@@ -236,6 +240,8 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
+    """Starts one reducescatter per tensor of ``tensors`` with ``op`` (Average or Sum), as one
+    group (names ``grouped_reducescatter.<name>.<i>``); returns a handle for ``synchronize``."""
     op = _check_rs_op(op)
     tensors = list(tensors)
     names = group_names("grouped_reducescatter", name, len(tensors))
@@ -293,6 +299,9 @@ class _GroupedReducescatterFunction(torch.autograd.Function):
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
+    """Reducescatters each tensor of ``tensors`` as one group (see
+    ``grouped_reducescatter_async``), each compressed with ``compression`` on the wire; returns
+    this rank's shares in order. Differentiable."""
     op = _check_rs_op(op)
     pairs = [compression.compress(t) for t in tensors]
     outs = _GroupedReducescatterFunction.apply(name, op, process_set, prescale_factor,

@@ -199,24 +199,27 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          process_set=global_process_set):
     """Wraps ``optimizer`` so that every ``step()`` uses gradients reduced across ranks.
 
-    named_parameters: ``model.named_parameters()``; names the allreduces (timeline, errors).
-        Must name every optimized parameter once. Without it, names are generated in
-        param-group order, identically on every rank.
-    compression: ``hvd.Compression.none/fp16/bf16``: dtype of gradients on the wire.
-    backward_passes_per_step: backward passes accumulated locally (summed) before one allreduce.
-    op: ``hvd.Average`` (default), ``hvd.Sum``, or ``hvd.Adasum`` (Adasum delta optimizer: each
-        rank takes a local step and the parameter deltas are Adasum-combined).
-    gradient_predivide_factor: with Average, scale by 1/f before and f/size after the sum.
-    groups: int n (parameters split in order into n groups) or a list of lists of parameters;
-        each group is reduced as one fused grouped allreduce once all its members are ready.
-        ``num_groups`` is the deprecated spelling of an int ``groups``.
-    sparse_as_dense: densify sparse gradients and allreduce them; otherwise they are
-        allgathered. The reduced gradient stays dense, except for ``torch.optim.SparseAdam``
-        (which takes sparse gradients only): it gets it back sparse, with the rows that are
-        non-zero after the reduction.
-    process_set: the ranks that train together. On a rank outside it the optimizer steps on
-        this rank's own gradients without communication (as in Horovod), so one script can
-        train several groups of ranks separately.
+    Args:
+        named_parameters: ``model.named_parameters()``; names the allreduces (timeline, errors).
+            Must name every optimized parameter once. Without it, names are generated in
+            param-group order, identically on every rank.
+        compression: ``hvd.Compression.none/fp16/bf16``: dtype of gradients on the wire.
+        backward_passes_per_step: backward passes accumulated locally (summed) before one
+            allreduce.
+        op: ``hvd.Average`` (default), ``hvd.Sum``, or ``hvd.Adasum`` (Adasum delta optimizer:
+            each rank takes a local step and the parameter deltas are Adasum-combined).
+        gradient_predivide_factor: with Average, scale by 1/f before and f/size after the sum.
+        groups: int n (parameters split in order into n groups) or a list of lists of
+            parameters; each group is reduced as one fused grouped allreduce once all its
+            members are ready.
+            ``num_groups`` is the deprecated spelling of an int ``groups``.
+        sparse_as_dense: densify sparse gradients and allreduce them; otherwise they are
+            allgathered. The reduced gradient stays dense, except for ``torch.optim.SparseAdam``
+            (which takes sparse gradients only): it gets it back sparse, with the rows that are
+            non-zero after the reduction.
+        process_set: the ranks that train together. On a rank outside it the optimizer steps on
+            this rank's own gradients without communication (as in Horovod), so one script can
+            train several groups of ranks separately.
 
     Returns an instance of ``type(optimizer)`` sharing its param groups and state.
     """
