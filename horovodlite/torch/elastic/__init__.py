@@ -1,4 +1,6 @@
-"""``hvd.elastic``: Horovod's elastic programming model on MPI.
+"""``hvd.elastic``: Horovod's elastic programming model.
+
+Example::
 
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
 
@@ -17,21 +19,23 @@
 
     train(state)
 
-Scripts written for ``horovod.torch.elastic`` run unchanged. What differs, and why: horovodlite
-has no elastic driver; the job is the ranks mpirun started (``horovodliterun --elastic``, on an
-MPI with ULFM), plus those it spawned. docs/elastic.md has the details.
+Scripts written for ``horovod.torch.elastic`` run unchanged, under ``horovodliterun --elastic``
+(horovodliterun is the job's driver, without MPI), ``horovodliterun --elastic --mpi`` (the ranks
+mpirun started plus those they spawn, on an MPI with ULFM) or torchrun. docs/elastic.md has the
+details. What differs from Horovod, and why:
 
 - ``run`` recovers from failures of collectives (a rank raised ``HorovodInternalError``, a
   mismatch, a stall turned into an error, a rank that called ``hvd.shutdown()``) and from ranks
   whose process died: every rank rolls back to the last commit, horovodlite is re-initialised
-  (on the survivors) and training resumes. Losing a host's MPI daemon ends the job.
+  (on the survivors) and training resumes.
 - ``check_host_updates()`` raises ``HostsUpdatedInterrupt`` when the host discovery script
-  (``--host-discovery-script``) lists more slots than the job has ranks (new ranks are
-  spawned) or no longer lists a host of the job (its ranks retire); otherwise never.
-  ``HostsUpdatedInterrupt`` raised by the script itself still re-synchronises without rolling
-  back.
-- ``run`` gives up after ``reset_limit`` resets (``DEFAULT_RESET_LIMIT``); Horovod's limit was
-  a driver option.
+  (``--host-discovery-script``) lists more slots than the job has ranks or no longer lists a
+  host of the job; otherwise never. ``HostsUpdatedInterrupt`` raised by the script itself still
+  re-synchronises without rolling back.
+- ``run`` gives up after ``reset_limit`` resets in a row with no commit between them
+  (``DEFAULT_RESET_LIMIT``, 5), so a failure that recurs before training can commit again ends
+  the job instead of looping; failures spread over a long job do not add up. The job's total
+  is the driver's ``horovodliterun --reset-limit`` (default: no limit, as horovodrun's).
 - ``commit()`` is a barrier, so every rank's last commit is the same point of training;
   ``run`` returns only when every rank's function has returned.
 - ``sync()`` sends rank 0's current state and makes it every rank's snapshot; snapshots of

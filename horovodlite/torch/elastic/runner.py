@@ -16,7 +16,12 @@ Protocol of one call ``train(state, *args)`` (every rank runs it):
    discards whatever the failure left behind (ops some ranks submitted and others never will,
    auto-name counters that diverged, handles) so the retry starts clean.
 5. ``state.on_reset()`` (the registered reset callbacks).
-6. Give up after ``reset_limit`` resets: the last error propagates (the state is restored).
+6. Give up after ``reset_limit`` resets in a row - resets with no ``state.commit()`` between
+   them: the last error propagates (the state is restored). A commit since the last reset
+   starts the count again, so a long job survives any number of failures spread over its life
+   (as a horovodrun job without --reset-limit does), while a failure that recurs before
+   training can commit again ends the job instead of retrying forever. ``horovodliterun
+   --reset-limit N`` (elastic without MPI) is the job's total, counted by the driver.
 
 Why every rank resets. horovodlite has no elastic driver: the job is the ranks mpirun started
 (plus those a growing job spawned), and ``init`` after ``shutdown`` is collective over all of
@@ -44,9 +49,10 @@ from horovodlite.common.exceptions import (
 from horovodlite.torch.collectives import barrier
 from horovodlite.torch.mpi_ops import shutdown
 
-#: Resets one ``run`` call performs before it lets the error propagate. A failure that recurs
-#: deterministically (a bug, a rank that keeps failing) would otherwise retry forever.
-#: Override per function with ``@hvd.elastic.run(reset_limit=N)``.
+#: Resets in a row (no ``state.commit()`` between them) one ``run`` call performs before it lets
+#: the error propagate. A failure that recurs deterministically (a bug, a rank that keeps
+#: failing) would otherwise retry forever; failures between which training committed do not
+#: add up. Override per function with ``@hvd.elastic.run(reset_limit=N)``.
 DEFAULT_RESET_LIMIT = 5
 
 
@@ -194,6 +200,7 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
     them to exercise the protocol without MPI). Returns ``func``'s result."""
     resets = 0
     skip_sync = False
+    committed = _commits(state)  # the commit count at the last reset: progress since it?
     while True:
         try:
             if not skip_sync:
@@ -208,10 +215,12 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
             error, skip_sync, skip_restore = exc, exc.skip_sync, True
             if _retiring():  # the leaving ranks' processed samples must count: sync with them
                 state.sync()
+        if _commits(state) != committed:  # training committed since the last reset: the
+            resets, committed = 0, _commits(state)  # failures are not in a row
         if resets >= reset_limit:
             if hasattr(error, "add_note"):
                 error.add_note(f"hvd.elastic.run gave up after {resets} resets "
-                               f"(reset_limit={reset_limit})")
+                               f"in a row without a commit (reset_limit={reset_limit})")
             raise error
         resets += 1
         rolled_back = "" if skip_restore else " (state rolled back to the last commit)"
@@ -239,6 +248,12 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
         state.on_reset()
 
 
+def _commits(state) -> int:
+    """How many commits ``state`` has had (commit() is collective, so every rank agrees);
+    0 for a state without the counter."""
+    return getattr(state, "commits", 0)
+
+
 def _retiring() -> bool:
     from horovodlite.torch.elastic import discovery
 
@@ -259,9 +274,10 @@ def run(func=None, *, reset_limit: int | None = None):
     """Decorator: ``func(state, *args, **kwargs)`` is retried from ``state``'s last commit when
     a collective fails (see the module docstring for the protocol).
 
-    Use as ``@hvd.elastic.run`` or ``@hvd.elastic.run(reset_limit=N)`` (default
-    ``DEFAULT_RESET_LIMIT``; 0 disables retries). Call collectives only inside ``func``: its
-    first step is a collective sync of ``state``.
+    Use as ``@hvd.elastic.run`` or ``@hvd.elastic.run(reset_limit=N)``: give up after N resets
+    in a row, with no ``state.commit()`` between them (default ``DEFAULT_RESET_LIMIT``, 5; 0
+    disables retries). Call collectives only inside ``func``: its first step is a collective
+    sync of ``state``.
     """
     if func is None:
         return functools.partial(run, reset_limit=reset_limit)
