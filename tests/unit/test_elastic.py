@@ -228,6 +228,23 @@ def test_gives_up_after_the_limit_with_the_last_error():
         assert "hvd.elastic.run gave up after 2 resets" in info.value.__notes__[-1]
 
 
+def test_the_limit_counts_resets_in_a_row_only():
+    """Failures with a commit between them do not add up (a long job survives any number of
+    them, as horovodrun's does without --reset-limit); failures with none do."""
+    state = RecordingState(step=0)
+    failures = []
+
+    def train(s):
+        s.commit()  # progress, then a failure: five times, against a limit of 2
+        if len(failures) < 5:
+            failures.append(hvd.HorovodInternalError(f"failure {len(failures)}"))
+            raise failures[-1]
+        return "done"
+
+    result, resets = run_protocol(train, state, limit=2)
+    assert result == "done" and len(resets) == 5 and state.commits == 6
+
+
 def test_failed_final_agreement_retries():
     state = RecordingState()
     outcomes = iter([hvd.HorovodInternalError("peer reset"), None])
