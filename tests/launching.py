@@ -10,6 +10,14 @@ from __future__ import annotations
 LAUNCHER_DID_NOT_START = "The PMIx server's listener thread failed to start"
 
 
+def unprefixed(output: str) -> str:
+    """A job's output without the ``[rank]<stdout>:`` prefixes horovodliterun puts before each
+    rank's lines (both modes), for tests that read the lines as the ranks wrote them."""
+    import re
+
+    return re.sub(r"(?m)^\[\d+\]<std(?:out|err)>:", "", output)
+
+
 def retry_if_launcher_did_not_start(run, attempts: int = 2):
     """Calls ``run()`` -> (returncode, output, ...) again while the launcher itself failed."""
     result = run()

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launching import retry_if_launcher_did_not_start, run_job
+from launching import retry_if_launcher_did_not_start, run_job, unprefixed
 
 HERE = Path(__file__).parent
 SCRIPTS = HERE / "scripts"
@@ -31,7 +31,8 @@ def _job(np_: int, script: str, *args, env: dict | None = None, timeout: float =
     full_env.update(env or {})
     cmd = [sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_), sys.executable,
            str(SCRIPTS / script), *map(str, args)]
-    return run_job(cmd, cwd=HERE.parent, env=full_env, timeout=timeout, tail=5000)
+    rc, out, took = run_job(cmd, cwd=HERE.parent, env=full_env, timeout=timeout, tail=5000)
+    return rc, unprefixed(out), took
 
 
 def line_of(script: str, text: str) -> int:
@@ -251,6 +252,6 @@ def test_summary_every_n_optimizer_steps(tmp_path):
                           sys.executable, str(script)], env=full_env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("[hvdl summary")]
+    lines = [ln for ln in unprefixed(out.stdout).splitlines() if ln.startswith("[hvdl summary")]
     assert len(lines) == 4, out.stdout  # 2 ranks x (after step 3 and step 6)
     assert all("tensors" in ln and "slowest: rank" in ln for ln in lines)

@@ -19,7 +19,13 @@ from pathlib import Path
 
 import pytest
 from hosts.fixture import HOSTCTL, hosts_fixture
-from launching import discovery_script, retry_if_launcher_did_not_start, run_job, run_with_event
+from launching import (
+    discovery_script,
+    retry_if_launcher_did_not_start,
+    run_job,
+    run_with_event,
+    unprefixed,
+)
 from test_parallel import run_parallel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +71,7 @@ def launch(spec: str, np_: int, argv: list, env: dict | None = None, timeout: in
     def run():
         p = subprocess.run(cmd, cwd=ROOT, env=run_env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        p.stdout = unprefixed(p.stdout)  # the ranks' lines as they wrote them
         return p.returncode, p.stdout, p
 
     return retry_if_launcher_did_not_start(run)[2]
@@ -363,7 +370,7 @@ def test_hostfile_and_a_login_environment_without_root_permission(hosts, tmp_pat
            "--ssh-agent", HOSTCTL, sys.executable, "-c", TOPOLOGY]  # PRRTE's plm_ssh_agent
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    hosts_seen = sorted(line.split()[-1] for line in r.stdout.splitlines()
+    hosts_seen = sorted(line.split()[-1] for line in unprefixed(r.stdout).splitlines()
                         if line.startswith("TOPO"))
     assert hosts_seen == ["hvdl-host0", "hvdl-host1", "hvdl-host1"], r.stdout
 

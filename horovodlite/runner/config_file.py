@@ -97,5 +97,14 @@ def defaults(parser: argparse.ArgumentParser, path: str) -> dict:
         def say(problem, key=key):
             parser.error(f"--config-file {path}: {key}: {problem}")
 
-        out[action.dest] = _value(action, value, say)
+        value = _value(action, value, say)
+        if action.nargs == 0 and value == action.default:
+            # a switch turned off (`mpi: false`) says nothing about the other switches that set
+            # the same option: `gloo: true` with `mpi: false` is Gloo, in either order
+            out.setdefault(action.dest, value)
+            continue
+        if action.dest in out and out[action.dest] not in (action.default, value):
+            others = [k for k in data if k != key and _action(parser, k).dest == action.dest]
+            say(f"contradicts {', '.join(map(str, others))} (both set, choose one)")
+        out[action.dest] = value
     return out

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 
-def read_hostfile(path: str) -> str:
-    """A hostfile (`host slots=N`, `host:N` or `host`, one a line, # comments) as a -H value."""
+def read_hostfile(path: str, default_slots: int = 1) -> str:
+    """A hostfile (`host slots=N`, `host:N` or `host`, one a line, # comments) as a -H value; a
+    host without slots gets ``default_slots`` (``--slots-per-host``)."""
     hosts = []
     try:
         lines = open(path).read().splitlines()
@@ -15,7 +16,7 @@ def read_hostfile(path: str) -> str:
         words = line.split("#", 1)[0].split()
         if not words:
             continue
-        host, slots = words[0], "1"
+        host, slots = words[0], str(default_slots)
         if ":" in host:
             host, slots = host.rsplit(":", 1)
         for w in words[1:]:

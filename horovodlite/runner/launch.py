@@ -22,8 +22,9 @@ import argparse
 import os
 import sys
 
+import horovodlite
 from horovodlite import _mpi_check
-from horovodlite.runner import config_file, mpi_launch
+from horovodlite.runner import config_file, horovod_flags, mpi_launch
 from horovodlite.runner.hosts import host_slots, read_hostfile
 
 START_TIMEOUT = 30.0  # --start-timeout's default (HOROVOD_START_TIMEOUT overrides it), as Horovod
@@ -72,34 +73,23 @@ def _parser() -> argparse.ArgumentParser:
                    help="the command that reaches another host instead of ssh, called as "
                         "`CMD HOST COMMAND` (split as shell words; -p/-i are added to it); in MPI "
                         "mode Open MPI's plm_ssh_agent, MPICH's -launcher-exec")
-    p.add_argument("--check-build", action="store_true",
+    p.add_argument("-v", "--version", action="version",
+                   version=f"horovodliterun (horovodlite) {horovodlite.__version__}")
+    p.add_argument("-cb", "--check-build", action="store_true",
                    help="print what this build of horovodlite has (frameworks, controllers, "
                         "tensor operations) and run one allreduce on one rank on the CPU and, "
                         "with CUDA and a GPU, on the GPU; exit non-zero if anything failed")
     p.add_argument("-H", "--hosts", help="host1:slots,host2:slots (default: this machine)")
     p.add_argument("--hostfile", help="a file of hosts, one a line: `host slots=N` or `host:N` "
                                       "(# starts a comment); instead of -H")
-    p.add_argument("--network-interface", help="interface(s) the job's TCP traffic uses, e.g. "
-                                               "eth1 or eth1,eth2 (Open MPI's and MPICH's)")
+    p.add_argument("--network-interface", "--nics",
+                   help="interface(s) the job's TCP traffic uses, e.g. eth1 or eth1,eth2 (Open "
+                        "MPI's and MPICH's)")
     p.add_argument("--no-rank-reports", action="store_true",
                    help="MPI mode: run the command on the ranks as is, without the wrapper that "
                         "reports each rank's exit to horovodliterun (then only mpirun's status "
                         "counts; no --start-timeout, no --output-filename)")
-    p.add_argument("--fusion-threshold-mb", type=float, help="HOROVOD_FUSION_THRESHOLD in MiB")
-    p.add_argument("--cycle-time-ms", type=float, help="HOROVOD_CYCLE_TIME in milliseconds")
-    p.add_argument("--cache-capacity", type=int, help="HOROVOD_CACHE_CAPACITY")
-    p.add_argument("--timeline-filename", help="HOROVOD_TIMELINE: write a Chrome trace here")
-    p.add_argument("--timeline-mark-cycles", action="store_true",
-                   help="HOROVOD_TIMELINE_MARK_CYCLES=1")
-    p.add_argument("--autotune", action="store_true", help="HOROVOD_AUTOTUNE=1")
-    p.add_argument("--autotune-log-file", help="HOROVOD_AUTOTUNE_LOG")
-    p.add_argument("--stall-check-warning-time-seconds", type=float,
-                   help="HOROVOD_STALL_CHECK_TIME_SECONDS")
-    p.add_argument("--stall-check-shutdown-time-seconds", type=float,
-                   help="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
-    p.add_argument("--no-stall-check", action="store_true", help="HOROVOD_STALL_CHECK_DISABLE=1")
-    p.add_argument("--log-level", choices=["trace", "debug", "info", "warning", "error", "fatal"],
-                   help="HOROVOD_LOG_LEVEL")
+    horovod_flags.add_arguments(p)
     p.add_argument("--elastic", action="store_true",
                    help="keep training when workers or whole hosts are lost (implied by "
                         "--min-np, --max-np, --host-discovery-script): the survivors continue "
@@ -142,33 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     return _parser()
 
 
-def _knob_env(args) -> dict:
-    env = {}
-
-    def put(name, value):
-        if value is not None and value is not False:
-            env[name] = "1" if value is True else str(value)
-
-    if args.fusion_threshold_mb is not None:
-        put("HOROVOD_FUSION_THRESHOLD", int(args.fusion_threshold_mb * 1024 * 1024))
-    put("HOROVOD_CYCLE_TIME", args.cycle_time_ms)
-    put("HOROVOD_CACHE_CAPACITY", args.cache_capacity)
-    put("HOROVOD_TIMELINE", args.timeline_filename)
-    put("HOROVOD_TIMELINE_MARK_CYCLES", args.timeline_mark_cycles)
-    put("HOROVOD_AUTOTUNE", args.autotune)
-    put("HOROVOD_AUTOTUNE_LOG", args.autotune_log_file)
-    put("HOROVOD_STALL_CHECK_TIME_SECONDS", args.stall_check_warning_time_seconds)
-    put("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", args.stall_check_shutdown_time_seconds)
-    put("HOROVOD_STALL_CHECK_DISABLE", args.no_stall_check)
-    put("HOROVOD_LOG_LEVEL", args.log_level)
-    return env
-
-
 def rank_environment(args, base: dict) -> dict:
     """The environment mpirun starts the ranks with: ``base``, the knobs set by flags, and the
     allocator settings a user has not chosen otherwise."""
     env = dict(base)
-    env.update(_knob_env(args))
+    env.update(horovod_flags.knob_env(args))
     # Large tensors on transparent huge pages: MPI's shared-memory copies of torch-allocated
     # buffers are ~1.5x faster with them (NumPy already asks for them). Set it to 0 to opt out.
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
@@ -234,6 +202,7 @@ def main(argv: list | None = None) -> int:
         return check_build()
     if args.num_proc is None:
         _parser().error("the following arguments are required: -np/--num-proc")
+    horovod_flags.check(args, _parser().error)
     if not args.command:
         _parser().error("missing the command to run, e.g. `python train.py`")
     if args.num_proc < 1:
@@ -241,7 +210,9 @@ def main(argv: list | None = None) -> int:
     if args.hostfile:
         if args.hosts:
             _parser().error("give -H or --hostfile, not both")
-        args.hosts = read_hostfile(args.hostfile)
+        args.hosts = read_hostfile(args.hostfile, args.slots_per_host or 1)
+    if args.hosts:
+        args.hosts = horovod_flags.with_slots(args.hosts, args.slots_per_host)
     if args.min_np is not None or args.max_np is not None or args.host_discovery_script:
         args.elastic = True
     if args.elastic and args.controller is None:
@@ -264,6 +235,7 @@ def _main_gloo(args) -> int:
                                                         "--no-rank-reports")):
         if given:
             _parser().error(f"--gloo: {flag} is for MPI mode")
+    horovod_flags.check_gloo(args, _parser().error)
     env = rank_environment(args, os.environ)
     slots = host_slots(args.hosts) if args.hosts else []
     if args.elastic:

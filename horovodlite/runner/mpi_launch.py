@@ -22,7 +22,7 @@ import time
 
 from horovodlite import _mpi_check
 from horovodlite.common import launch_env
-from horovodlite.runner import remote
+from horovodlite.runner import rank_output, remote
 from horovodlite.runner.hosts import host_slots
 from horovodlite.runner.report import ReportServer, interface_addresses
 
@@ -69,7 +69,7 @@ def build_command(args, mpirun: str, flavor: str, env: dict, openmpi_major: int 
                 cmd += ["--oversubscribe"]
         else:
             cmd += ["--oversubscribe"]  # more ranks than cores is fine on one machine
-        cmd += ["--bind-to", "none", "--map-by", "slot"]
+        cmd += [*binding(args, ["--bind-to", "none"]), "--map-by", "slot"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd += ["--allow-run-as-root"]
         if if_include:
@@ -82,6 +82,8 @@ def build_command(args, mpirun: str, flavor: str, env: dict, openmpi_major: int 
             # the job. Failures are detected over TCP; with the shared-memory transport the
             # survivors would wait instead.
             cmd += ["--with-ft", "ulfm", "--mca", "btl", "tcp,self"]
+        elif getattr(args, "tcp", False):  # --tcp: TCP only, also inside a host (no shm, UCX)
+            cmd += ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"]
         for name in names:
             cmd += ["-x", name]
     elif flavor == "mpich":
@@ -89,13 +91,20 @@ def build_command(args, mpirun: str, flavor: str, env: dict, openmpi_major: int 
             cmd += ["-hosts", hosts]
         if if_include:
             cmd += ["-iface", if_include.split(",")[0]]
-        cmd += ["-bind-to", "none", "-genvlist", ",".join(names)]
+        cmd += [*binding(args, ["-bind-to", "none"]), "-genvlist", ",".join(names)]
     elif hosts:
         cmd += ["-H", hosts]
     cmd += remote.mpirun_agent_args(flavor, openmpi_major, args.ssh_agent, args.ssh_port,
                                     args.ssh_identity_file)
     cmd += shlex.split(args.mpi_args)
     return cmd + args.command
+
+
+def binding(args, default: list) -> list:
+    """mpirun's binding arguments: ``--binding-args`` split as shell words, else ``default``
+    (no binding: the background thread needs a core of its own)."""
+    given = getattr(args, "binding_args", None)
+    return shlex.split(given) if given else default
 
 
 def check_elastic(args, error) -> None:
@@ -150,6 +159,9 @@ def run(args, env: dict, error) -> int:
     if args.output_filename:
         env[launch_env.OUTPUT_FILENAME] = os.path.abspath(args.output_filename)
     flavor = mpi_flavor(version_text)
+    if getattr(args, "tcp", False) and flavor != "openmpi":
+        error(f"--tcp sets Open MPI's transports; {mpirun} is not Open MPI: choose the "
+              "transport with --mpi-args (MPICH over libfabric: FI_PROVIDER=tcp)")
     launcher_mpi = _mpi_check.parse_launcher_version(version_text)
     major = (launcher_mpi.major if launcher_mpi else None) or 5
     if args.elastic:
@@ -174,6 +186,7 @@ def run(args, env: dict, error) -> int:
         addr = report_address(args)
         reports = ReportServer(bind=addr, on_lost=_say_lost, tell_survivors=not args.elastic)
         env.update(launch_env.report_settings([addr], reports.port, reports.token))
+        env[rank_output.PREFIX_VAR] = "1"  # each line as under --gloo: [rank]<stdout>:
         args.command = [sys.executable, "-m", "horovodlite.runner.task", "--", *args.command]
     cmd = build_command(args, mpirun, flavor, env, major)
     if args.verbose:

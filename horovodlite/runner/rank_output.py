@@ -10,7 +10,11 @@ stderr, whichever the rank wrote it to, as
 (Horovod's Gloo format: the global rank, the stream, the line as written). A line is written
 whole, so lines of different ranks never mix; a last line without a newline gets one. Output
 that never ends a line (a progress bar redrawn with ``\\r``) shows when the rank ends it.
-(Under mpirun the output is mpirun's own, unprefixed.)
+
+Under mpirun (``horovodliterun --mpi``) the lines carry the same prefix: the launcher sets
+``HVDL_PREFIX_OUTPUT=1`` (``PREFIX_VAR``) and each rank's wrapper (``task.py``) prefixes its
+command's whole lines before mpirun forwards them (``tee``). Without the wrapper
+(``--no-rank-reports``) the output is mpirun's own.
 
 Files (``--output-filename DIR``): the rank wrapper (``task.py``) of rank N copies what its
 command writes into ``DIR/rank.N/stdout`` and ``DIR/rank.N/stderr`` as well, unprefixed, on
@@ -24,6 +28,8 @@ import os
 import selectors
 import sys
 import threading
+
+PREFIX_VAR = "HVDL_PREFIX_OUTPUT"  # "1": the rank wrapper prefixes its command's lines (--mpi)
 
 
 def prefix(rank: int, stream: str) -> bytes:
@@ -144,27 +150,46 @@ def output_files(folder: str, rank) -> dict:
     return {s: os.path.join(base, s) for s in ("stdout", "stderr")}
 
 
-def tee(source_fd: int, console_fd: int, path: str) -> threading.Thread:
-    """Copies ``source_fd`` (a rank command's stdout or stderr pipe) to ``console_fd`` and to
-    the file ``path`` until the pipe ends; returns the copying thread."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    out = open(path, "wb", buffering=0)
+def tee(source_fd: int, console_fd: int, path: str | None, tag: bytes | None = None
+        ) -> threading.Thread:
+    """Copies ``source_fd`` (a rank command's stdout or stderr pipe) to ``console_fd`` - each
+    whole line behind ``tag`` when one is given (``prefix``) - and, as written, to the file
+    ``path`` (None: no file) until the pipe ends; returns the copying thread."""
+    out = None
+    if path is not None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        out = open(path, "wb", buffering=0)
+    pending = [b""]  # with a tag: the line begun and not yet ended
+
+    def lines(chunk: bytes) -> bytes:
+        if tag is None:
+            return chunk
+        data = pending[0] + chunk
+        if chunk:
+            cut = data.rfind(b"\n") + 1
+            data, pending[0] = data[:cut], data[cut:]
+        elif data:
+            data += b"\n"  # the pipe ended inside a line: it gets its newline
+        return b"".join(tag + line + b"\n" for line in data.split(b"\n")[:-1])
 
     def copy():
         console_ok = True
         try:
             while True:
                 chunk = os.read(source_fd, 65536)
-                if not chunk:
-                    return
-                out.write(chunk)
-                while console_ok and chunk:
+                if out is not None and chunk:
+                    out.write(chunk)
+                shown = lines(chunk)
+                while console_ok and shown:
                     try:
-                        chunk = chunk[os.write(console_fd, chunk):]
+                        shown = shown[os.write(console_fd, shown):]
                     except OSError:
                         console_ok = False
+                if not chunk:
+                    return
         finally:
-            out.close()
+            if out is not None:
+                out.close()
             os.close(source_fd)
 
     t = threading.Thread(target=copy, daemon=True)
