@@ -282,18 +282,21 @@ def _start(argv: list, env: dict, rank, stdin) -> tuple:
     """Starts the command; returns (child, the threads copying its output to files, if any).
     Raises OSError when it cannot be started."""
     folder = env.get(launch_env.OUTPUT_FILENAME)
-    pipes = subprocess.PIPE if folder else None
+    # --mpi: the command's lines get the rank prefix the launcher's own output has (--gloo)
+    prefixed = env.get(rank_output.PREFIX_VAR) == "1" and rank is not None
+    pipes = subprocess.PIPE if folder or prefixed else None
     # close_fds=False: the command gets every inheritable descriptor this process got, as
     # with exec - MPICH's launcher hands each rank its PMI connection as one (PMI_FD). Our
     # own socket is not inheritable (PEP 446).
     child = subprocess.Popen(argv, close_fds=False, env=env, stdin=stdin, stdout=pipes,
                              stderr=pipes)
     copies = []
-    if folder:
-        paths = rank_output.output_files(folder, rank)
+    if pipes is not None:
+        paths = rank_output.output_files(folder, rank) if folder else {}
         for stream, console in (("stdout", 1), ("stderr", 2)):
             pipe = getattr(child, stream)
-            copies.append(rank_output.tee(os.dup(pipe.fileno()), console, paths[stream]))
+            tag = rank_output.prefix(rank, stream) if prefixed else None
+            copies.append(rank_output.tee(os.dup(pipe.fileno()), console, paths.get(stream), tag))
             pipe.close()
     return child, copies
 
