@@ -9,17 +9,29 @@ Keys (in the driver's store; the driver always has a secret, so they are reached
 ``signed_store.SignedStore``: their names are under a prefix only the secret gives, and every
 value is signed):
 
-- ``horovodlite/elastic/round``: the latest round number k (text).
-- ``horovodlite/elastic/round/<k>``: that round's ``Round`` as JSON.
-- ``horovodlite/elastic/reset/<k>/<worker>``: set by a worker whose training failed in round k;
-  it waits for round k+1 (the driver publishes it once the job's membership is settled).
-- ``horovodlite/elastic/resets/<k>``: a counter each such worker adds 1 to after its key, so
-  that the driver, which looks every 0.2 s, reads one value while nobody asked instead of one
-  key per worker (2,048 round trips a look at 2,048 workers).
+- ``horovodlite/elastic/round/<k>``: round k's ``Round`` as JSON. Written once (the driver
+  never changes a published round), and its signature binds the value to the key's name, so
+  a value a stranger saw on the wire and writes back is the same value: these keys cannot be
+  rolled back. Workers find the latest round by looking at ``round/<k+1>``, ``round/<k+2>``
+  ... from the round they know, never by trusting a pointer alone.
+- ``horovodlite/elastic/round``: the latest round number k (text), signed: a HINT only, for a
+  worker that knows no round yet (it starts its scan there instead of at round 0). A signed
+  pointer can still be rolled back (a stranger writes an older signed value back under the
+  same name); a rolled-back hint only makes the scan start earlier.
+- ``horovodlite/elastic/resets/<k>/<i>``: reset request slot i of round k, claimed write-once
+  (compare-and-set) by a worker whose training failed in round k, its value the worker's id;
+  the worker then waits for round k+1 (the driver publishes it once the job's membership is
+  settled). The driver reads slot after slot from the first it has not read, so a look while
+  nobody asked is one round trip (``check`` of the next slot) at any number of workers. A
+  c10d counter would be cheaper still but cannot be signed: a stranger who saw its name could
+  add -1 after each +1 and hide every request.
 
 A value that fails its signature (a process outside the job wrote it) is refused: the worker
 says so on stderr, naming the key, and goes on waiting for the driver's own round; the driver
-does not count a forged reset.
+does not count a forged reset (it skips the slot). What a stranger who reaches the store can
+still do is deny service (delete keys, or overwrite the next slot or round with garbage until
+the driver overwrites it back): it cannot make a worker take a round the driver did not publish
+or the driver miss a request that stays in the store.
 
 A round assigns ranks 0..size-1 to worker ids: the survivors of the previous round first, in
 their old rank order (so rank 0 - whose state ``hvd.elastic`` broadcasts - stays rank 0 while it
@@ -48,12 +60,14 @@ def round_key(k: int) -> str:
     return f"{PREFIX}/round/{k}"
 
 
-def reset_key(k: int, worker: str) -> str:
-    return f"{PREFIX}/reset/{k}/{worker}"
-
-
 def resets_key(k: int) -> str:
+    """The counter of round k's requests before slots replaced it: read by nothing (a test
+    adds to it as a stranger would, to show that nothing depends on it)."""
     return f"{PREFIX}/resets/{k}"
+
+
+def reset_slot_key(k: int, i: int) -> str:
+    return f"{PREFIX}/resets/{k}/{i}"
 
 
 _said: set = set()  # the refusals already said (a poll loop meets the same forgery again)
@@ -103,38 +117,81 @@ class Round:
 
 
 def publish(store, r: Round) -> None:
-    """Makes round ``r`` the job's latest (its assignment first, then the pointer to it)."""
+    """Makes round ``r`` the job's latest (its assignment first, then the hint to it)."""
     store.set(round_key(r.number), r.to_json())
     store.set(ROUND_KEY, str(r.number))
 
 
+def _claim(store, key: str, value: str) -> bool:
+    """Sets ``key`` write-once: signed where the store is (``SignedStore.claim``)."""
+    if hasattr(store, "claim"):
+        return store.claim(key, value)
+    return bytes(store.compare_set(key, b"", value.encode())) == value.encode()
+
+
+class ResetRequests:
+    """The driver's view of round k's reset requests: reads each slot once, in order."""
+
+    def __init__(self, store, k: int):
+        self.store, self.k = store, k
+        self.next = 0  # the first slot not read
+        self.asked: set = set()
+
+    def count(self, workers: list) -> int:
+        """How many of ``workers`` asked to leave round k after a failure (a forged or
+        replayed request does not count, a worker asking twice counts once)."""
+        while self.store.check([reset_slot_key(self.k, self.next)]):
+            try:
+                self.asked.add(self.store.get(reset_slot_key(self.k, self.next)).decode())
+            except Exception as e:  # noqa: BLE001 - a forgery is skipped; the store's errors rise
+                if not refused(e):
+                    raise
+            self.next += 1
+        return len(self.asked & {str(w) for w in workers})
+
+
 def resets_requested(store, k: int, workers: list) -> int:
-    """How many of ``workers`` asked to leave round k after a failure (a forged request does not
-    count). Nothing but the counter is read while it is 0."""
-    if int(store.add(resets_key(k), 0)) == 0:
-        return 0
-    asked = 0
-    for w in workers:
-        key = reset_key(k, str(w))
-        try:
-            asked += store.check([key]) and store.get(key) == b"1"
-        except Exception as e:  # noqa: BLE001 - a forgery is refused; the store's errors rise
-            if not refused(e):
-                raise
-    return asked
+    """``ResetRequests(store, k).count(workers)`` for one look (reads every slot)."""
+    return ResetRequests(store, k).count(workers)
 
 
 # --------------------------------------------------------------------------------- the workers
 
 
-def latest(store) -> int:
-    """The latest round's number; -1 when there is none (or its pointer is forged: refused)."""
+def _hint(store) -> int:
+    """The driver's pointer (see the top: a hint only); -1 when there is none or it is forged."""
     try:
         return int(store.get(ROUND_KEY).decode()) if store.check([ROUND_KEY]) else -1
     except Exception as e:  # noqa: BLE001
         if refused(e):
             return -1
         raise
+
+
+def newest(store, after: int = -1) -> Round | None:
+    """The newest round the driver published after round ``after`` (None: none yet). Scans
+    the write-once rounds from ``after + 1`` (or from the hint, when the worker knows none and
+    the hint is further on) while they exist, then takes the newest whose signature holds
+    (a forged one is refused, said once on stderr)."""
+    k = after + 1
+    if after < 0:
+        k = max(k, _hint(store))
+    top = k - 1
+    while store.check([round_key(top + 1)]):
+        top += 1
+    for j in range(top, after, -1):
+        try:
+            return read(store, j)
+        except Exception as e:  # noqa: BLE001 - a forged round: an older one, or none yet
+            if not refused(e):
+                raise
+    return None
+
+
+def latest(store, after: int = -1) -> int:
+    """The latest round's number (``newest``); ``after`` when there is none newer (-1: none)."""
+    r = newest(store, after)
+    return r.number if r is not None else after
 
 
 def read(store, k: int) -> Round:
@@ -146,8 +203,10 @@ def read(store, k: int) -> Round:
 
 
 def request_reset(store, k: int, worker: str) -> None:
-    store.set(reset_key(k, worker), "1")
-    store.add(resets_key(k), 1)
+    """Claims the first free reset slot of round k for ``worker`` (see the top)."""
+    i = 0
+    while not _claim(store, reset_slot_key(k, i), worker):
+        i += 1
 
 
 def wait_round(store, after: int, timeout: float, poll: float = 0.2) -> Round:
@@ -156,15 +215,11 @@ def wait_round(store, after: int, timeout: float, poll: float = 0.2) -> Round:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            k = latest(store)
+            r = newest(store, after)
         except Exception as e:  # noqa: BLE001 - the store's own errors (DistNetworkError, ...)
             raise ConnectionError(f"the elastic driver's store is unreachable: {e}") from None
-        if k > after:
-            try:
-                return read(store, k)
-            except Exception as e:  # noqa: BLE001 - a forged round: the driver's comes
-                if not refused(e):
-                    raise
+        if r is not None:
+            return r
         if time.monotonic() >= deadline:
             raise TimeoutError(f"no new rendezvous round from the elastic driver within "
                                f"{timeout:g} s (--elastic-timeout)")

@@ -79,7 +79,7 @@ def join(launch):
 def superseded() -> str:
     """While meeting: why the round being met is no longer the job's ("" while it is)."""
     try:
-        k = elastic_rounds.latest(_store())
+        k = elastic_rounds.latest(_store(), _current.number if _current else -1)
     except Exception as e:  # noqa: BLE001 - the store's own errors
         return f"the elastic driver's store is unreachable: {e}"
     return f"the driver published round {k}" if _current and k > _current.number else ""
@@ -117,7 +117,7 @@ def newer_round() -> int:
     """The driver's latest round if it is newer than this worker's, else -1 (rank 0 asks at
     commit, and broadcasts the answer)."""
     try:
-        k = elastic_rounds.latest(_store())
+        k = elastic_rounds.latest(_store(), _current.number if _current else -1)
     except Exception:  # noqa: BLE001 - an unreachable driver shows at the next collective
         return -1
     return k if _current is not None and k > _current.number else -1

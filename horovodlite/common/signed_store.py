@@ -18,7 +18,11 @@ launcher made a secret for the job (``horovodliterun --gloo``, ``--elastic``, ``
 The class is a Python ``torch.distributed.Store``: c10d's C++ code (ProcessGroupGloo exchanging
 its pair addresses, a ``PrefixStore`` above it) calls it like any store, and so reads verified
 values. Counters (``add``) cannot carry a tag; they are only under the hidden prefix, and the
-job's protocol does not rely on them where a secret exists.
+job's protocol does not rely on them where a secret exists: a stranger who saw a counter's name
+can add any amount to it (a negative one too). Where the protocol needs a count, it claims
+write-once signed keys instead (``claim``), and where it needs the latest of a sequence it
+reads the write-once keys themselves, not a mutable pointer that an older signed value could
+roll back (``elastic_rounds.py``).
 
 ``mark_job`` and ``check_job`` replace the stored hash of the secret: the launcher's store holds
 one signed value under a key named by the secret, which a worker of another job cannot find.
@@ -117,6 +121,15 @@ class SignedStore(dist.Store):
             self.store.wait(names)
         else:
             self.store.wait(names, timeout)
+
+    def claim(self, key, value) -> bool:
+        """Sets ``key`` only if nobody has (compare-and-set on the store): whether this call
+        did. A write-once signed key is what a stranger can neither forge nor roll back - a
+        signed value it replays under the same name is the same value - unlike a counter."""
+        name = self._name(key)
+        data = _bytes(value)
+        signed = tag(self._secret, name, data) + data
+        return bytes(self.store.compare_set(name, b"", signed)) == signed
 
     def add(self, key, amount) -> int:
         return self.store.add(self._name(key), amount)
