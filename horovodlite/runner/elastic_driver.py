@@ -121,6 +121,7 @@ class ElasticJob:
         self.workers: dict[int, Worker] = {}
         self.members: list[int] = []  # the current round's workers, rank order
         self.round = -1
+        self.resets: elastic_rounds.ResetRequests | None = None  # this round's requests read
         self.blacklist = Blacklist(args.blacklist_cooldown_range)
         self.failure_rounds = 0
         self.ended = ""  # why the driver ended the job
@@ -284,8 +285,9 @@ class ElasticJob:
 
     def _reset_wanted(self, now: float) -> bool:
         """A reset asked for with nobody lost: meet again once all asked, or after the timeout."""
-        asked = elastic_rounds.resets_requested(self.server.control, self.round,
-                                                [str(w) for w in self.members])
+        if self.resets is None or self.resets.k != self.round:
+            self.resets = elastic_rounds.ResetRequests(self.server.control, self.round)
+        asked = self.resets.count([str(w) for w in self.members])
         if asked == 0:
             return False
         if self.reset_since is None:
