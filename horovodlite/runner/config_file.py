@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-NOT_IN_FILE = ("help", "config_file", "command", "check_build")
+NOT_IN_FILE = ("help", "version", "config_file", "command", "check_build")
 
 
 def _read(path: str, fail) -> dict:

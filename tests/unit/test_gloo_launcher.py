@@ -20,6 +20,7 @@ from horovodlite.common import launch_env as le
 from horovodlite.runner import (
     config_file,
     gloo_launch,
+    horovod_flags,
     launch,
     mpi_launch,
     rank_output,
@@ -120,7 +121,7 @@ def test_config_file_options_and_command_line_overrides(tmp_path):
     # the command line wins, also over a flag of the mutually exclusive pair
     args = parse("--config-file", str(f), "-np", "2", "--mpi", "--fusion-threshold-mb", "1", "x")
     assert (args.num_proc, args.controller, args.fusion_threshold_mb) == (2, "mpi", 1.0)
-    assert launch._knob_env(args)["HOROVOD_FUSION_THRESHOLD"] == str(1024 * 1024)
+    assert horovod_flags.knob_env(args)["HOROVOD_FUSION_THRESHOLD"] == str(1024 * 1024)
 
 
 @pytest.mark.parametrize("text, says", [

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from horovodlite.runner import launch, mpi_launch
+from horovodlite.runner import horovod_flags, launch, mpi_launch
 
 
 def parse(*argv):
@@ -34,10 +34,10 @@ def test_knob_flags_become_environment():
     args = parse("-np", "2", "--fusion-threshold-mb", "64", "--cycle-time-ms", "2",
                  "--cache-capacity", "10", "--timeline-filename", "t.json", "--autotune",
                  "--stall-check-shutdown-time-seconds", "30", "--log-level", "debug", "python", "x")
-    env = launch._knob_env(args)
-    assert env == {"HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024), "HOROVOD_CYCLE_TIME": "2.0",
+    env = horovod_flags.knob_env(args)
+    assert env == {"HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024), "HOROVOD_CYCLE_TIME": "2",
                    "HOROVOD_CACHE_CAPACITY": "10", "HOROVOD_TIMELINE": "t.json",
-                   "HOROVOD_AUTOTUNE": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30.0",
+                   "HOROVOD_AUTOTUNE": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30",
                    "HOROVOD_LOG_LEVEL": "debug"}
 
 
