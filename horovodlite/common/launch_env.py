@@ -40,9 +40,8 @@ them through ``common/launchers.py``):
 that ``horovodliterun --gloo`` starts through ssh gets them on its stdin (``runner/remote.py``).
 
 ``HVDL_NOTICE_FD`` is also read by the C++ core (``csrc/core/launcher_notices.cc``), which cannot
-share this definition. Every ``HOROVOD_*`` and ``HVDL_*`` variable of the launcher's environment,
-and the ``FORWARDED`` ones, reach the ranks (mpirun ``-x``); an elastic job's new ranks on an
-added host get them through ``job_environment``.
+share this definition. Besides these, the whole environment of the launcher reaches the ranks,
+except a short list: ``common/env_travel.py`` decides it, for every launcher path.
 """
 
 from __future__ import annotations
@@ -77,27 +76,10 @@ WORKER_ID = "HVDL_WORKER_ID"  # an elastic Gloo job's worker: its number for the
 ELASTIC_TIMEOUT = "HVDL_ELASTIC_TIMEOUT"  # --elastic-timeout: how long a worker waits for a round
 SECRETS = (RENDEZVOUS_SECRET, REPORT_TOKEN)
 
-# Environment prefixes, and further variables, that the launcher forwards to every rank.
-PREFIXES = ("HOROVOD_", "HVDL_")
-FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS",
-             "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES", "THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES")
-
 # A rank's exit status when it left an elastic job on purpose (its host left the host discovery
 # output): the rank wrapper reports it as "retired" with status 0 and itself exits 0, so mpirun
 # sees a clean exit.
 RETIRED_STATUS = 83
-
-
-def forwarded(env) -> list:
-    """The names in ``env`` that the launcher passes on to the ranks, sorted."""
-    return sorted(k for k in env if k.startswith(PREFIXES) or k in FORWARDED)
-
-
-def job_environment(env=os.environ) -> list:
-    """``VAR=value`` of what the launcher passed to this rank, for ranks an elastic job starts
-    on a host added to it (that host's MPI daemon has no copy of the job's environment). The
-    notice pipe is this rank's own, and a value with a newline cannot travel as an argument."""
-    return [f"{k}={env[k]}" for k in forwarded(env) if k != NOTICE_FD and "\n" not in env[k]]
 
 
 # ------------------------------------------------------------------------ the launcher writes
@@ -232,12 +214,12 @@ def parse_report_to(value: str) -> list:
 __all__ = [
     "ELASTIC", "ELASTIC_MIN_NP", "ELASTIC_MAX_NP", "ELASTIC_SLOTS", "ELASTIC_HOSTS",
     "DISCOVERY_SCRIPT", "DISCOVERY_INTERVAL", "BLACKLIST_COOLDOWN", "REPORT_TO", "REPORT_TOKEN",
-    "NOTICE_FD", "OUTPUT_FILENAME", "PREFIXES", "FORWARDED", "RETIRED_STATUS",
+    "NOTICE_FD", "OUTPUT_FILENAME", "RETIRED_STATUS",
     "GLOO_RANK", "GLOO_SIZE", "GLOO_LOCAL_RANK", "GLOO_LOCAL_SIZE", "GLOO_CROSS_RANK",
     "GLOO_CROSS_SIZE", "GLOO_HOSTNAME", "GLOO_RENDEZVOUS_ADDR", "GLOO_RENDEZVOUS_PORT",
     "CONTROLLER", "RENDEZVOUS_SECRET", "GLOO_IFACE", "SECRETS", "gloo_rank_settings",
     "WORKER_ID", "ELASTIC_TIMEOUT", "elastic_worker_settings", "worker_id", "elastic_timeout",
-    "forwarded", "job_environment", "elastic_settings", "report_settings", "is_elastic",
+    "elastic_settings", "report_settings", "is_elastic",
     "min_np", "max_np", "slots", "allocated_hosts", "discovery_script", "discovery_interval",
     "cooldown_range", "reports_to", "parse_report_to",
 ]

@@ -42,7 +42,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from horovodlite.common import elastic_rounds, launch_env
+from horovodlite.common import elastic_rounds, env_travel, launch_env
 from horovodlite.runner import rank_output, remote
 from horovodlite.runner.gloo_launch import (
     POLL,
@@ -97,6 +97,7 @@ class ElasticJob:
     def __init__(self, args, slots: list, base_env: dict):
         self.args = args
         self.base_env = base_env
+        self.policy = env_travel.from_args(args)  # what of base_env a worker gets, everywhere
         self.min_np = args.min_np or 1
         self.max_np = args.max_np or args.num_proc
         self.elastic_timeout = args.elastic_timeout or DEFAULT_ELASTIC_TIMEOUT
@@ -177,8 +178,8 @@ class ElasticJob:
         if self.args.output_filename:
             settings[launch_env.OUTPUT_FILENAME] = os.path.abspath(self.args.output_filename)
         here = self.local(host)
-        proc = start_rank(number, host, here, rank_env(self.base_env, settings), self.args,
-                          self.forwarder)
+        proc = start_rank(number, host, here, rank_env(self.base_env, settings, self.policy),
+                          self.args, self.forwarder)
         self.workers[number] = Worker(number, host, here, proc)
         return number
 

@@ -39,7 +39,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from horovodlite.common import launch_env
+from horovodlite.common import env_travel, launch_env
 from horovodlite.runner import rank_output, remote
 from horovodlite.runner.report import ReportServer, interface_addresses
 
@@ -47,9 +47,6 @@ FAIL_GRACE = 5.0  # beyond HOROVOD_GLOO_TIMEOUT_SECONDS, for the survivors of a 
 TERM_GRACE = 10.0  # after SIGTERM, before SIGKILL
 EXIT_REPORT_GRACE = 3.0
 POLL = 0.2
-# What says "this process is an MPI rank": a rank the launcher starts must not inherit it (the
-# launcher itself may run inside an MPI job).
-MPI_IDENTITY = ("OMPI_COMM_WORLD_", "OMPI_UNIVERSE_SIZE", "PMIX_", "PMI_")
 
 
 def place(num_proc: int, slots: list) -> list:
@@ -86,8 +83,10 @@ def job_address(interface: str | None, remote_hosts: list) -> str:
                          "--network-interface") from None
 
 
-def rank_env(base: dict, settings: dict) -> dict:
-    env = {k: v for k, v in base.items() if not k.startswith(MPI_IDENTITY)}
+def rank_env(base: dict, settings: dict, policy: env_travel.Policy | None = None) -> dict:
+    """A rank's environment here: the launcher's as ``env_travel`` lets it reach this host's
+    ranks (no MPI identity: the launcher itself may run inside an MPI job), and ``settings``."""
+    env = (policy or env_travel.Policy()).local(base)
     env.update(settings)
     return env
 
@@ -101,7 +100,7 @@ def start_rank(label: int, host: str, here: bool, env: dict, args, forwarder) ->
         argv = [*wrapper, "--", *args.command]
     else:
         argv = remote.remote_command(
-            host, [*wrapper, "--secrets-on-stdin", "--", *args.command], env, cwd,
+            host, [*wrapper, "--env-on-stdin", "--", *args.command], env, cwd,
             args.ssh_agent, args.ssh_port, args.ssh_identity_file)
     if args.verbose:
         print(f"horovodliterun: rank {label} on {host}: {shlex.join(argv)}", flush=True)
@@ -115,7 +114,7 @@ def start_rank(label: int, host: str, here: bool, env: dict, args, forwarder) ->
                          f"{argv[0]}: {e.strerror}") from None
     if not here:
         try:
-            proc.stdin.write(remote.secrets_block(env))
+            proc.stdin.write(remote.stdin_block(env, env_travel.from_args(args)))
             proc.stdin.close()
         except OSError:
             pass  # it ended already: its status says why
@@ -176,7 +175,8 @@ class GlooJob:
     def start(self, server, reports) -> None:
         for rank, settings in enumerate(self.settings(server, reports)):
             proc = start_rank(rank, self.hosts[rank], self.local[rank],
-                              rank_env(self.base_env, settings), self.args, self.forwarder)
+                              rank_env(self.base_env, settings, env_travel.from_args(self.args)),
+                              self.args, self.forwarder)
             self.ranks.append(RankProcess(rank, self.hosts[rank], self.local[rank], proc))
 
     # -- watching ------------------------------------------------------------------------------

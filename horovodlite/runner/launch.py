@@ -24,7 +24,7 @@ import sys
 
 import horovodlite
 from horovodlite import _mpi_check
-from horovodlite.runner import config_file, horovod_flags, mpi_launch
+from horovodlite.runner import cluster, config_file, horovod_flags, mpi_launch
 from horovodlite.runner.hosts import host_slots, read_hostfile
 
 START_TIMEOUT = 30.0  # --start-timeout's default (HOROVOD_START_TIMEOUT overrides it), as Horovod
@@ -118,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="elastic: a host where ranks were lost gets no new ranks for MIN "
                         "seconds, doubling with each further failure up to MAX (default: for "
                         "the rest of the job)")
+    cluster.add_arguments(p)
     p.add_argument("--mpi-args", default="",
                    help="MPI mode: extra arguments passed to mpirun verbatim")
     p.add_argument("--verbose", action="store_true",
@@ -221,7 +222,9 @@ def main(argv: list | None = None) -> int:
             args.controller == "mpi"):
         _parser().error("--reset-limit and --elastic-timeout are for elastic jobs without MPI "
                         "(--elastic without --mpi)")
-    if choose_controller(args) == "gloo":
+    controller = choose_controller(args)
+    cluster.prepare(args, controller, _parser().error)  # hosts from the allocation; --verbose
+    if controller == "gloo":
         if args.elastic:
             mpi_launch.check_elastic(args, _parser().error)
         return _main_gloo(args)

@@ -21,8 +21,8 @@ import sys
 import time
 
 from horovodlite import _mpi_check
-from horovodlite.common import launch_env
-from horovodlite.runner import rank_output, remote
+from horovodlite.common import env_travel, launch_env
+from horovodlite.runner import allocation, rank_output, remote
 from horovodlite.runner.hosts import host_slots
 from horovodlite.runner.report import ReportServer, interface_addresses
 
@@ -58,7 +58,7 @@ def mpi_flavor(version_text: str) -> str:
 
 def build_command(args, mpirun: str, flavor: str, env: dict, openmpi_major: int = 5) -> list:
     cmd = [mpirun, "-np", str(args.num_proc)]
-    names = launch_env.forwarded(env)
+    names = env_travel.from_args(args).mpirun_names(env)  # by name: values travel exactly
     hosts = args.hosts
     if_include = args.network_interface
     if flavor == "openmpi":
@@ -189,6 +189,8 @@ def run(args, env: dict, error) -> int:
         env[rank_output.PREFIX_VAR] = "1"  # each line as under --gloo: [rank]<stdout>:
         args.command = [sys.executable, "-m", "horovodlite.runner.task", "--", *args.command]
     cmd = build_command(args, mpirun, flavor, env, major)
+    policy = env_travel.from_args(args)  # --env-exclude: not even to the ranks mpirun starts here
+    env = {k: v for k, v in env.items() if not policy.user_excluded(k)}
     if args.verbose:
         print("horovodliterun: " + " ".join(cmd), flush=True)
     return _mpi_outcome(args, cmd, env, reports)
@@ -203,6 +205,7 @@ def report_address(args) -> str:
     from horovodlite.runner.gloo_launch import job_address
 
     hosts = [h for h, _ in host_slots(args.hosts)] if args.hosts else []
+    hosts += getattr(args, "job_hosts", [])  # the allocation's (a hostfile mpirun reads itself)
     if not hosts and args.host_discovery_script and not args.network_interface:
         try:
             out = subprocess.run([args.host_discovery_script], capture_output=True, text=True,
@@ -212,6 +215,9 @@ def report_address(args) -> str:
             hosts = []
     names = remote.local_names(interface_addresses())
     others = [h for h in dict.fromkeys(hosts) if not remote.is_local(h, names)]
+    unknown = allocation.spans_unknown_hosts(os.environ, getattr(args, "mpi_args", ""))
+    if not others and unknown and not args.network_interface:
+        return allocation.reachable_address(unknown)  # mpirun may place ranks elsewhere
     return job_address(args.network_interface, others)
 
 

@@ -3,15 +3,20 @@ command line that starts a rank elsewhere, and the same agent handed to mpirun.
 
 A remote rank is started as
 
-    ssh [-p PORT] [-i IDENTITY] -o BatchMode=yes HOST 'cd CWD && exec env VAR=value ... COMMAND'
+    ssh [-p PORT] [-i IDENTITY] -o BatchMode=yes HOST \
+        'cd CWD && exec env [PYTHONPATH=... LD_LIBRARY_PATH=...] PYTHON -m horovodlite.runner.task
+         --env-on-stdin -- COMMAND'
 
 or, with ``--ssh-agent CMD``, as ``CMD [-p PORT] [-i IDENTITY] HOST 'cd CWD && ...'`` (CMD split
 as shell words; an agent is called the way Open MPI calls its ``plm_ssh_agent``: like ssh, the
-host, then the command line). The variables on the command line are the ones the launcher
-forwards (``launch_env.forwarded``) except the job's secrets (``SECRET_NAMES``): a command line
-can be read by anyone on both machines (``ps``), so the secrets travel on the command's stdin,
-which the rank wrapper reads first (``task.py --secrets-on-stdin``). BatchMode: a host that
-would ask for a password fails at once instead of waiting on a prompt nobody sees.
+host, then the command line). The rank's environment - what ``common/env_travel.py`` sends to
+other hosts, the job's secrets among it - goes on the command's stdin as one JSON line, which
+the rank wrapper reads first and lays over the host's login environment (``task.py``): a
+command line can be read by anyone on both machines (``ps``), is parsed by the remote user's
+shell (whose quoting rules differ: a newline inside quotes ends a csh command), and has a
+length limit. Only what Python itself needs to start the wrapper is on the command line.
+BatchMode: a host that would ask for a password fails at once instead of waiting on a prompt
+nobody sees.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from __future__ import annotations
 import shlex
 import socket
 
-from horovodlite.common import launch_env
+from horovodlite.common import env_travel, launch_env
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1", "localhost.localdomain")
 SECRET_NAMES = launch_env.SECRETS
+# What the remote Python needs before it can read its stdin (also sent there, as all else).
+STARTUP = ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH")
 
 
 def local_names(addresses: list = ()) -> set:
@@ -66,23 +73,28 @@ def shell_line(argv: list, env: dict, cwd: str) -> str:
                      *(shlex.quote(a) for a in argv)])
 
 
-def remote_env(env: dict) -> dict:
-    """What a remote rank's command line carries: the forwarded variables, but no secret."""
-    return {k: env[k] for k in launch_env.forwarded(env)
-            if k not in SECRET_NAMES and k != launch_env.NOTICE_FD}
+def remote_env(env: dict, policy: env_travel.Policy | None = None) -> dict:
+    """What a remote rank gets over its login environment (``env_travel``): the secrets
+    among it."""
+    return (policy or env_travel.Policy()).remote(env)
 
 
-def secrets_block(env: dict) -> bytes:
-    """The job's secrets as the wrapper reads them from stdin: NAME=value lines, an empty line."""
-    return "".join(f"{k}={env[k]}\n" for k in SECRET_NAMES if k in env).encode() + b"\n"
+def startup_env(env: dict) -> dict:
+    """What the remote command line carries: Python's own start-up variables, no secret."""
+    return {k: env[k] for k in STARTUP if k in env and "\n" not in env[k]}
+
+
+def stdin_block(env: dict, policy: env_travel.Policy | None = None) -> bytes:
+    """The remote rank's stdin: its environment as one line (``env_travel.encode_block``)."""
+    return env_travel.encode_block(remote_env(env, policy))
 
 
 def remote_command(host: str, argv: list, env: dict, cwd: str, ssh_agent: str | None = None,
                    port: int | None = None, identity: str | None = None) -> list:
-    """The local argv that runs ``argv`` on ``host`` in ``cwd`` with the forwarded part of
-    ``env`` (see the top)."""
+    """The local argv that runs ``argv`` on ``host`` in ``cwd``, with Python's start-up
+    variables of ``env`` (the rest goes on stdin: ``stdin_block``; see the top)."""
     return [*agent_words(ssh_agent, port, identity), host,
-            shell_line(argv, remote_env(env), cwd)]
+            shell_line(argv, startup_env(env), cwd)]
 
 
 def mpirun_agent_args(flavor: str, openmpi_major: int, ssh_agent: str | None,

@@ -2,14 +2,14 @@
 
     python -m horovodlite.runner.task -- python train.py ...
     python -m horovodlite.runner.task --added-as N -- python train.py ...
-    python -m horovodlite.runner.task --secrets-on-stdin -- python train.py ...
+    python -m horovodlite.runner.task --env-on-stdin -- python train.py ...
 
 (The second form starts the ranks an elastic job adds while training, which become ranks N,
 N+1, ... of the grown job: MPI_Comm_spawn runs it, not mpirun, and the launcher lists them as
 "added while training". The third is how ``horovodliterun --gloo`` starts a rank on another
-host through ssh: the job's secrets come on stdin as ``NAME=value`` lines ended by an empty
-line, not on the command line that ``ps`` shows (``remote.py``); the command then gets an empty
-stdin.)
+host through ssh: the rank's environment, the job's secrets among it, comes on stdin as one line
+(``common/env_travel.py``), laid over the host's login environment, not on the command line
+that ``ps`` shows (``remote.py``); the command then gets an empty stdin.)
 
 mpirun's own exit status does not prove that a job completed: measured with Open MPI 5, a job
 whose second host died ("lost communication with a remote daemon") ended with status 0. So each
@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 
-from horovodlite.common import launch_env
+from horovodlite.common import env_travel, launch_env
 from horovodlite.common.launch_env import RETIRED_STATUS, parse_report_to
 from horovodlite.runner import rank_output, report_channel
 
@@ -68,20 +68,6 @@ def rank_from_env(env=os.environ) -> int | None:
 def host_from_env(env=os.environ) -> str:
     """The rank's host as the launcher names it (-H under --gloo), else this machine's name."""
     return env.get(launch_env.GLOO_HOSTNAME) or socket.gethostname()
-
-
-def read_secrets(stream) -> dict:
-    """``NAME=value`` lines up to an empty line (or the end) from ``stream`` (binary): the
-    secrets ``horovodliterun --gloo`` sends a remote rank (``launch_env.SECRETS`` only)."""
-    found = {}
-    for line in iter(stream.readline, b""):
-        text = line.decode().rstrip("\n")
-        if not text:
-            break
-        name, _, value = text.partition("=")
-        if name in launch_env.SECRETS:
-            found[name] = value
-    return found
 
 
 class Link:
@@ -258,7 +244,7 @@ def watch(child: subprocess.Popen, reporter: Reporter, rank, parent: int, done: 
                 return
 
 
-USAGE = ("usage: python -m horovodlite.runner.task [--added-as N] [--secrets-on-stdin] -- "
+USAGE = ("usage: python -m horovodlite.runner.task [--added-as N] [--env-on-stdin] -- "
          "COMMAND...\n")
 
 
@@ -269,7 +255,7 @@ def _options(argv: list) -> tuple:
     while argv and argv[0] != "--":
         if len(argv) >= 2 and argv[0] == "--added-as" and argv[1].isdigit():
             added_as, argv = int(argv[1]), argv[2:]
-        elif argv[0] == "--secrets-on-stdin":
+        elif argv[0] == "--env-on-stdin":
             secrets_on_stdin, argv = True, argv[1:]
         else:
             break
@@ -308,7 +294,7 @@ def main(argv: list | None = None) -> int:
         return 2
     stdin = None
     if secrets_on_stdin:  # before anything reads the token or the secret
-        os.environ.update(read_secrets(sys.stdin.buffer))
+        os.environ.update(env_travel.read_block(sys.stdin.buffer))
         stdin = subprocess.DEVNULL
     rank = rank_from_env()  # an added rank's is its rank among the ranks spawned with it
     if added_as is not None and rank is not None:

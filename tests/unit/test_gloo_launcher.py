@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from horovodlite.common import env_travel
 from horovodlite.common import launch_env as le
 from horovodlite.runner import (
     config_file,
@@ -232,24 +233,22 @@ def test_which_hosts_are_this_machine():
 # -- reaching other hosts --------------------------------------------------------------------------
 
 
-def test_ssh_command_line_carries_the_environment_but_no_secret():
+def test_ssh_command_line_carries_python_start_up_and_stdin_the_rest():
     env = {"PATH": "/opt/py/bin:/bin", "HOROVOD_RANK": "2", "PYTHONPATH": "/src dir",
-           le.RENDEZVOUS_SECRET: "s3cret", le.REPORT_TOKEN: "tok", "UNRELATED": "x",
-           le.NOTICE_FD: "9"}
+           le.RENDEZVOUS_SECRET: "s3cret", le.REPORT_TOKEN: "tok", "UNRELATED": "x y\n'z'",
+           le.NOTICE_FD: "9", "HOSTNAME": "here"}
     cmd = remote.remote_command("node2", ["/opt/py/bin/python", "-m", "x", "a b"], env,
                                 "/work/my dir", port=2222, identity="/k/id")
     assert cmd[:-2] == ["ssh", "-o", "BatchMode=yes", "-p", "2222", "-i", "/k/id"]
     assert cmd[-2] == "node2"
     line = shlex.split(cmd[-1])
     assert line[:5] == ["cd", "/work/my dir", "&&", "exec", "env"]
-    assert line[5:8] == ["HOROVOD_RANK=2", "PATH=/opt/py/bin:/bin", "PYTHONPATH=/src dir"]
-    assert line[8:] == ["/opt/py/bin/python", "-m", "x", "a b"]
+    assert line[5:] == ["PYTHONPATH=/src dir", "/opt/py/bin/python", "-m", "x", "a b"]
     assert "s3cret" not in cmd[-1] and "tok" not in cmd[-1] and "UNRELATED" not in cmd[-1]
-    assert remote.secrets_block(env) == b"HVDL_RENDEZVOUS_SECRET=s3cret\nHVDL_REPORT_TOKEN=tok\n\n"
-    # ... and the wrapper reads them back from its stdin
-    stream = io.BytesIO(remote.secrets_block(env) + b"the command's own input\n")
-    assert task.read_secrets(stream) == {le.RENDEZVOUS_SECRET: "s3cret", le.REPORT_TOKEN: "tok"}
-    assert task.read_secrets(io.BytesIO(b"PATH=/evil\n\n")) == {}
+    # the rest, secrets among it, on stdin; the wrapper lays it over the login environment
+    block = remote.stdin_block(env)
+    got = env_travel.read_block(io.BytesIO(block + b"the command's own input\n"))
+    assert got == {k: v for k, v in env.items() if k not in (le.NOTICE_FD, "HOSTNAME")}
 
 
 def test_an_agent_is_called_like_ssh():
@@ -327,7 +326,7 @@ def test_mpirun_is_ended_when_ranks_do_not_start_in_time(capsys):
 
 def test_the_wrapper_understands_its_options():
     assert task._options(["--", "python", "x"]) == (None, False, ["python", "x"])
-    assert task._options(["--secrets-on-stdin", "--", "p"]) == (None, True, ["p"])
+    assert task._options(["--env-on-stdin", "--", "p"]) == (None, True, ["p"])
     assert task._options(["--added-as", "3", "--", "p"]) == (3, False, ["p"])
     assert task._options(["--"]) == (None, False, None)
 

@@ -33,15 +33,6 @@ def test_report_settings_round_trip():
     assert env[le.REPORT_TOKEN] == "tok"
 
 
-def test_forwarded_and_job_environment():
-    env = {"HOROVOD_CYCLE_TIME": "2", "HVDL_ELASTIC": "1", "HVDL_NOTICE_FD": "7", "PATH": "/bin",
-           "HVDL_MULTI": "a\nb", "UNRELATED": "x"}
-    assert le.forwarded(env) == ["HOROVOD_CYCLE_TIME", "HVDL_ELASTIC", "HVDL_MULTI",
-                                 "HVDL_NOTICE_FD", "PATH"]
-    # the notice pipe is the rank's own; a newline cannot travel as an argument
-    assert le.job_environment(env) == ["HOROVOD_CYCLE_TIME=2", "HVDL_ELASTIC=1", "PATH=/bin"]
-
-
 def test_shared_variables_are_spelled_only_in_launch_env():
     shared = [v for k, v in vars(le).items() if k.isupper() and isinstance(v, str)
               and (v.startswith("HVDL_") or k.startswith("GLOO_"))]

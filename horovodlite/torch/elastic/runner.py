@@ -40,7 +40,7 @@ import shutil
 import socket
 import sys
 
-from horovodlite.common import basics, elastic_worker, launch_env
+from horovodlite.common import basics, elastic_worker, env_travel, launch_env
 from horovodlite.common.exceptions import (
     HorovodArgumentError,
     HorovodInternalError,
@@ -150,7 +150,7 @@ def _reinit(error: BaseException) -> None:
             # their hosts, the added host's daemon does not; MPI_Comm_spawn's "env" info key
             # cannot carry it: info values are limited to 256 bytes)
             command, argv = shutil.which("env") or "/usr/bin/env", [
-                *launch_env.job_environment(), command, *argv]
+                *env_travel.job_environment(), command, *argv]
         basics._C.request_growth(add, command, argv, host)
     basics._init_again()
     blocked = discovery.note_runtime_losses()  # every rank: the same losses, the same blacklist

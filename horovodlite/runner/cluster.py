@@ -1,0 +1,47 @@
+"""What horovodliterun settles about the cluster before it starts anything: which environment
+reaches the ranks (``--env-exclude``, ``--env-include``; the rules are ``common/env_travel.py``)
+and, with neither -H nor --hostfile, the hosts of the allocation it runs in (``allocation.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from horovodlite.common import env_travel
+from horovodlite.runner import allocation
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--env-exclude", action="append", default=[], metavar="PATTERN",
+                   help="leave the variables whose names match PATTERN (fnmatch, e.g. "
+                        "'WANDB_*'; repeatable) out of every rank's environment. Every other "
+                        "variable of this environment reaches every rank, but a short list "
+                        "(--verbose prints it; docs/clusters.md says why)")
+    p.add_argument("--env-include", action="append", default=[], metavar="PATTERN",
+                   help="send the variables matching PATTERN to every rank although the rules "
+                        "leave them out, e.g. CUDA_VISIBLE_DEVICES to other hosts (repeatable; "
+                        "--env-exclude wins)")
+
+
+def prepare(args, controller: str, error, env=os.environ) -> None:
+    """Hosts from the allocation when none were given (``args.hosts``; ``args.job_hosts``: the
+    hosts the ranks may run on, for the launcher's address), and ``--verbose``'s list of what
+    does not travel. ``error(message)`` exits."""
+    args.job_hosts = []
+    if not args.hosts and not getattr(args, "host_discovery_script", None):
+        try:
+            found = allocation.find(env, args.mpi_args)
+        except ValueError as e:
+            error(f"reading the allocation's hosts: {e}; name the hosts with -H or --hostfile")
+        if found is not None:
+            print(found.describe(), file=sys.stderr, flush=True)
+            args.job_hosts = [h for h, _ in found.hosts]
+            if controller == "gloo" or not found.mpirun_has_it:
+                args.hosts = found.spec()
+    if args.verbose:
+        for line in env_travel.describe_left_out(env_travel.from_args(args), env):
+            print(f"horovodliterun: environment: {line}", flush=True)
+
+
+__all__ = ["add_arguments", "prepare"]
