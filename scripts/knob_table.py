@@ -1,8 +1,8 @@
-"""Prints (or updates in README.md) the configuration table from the C++ knob table, which is
-the single source of truth for names, defaults and meanings.
+"""Prints (or updates in docs/configuration.md) the configuration table from the C++ knob table,
+which is the single source of truth for names, defaults and meanings.
 
     python scripts/knob_table.py            # print the Markdown table
-    python scripts/knob_table.py --update   # rewrite it in README.md between the markers
+    python scripts/knob_table.py --update   # rewrite it in docs/configuration.md (between markers)
 """
 
 import sys
@@ -24,11 +24,11 @@ def main() -> int:
     if "--update" not in sys.argv:
         print(table())
         return 0
-    readme = Path(__file__).parents[1] / "README.md"
-    text = readme.read_text()
+    page = Path(__file__).parents[1] / "docs" / "configuration.md"
+    text = page.read_text()
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{START}\n{table()}\n{END}{tail}")
+    page.write_text(f"{head}{START}\n{table()}\n{END}{tail}")
     return 0
 
 
