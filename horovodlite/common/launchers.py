@@ -36,6 +36,13 @@ none               -                                                           M
 
 A launcher that states a size and a controller that would see another one is the classic silent
 failure (N jobs of one rank each); ``check_size`` turns it into an error naming both.
+
+Plain ``srun python train.py`` on a cluster whose Slurm has ``MpiDefault=pmix`` (or ``pmi2``)
+sets PMIx (or PMI-1/2) variables: the MPI controller is used when the build's MPI speaks that
+interface (Open MPI 4 and 5: PMIx; MPICH, Intel MPI, MVAPICH: PMI-1/2). Otherwise MPI would
+start every task as a job of its own, so ``detect`` stops each task, before MPI starts, with one
+message naming ``HOROVOD_CONTROLLER=gloo`` (the tasks then meet over TCP, from the SLURM_*
+variables) and ``srun --mpi=...`` (``srun_pmi_mismatch``); ``HOROVOD_CONTROLLER=mpi`` overrides.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import hashlib
 import os
 import re
 
+from horovodlite import _mpi_check
 from horovodlite.common import launch_env as E
 
 # What a launch says about where the ranks meet.
@@ -97,6 +105,54 @@ def _mpi(env) -> Launch | None:
             return Launch("mpirun", "mpi", rank=_int(env, rank_var), size=_int(env, size_var),
                           why=f"{rank_var if rank_var in env else size_var} is set")
     return None
+
+
+PMIX = "PMIx"
+PMI2 = "PMI-1/2"
+
+
+def offered_pmi(env) -> str | None:
+    """The process-management interface the launcher offers this process: PMIx (a PMIx server:
+    ``PMIX_NAMESPACE``/``PMIX_RANK``), PMI-1/2 (``PMI_FD`` or ``PMI_PORT``: Slurm's pmi2 plugin,
+    Hydra), or None."""
+    if "PMIX_NAMESPACE" in env or "PMIX_RANK" in env:
+        return PMIX
+    if "PMI_FD" in env or "PMI_PORT" in env:
+        return PMI2
+    return None
+
+
+def speaks(mpi, pmi: str) -> bool:
+    """Whether ``mpi`` (``_mpi_check.Mpi``; None: unknown, taken to) starts under ``pmi``. Open
+    MPI 5 has only PMIx, and Open MPI 4's PMI-1/2 support is a build option distributions leave
+    out; MPICH's ABI family has its own PMI-1/2 client, PMIx only when built for it."""
+    if mpi is None:
+        return True
+    if mpi.family == "Open MPI":
+        return pmi == PMIX
+    return pmi == PMI2
+
+
+def srun_pmi_mismatch(env, mpi) -> str | None:
+    """The message for a task that srun started with a PMI the build's MPI (``mpi``) does not
+    speak, else None. Ranks that mpirun started inside an allocation (its own variables) and
+    tasks without PMI are not judged."""
+    pmi = offered_pmi(env)
+    if ("SLURM_PROCID" not in env or pmi is None or "OMPI_COMM_WORLD_SIZE" in env
+            or speaks(mpi, pmi)):
+        return None
+    other = "pmi2" if pmi == PMIX else "pmix"
+    return (f"srun started this task (SLURM_PROCID={env['SLURM_PROCID']}) with {pmi} (Slurm's "
+            f"MpiDefault or srun --mpi), but this build's MPI, {mpi}, speaks "
+            f"{PMI2 if pmi == PMIX else PMIX}: every task would start alone as rank 0 of 1. "
+            f"Set HOROVOD_CONTROLLER=gloo for the job (`export HOROVOD_CONTROLLER=gloo` before "
+            f"srun: the tasks then meet over TCP), or run `srun --mpi={other}` "
+            "(HOROVOD_CONTROLLER=mpi uses MPI regardless).")
+
+
+def _built_mpi():
+    record = _mpi_check.read_record()
+    return _mpi_check.built_mpi(record) if record else None
 
 
 def _elastic_worker(env) -> Launch | None:
@@ -225,8 +281,10 @@ def _single(mpi_built: bool) -> Launch:
 
 
 def detect(env=None, mpi_built: bool = True, gloo_built: bool = True,
-           default_group: bool = True) -> Launch:
-    """The launch this process is part of (see the table at the top)."""
+           default_group: bool = True, built_mpi=_built_mpi) -> Launch:
+    """The launch this process is part of (see the table at the top). ``built_mpi``: the
+    build's MPI (``_mpi_check.Mpi`` or None), or a function that reads it. ValueError when
+    srun offers a PMI the build's MPI does not speak (``srun_pmi_mismatch``)."""
     env = os.environ if env is None else env
     forced = env.get(E.CONTROLLER, "").strip().lower()
     if forced not in ("", "mpi", "gloo"):
@@ -235,6 +293,10 @@ def detect(env=None, mpi_built: bool = True, gloo_built: bool = True,
     if mpi is not None and forced != "gloo":
         # srun with PMI sets PMI_*/PMIX_* too; MPI then takes precedence over SLURM_* - unless
         # this build has no MPI, where the Slurm variables still give a Gloo launch.
+        if forced != "mpi" and mpi_built and "SLURM_PROCID" in env:
+            problem = srun_pmi_mismatch(env, built_mpi() if callable(built_mpi) else built_mpi)
+            if problem:
+                raise ValueError(problem)
         if mpi_built or forced == "mpi":
             return mpi
     for probe in (_elastic_worker, _horovod_gloo,
