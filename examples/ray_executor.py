@@ -58,9 +58,9 @@ def train(steps, lr, use_gpu=False):
     import horovodlite.torch as hvd
 
     hvd.init()
-    device = torch.device("cuda", hvd.local_rank()) if use_gpu else torch.device("cpu")
+    device = hvd.local_device() if use_gpu else torch.device("cpu")  # this rank's GPU
     if use_gpu:
-        torch.cuda.set_device(device)  # one GPU per rank: the executor made it local_rank's
+        torch.cuda.set_device(device)  # one GPU per rank
     x, y = make_data()
     x, y = x[hvd.rank()::hvd.size()].to(device), y[hvd.rank()::hvd.size()].to(device)
     torch.manual_seed(hvd.rank())  # different starts on purpose: the broadcast aligns them

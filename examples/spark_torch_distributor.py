@@ -61,7 +61,7 @@ def train_fn(steps, lr, use_gpu):
     import horovodlite.torch as hvd
 
     hvd.init()  # torchrun's variables: rank, size, local rank and its store
-    device = torch.device("cuda", hvd.local_rank()) if use_gpu else torch.device("cpu")
+    device = hvd.local_device() if use_gpu else torch.device("cpu")  # this rank's GPU
     if use_gpu:
         torch.cuda.set_device(device)  # one GPU per rank
     x, y = make_data()

@@ -61,6 +61,7 @@ from horovodlite.torch.collectives import (
     sparse_allreduce_async,
 )
 from horovodlite.torch.compression import Compression
+from horovodlite.torch.device import local_device
 from horovodlite.torch.functions import (
     allgather_object,
     broadcast_object,
@@ -93,7 +94,8 @@ from horovodlite.torch.sync_batch_norm import SyncBatchNorm
 __all__ = [
     # basics
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
-    "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
+    "cross_size", "cross_rank", "local_device", "is_homogeneous", "mpi_threads_supported",
+    "mpi_enabled",
     "mpi_built",
     "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
     "rocm_built", "HorovodArgumentError", "HorovodInternalError", "HostsUpdatedInterrupt",
