@@ -10,12 +10,23 @@ Every line either way is signed with the job's report token (``report_channel.py
 connection whose line is not (a stranger that reached the port, garbage) is closed, said once on
 stderr, and changes nothing. The server listens on the address it is given: the job's address,
 never every interface.
+
+Connections that say nothing cannot hold the server's descriptors: one that has not sent a
+signed hello within HELLO_SECONDS of its accept (``HVDL_REPORT_HELLO_SECONDS``; a rank's wrapper
+sends its hello at once) is closed, and at most MAX_PENDING connections wait for their hello at
+a time (the oldest is closed for a newer one). When ``accept`` still fails for lack of
+descriptors (EMFILE: the process's other files), the server closes the oldest connection
+waiting for its hello, or, with none, gives up a descriptor it holds in reserve for this, accepts
+the waiting connection and closes it: each failure frees a descriptor, so the loop never spins
+on a listening socket it cannot serve, and a real rank gets through once the flood is shed.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
+import os
 import secrets
 import selectors
 import socket
@@ -29,6 +40,19 @@ from horovodlite.runner import report_channel
 
 LOST_AFTER = 15.0
 HEARTBEAT = 2.0
+HELLO_SECONDS = 10.0  # a connection's bound from accept to its signed hello (see the top)
+MAX_PENDING = 128  # connections waiting for their hello at once
+ACCEPTS_PER_WAKE = 64  # accepts in one turn of the loop (the heartbeats go on under a flood)
+_NO_DESCRIPTOR = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+def hello_seconds(env=os.environ) -> float:
+    """``HVDL_REPORT_HELLO_SECONDS`` (a positive number), else HELLO_SECONDS."""
+    try:
+        value = float(env.get("HVDL_REPORT_HELLO_SECONDS", HELLO_SECONDS))
+    except ValueError:
+        return HELLO_SECONDS
+    return value if value > 0 else HELLO_SECONDS
 
 
 def interface_addresses(interfaces: list | None = None) -> list:
@@ -87,9 +111,14 @@ class ReportServer:
         self._srv.listen(1024)
         self._srv.setblocking(False)
         self._sel.register(self._srv, selectors.EVENT_READ, None)
-        # -> [buffer, Rank or None, report_channel.Channel, the peer's "addr:port"]
+        # -> [buffer, Rank or None, report_channel.Channel, the peer's "addr:port", accepted at]
         self._conns: dict[socket.socket, list] = {}
         self.refused = 0  # connections closed for a line not signed with the token
+        self.hello_seconds = hello_seconds()
+        self.closed_idle = 0  # connections closed for no hello within hello_seconds
+        self.closed_for_room = 0  # closed to make room (MAX_PENDING, no descriptor left)
+        self.accept_failures = 0  # accepts that failed for lack of a descriptor
+        self._reserve: int | None = os.open(os.devnull, os.O_RDONLY)  # freed on EMFILE
         self._stop = threading.Event()
         self._ending = False  # mpirun has ended: connections closing now are no lost hosts
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -105,6 +134,9 @@ class ReportServer:
         for conn in list(self._conns):
             conn.close()
         self._srv.close()
+        if self._reserve is not None:
+            os.close(self._reserve)
+            self._reserve = None
 
     # -- the serving thread ------------------------------------------------------------------
     def _serve(self) -> None:
@@ -118,7 +150,7 @@ class ReportServer:
             now = time.monotonic()
             if now >= next_beat:
                 next_beat = now + HEARTBEAT
-                for conn, (_, rank, _, _) in list(self._conns.items()):
+                for conn, (_, rank, _, _, _) in list(self._conns.items()):
                     if rank is not None:
                         try:
                             conn.send(b"\n")
@@ -127,10 +159,23 @@ class ReportServer:
             self._check_silence(now)
 
     def _accept(self) -> None:
-        try:
-            conn, peer = self._srv.accept()
-        except OSError:
-            return
+        for _ in range(ACCEPTS_PER_WAKE):
+            try:
+                conn, peer = self._srv.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno not in _NO_DESCRIPTOR:
+                    return  # (ECONNABORTED and the like: that connection is gone)
+                self.accept_failures += 1
+                if not self._close_oldest_pending():
+                    self._shed_one()
+                continue
+            self._take(conn, peer)
+            if self._pending() > MAX_PENDING:
+                self._close_oldest_pending()
+
+    def _take(self, conn, peer) -> None:
         value = report_channel.challenge()
         try:
             conn.sendall(report_channel.challenge_line(value))  # a fresh socket takes it whole
@@ -139,12 +184,42 @@ class ReportServer:
             return
         conn.setblocking(False)
         channel = report_channel.Channel(self.token, value, report_channel.LAUNCHER)
-        self._conns[conn] = [b"", None, channel, f"{peer[0]}:{peer[1]}"]
+        self._conns[conn] = [b"", None, channel, f"{peer[0]}:{peer[1]}", time.monotonic()]
         self._sel.register(conn, selectors.EVENT_READ, None)
+
+    def _pending(self) -> int:
+        return sum(1 for state in self._conns.values() if state[1] is None)
+
+    def _close_oldest_pending(self) -> bool:
+        """Closes the connection that has waited longest for its hello; False with none."""
+        waiting = [(state[4], id(conn), conn) for conn, state in self._conns.items()
+                   if state[1] is None]
+        if not waiting:
+            return False
+        self.closed_for_room += 1
+        self._drop(min(waiting)[2])
+        return True
+
+    def _shed_one(self) -> None:
+        """No descriptor left and none to free: the reserve one lets one waiting connection
+        be accepted and closed (the listening socket would otherwise stay ready: a spin)."""
+        if self._reserve is not None:
+            os.close(self._reserve)
+            self._reserve = None
+        try:
+            conn, _ = self._srv.accept()
+            conn.close()
+            self.closed_for_room += 1
+        except OSError:
+            pass
+        try:
+            self._reserve = os.open(os.devnull, os.O_RDONLY)
+        except OSError:
+            self._reserve = None  # taken again at the next failure (the ranks' own hold them)
 
     def _refuse(self, conn, why: str) -> None:
         """Closes a connection that spoke out of turn; says so (the job goes on)."""
-        _, rank, _, peer = self._conns[conn]
+        _, rank, _, peer, _ = self._conns[conn]
         self.refused += 1
         who = f"{rank.label()} on {rank.host}'s connection" if rank else "a connection"
         sys.stderr.write(f"horovodliterun: ignored {who} to the rank reports from {peer}: "
@@ -154,7 +229,7 @@ class ReportServer:
 
     def _drop(self, conn) -> None:
         self._sel.unregister(conn)
-        _, rank, _, _ = self._conns.pop(conn)
+        _, rank, _, _, _ = self._conns.pop(conn)
         conn.close()
         if rank is not None:
             rank.connected = False
@@ -225,7 +300,7 @@ class ReportServer:
         if self.round is not None:  # an elastic job: the round the news concerns
             message = dict(message, round=self.round)
         with self._send_lock:  # a channel numbers its lines: one sender at a time
-            for conn, (_, rank, channel, _) in list(self._conns.items()):
+            for conn, (_, rank, channel, _, _) in list(self._conns.items()):
                 if rank is not None and rank.status is None and rank.lost is None:
                     try:
                         conn.send(channel.seal(message))
@@ -233,7 +308,18 @@ class ReportServer:
                         pass
 
     def _check_silence(self, now: float) -> None:
-        silent = [r for _, r, _, _ in self._conns.values()
+        idle = [conn for conn, state in self._conns.items()
+                if state[1] is None and now - state[4] > self.hello_seconds]
+        for conn in idle:
+            self._drop(conn)
+        if idle:
+            self.closed_idle += len(idle)
+            sys.stderr.write(f"horovodliterun: closed {len(idle)} connection"
+                             f"{'s' if len(idle) > 1 else ''} to the rank reports that sent no "
+                             f"signed hello within {self.hello_seconds:g} s "
+                             "(HVDL_REPORT_HELLO_SECONDS)\n")
+            sys.stderr.flush()
+        silent = [r for _, r, _, _, _ in self._conns.values()
                   if r is not None and r.status is None and r.lost is None
                   and now - r.last_heard > LOST_AFTER]
         if silent:
