@@ -14,7 +14,9 @@ horovodrun's options that are launcher behaviour, not knobs: ``--slots-per-host`
 a host given without ``:N``, in ``-H``, ``--hostfile`` and the discovery script's output),
 ``--tcp`` (MPI: Open MPI's TCP transport only, even between ranks of one host; under
 ``--gloo`` ranks on different hosts always talk TCP, and ranks of one host keep their shared
-memory), ``--binding-args`` (MPI: mpirun's binding arguments instead of ``--bind-to none``).
+memory), ``--binding-args`` (MPI: mpirun's binding arguments instead of ``--bind-to none``),
+``--disable-cache`` (horovodrun's own cache of its start-up checks, which horovodliterun does not
+keep: it changes nothing; the response cache is ``--cache-capacity``).
 
 ``REFUSED``: horovodrun's options for what horovodlite does not have. Given on the command line
 or in ``--config-file``, each stops the launcher with a message saying what to use instead,
@@ -61,8 +63,6 @@ KNOB_FLAGS = (
     KnobFlag(("--cycle-time-ms",), "HOROVOD_CYCLE_TIME", float,
              "HOROVOD_CYCLE_TIME in milliseconds", _number),
     KnobFlag(("--cache-capacity",), "HOROVOD_CACHE_CAPACITY", int, "HOROVOD_CACHE_CAPACITY"),
-    KnobFlag(("--disable-cache",), "HOROVOD_CACHE_CAPACITY", None,
-             "HOROVOD_CACHE_CAPACITY=0: no response cache", "0"),
     KnobFlag(("--hierarchical-allreduce",), "HOROVOD_HIERARCHICAL_ALLREDUCE", None,
              "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (default auto)", "1"),
     KnobFlag(("--hierarchical-allgather",), "HOROVOD_HIERARCHICAL_ALLGATHER", None,
@@ -125,6 +125,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots-per-host", type=int,
                    help="the slots of a host given without :N (in -H, --hostfile and the "
                         "discovery script's output; default 1)")
+    p.add_argument("--disable-cache", action="store_true",
+                   help="horovodrun's: run the start-up checks every time; horovodliterun "
+                        "caches none, so this changes nothing (the response cache: "
+                        "--cache-capacity)")
     p.add_argument("--tcp", action="store_true",
                    help="MPI mode: Open MPI's TCP transport only, also between ranks of one "
                         "host (--mca pml ob1 --mca btl tcp,self); under --gloo ranks on "
@@ -146,8 +150,6 @@ def check(args, error) -> None:
     for flags, _, instead in REFUSED:
         if getattr(args, _dest(flags)) not in (None, False):
             error(f"{flags[0]}: {instead}")
-    if args.disable_cache and args.cache_capacity not in (None, 0):
-        error(f"--disable-cache and --cache-capacity {args.cache_capacity}: give one")
     if args.slots_per_host is not None and args.slots_per_host < 1:
         error(f"--slots-per-host {args.slots_per_host}: expected at least 1")
 

@@ -23,7 +23,6 @@ KNOBS = {
     "--fusion-threshold-mb": ("32", "HOROVOD_FUSION_THRESHOLD", str(32 * 1024 * 1024)),
     "--cycle-time-ms": ("2.5", "HOROVOD_CYCLE_TIME", "2.5"),
     "--cache-capacity": ("100", "HOROVOD_CACHE_CAPACITY", "100"),
-    "--disable-cache": (None, "HOROVOD_CACHE_CAPACITY", "0"),
     "--hierarchical-allreduce": (None, "HOROVOD_HIERARCHICAL_ALLREDUCE", "1"),
     "--hierarchical-allgather": (None, "HOROVOD_HIERARCHICAL_ALLGATHER", "1"),
     "--timeline-filename": ("/tmp/t.json", "HOROVOD_TIMELINE", "/tmp/t.json"),
@@ -101,10 +100,11 @@ def test_version_check_build_and_nics(capsys):
     assert launch.parse_args(["--nics", "eth1", "-np", "1", "x"]).network_interface == "eth1"
 
 
-def test_disable_cache_contradicting_a_capacity_is_refused(capsys):
-    with pytest.raises(SystemExit):
-        launch.main(["-np", "1", "--disable-cache", "--cache-capacity", "8", "true"])
-    assert "--disable-cache and --cache-capacity 8: give one" in capsys.readouterr().err
+def test_disable_cache_is_accepted_and_keeps_the_response_cache():
+    """horovodrun's --disable-cache is about its own start-up checks, which horovodliterun does
+    not cache: accepted, no knob (the response cache stays on)."""
+    args = launch.parse_args(["-np", "1", "--disable-cache", "x"])
+    assert args.disable_cache and horovod_flags.knob_env(args) == {}
 
 
 def test_slots_per_host_fills_hosts_given_without_slots(tmp_path):
@@ -176,8 +176,7 @@ def test_a_job_s_ranks_see_the_knobs_with_the_rank_prefix(mode):
     variables it sees, each line behind its rank's prefix (the same in both modes)."""
     if mode == "--mpi" and not (launch.mpi_built() and mpi_launch.find_mpirun()):
         pytest.skip("this build has no MPI or no mpirun")
-    flags = [a for f in KNOBS if f not in ("--disable-cache", "--log-without-timestamp")
-             for a in argv_of(f)]
+    flags = [a for f in KNOBS if f != "--log-without-timestamp" for a in argv_of(f)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     p = subprocess.run([sys.executable, "-m", "horovodlite.runner.launch", mode, "-np", "2",
                         *flags, sys.executable, "-c", PRINT_KNOBS], cwd=ROOT, env=env,
@@ -189,7 +188,7 @@ def test_a_job_s_ranks_see_the_knobs_with_the_rank_prefix(mode):
         assert rank in ("[0]", "[1]"), p.stdout
         seen[rank] = json.loads(text)
     want = {knob: value for flag, (_, knob, value) in KNOBS.items()
-            if flag not in ("--disable-cache", "--log-without-timestamp")}
+            if flag != "--log-without-timestamp"}
     assert set(seen) == {"[0]", "[1]"}, p.stdout
     for rank, knobs in seen.items():
         assert {k: knobs.get(k) for k in want} == want, (rank, knobs)
