@@ -4,7 +4,11 @@
     horovodliterun --elastic -np 2 --max-np 4 --host-discovery-script ./hosts.sh python train.py
 
 The launcher is the job's driver for its whole life. It starts each worker (here, or through
-ssh or ``--ssh-agent``) with a worker number of its own and no rank; hosts the job's store
+ssh or ``--ssh-agent``) with a worker number of its own and, as horovodrun, its start assignment
+in HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE and its host's name
+as ``-H`` or the discovery script gave it in HOROVOD_HOSTNAME (the rank a later round gives it is
+``hvd.rank()``; the variables stay). The job starts on every slot there is, up to ``--max-np``
+(``-np`` at least), on fixed hosts (``-H``) as with a discovery script. It hosts the job's store
 (``rendezvous_server.py``); publishes who is in the job as rendezvous ROUNDS
 (``common/elastic_rounds.py``: worker numbers in rank order); watches its workers through their
 reports (``report.py``); and polls ``--host-discovery-script``. The workers meet in each round
@@ -17,7 +21,9 @@ What changes the job, each said in one line and published as a new round:
   leave the job at once: the survivors are told (their collectives fail naming it, so
   ``hvd.elastic.run`` restores the last commit and asks for the next round), the host is
   blacklisted (``--blacklist-cooldown-range``, else for the rest of the job), and the next round
-  is published without them.
+  is published without them. A worker that exits with an error takes its host's other workers
+  out with it (they are stopped) while the job has workers on other hosts, as horovodrun drops a
+  blacklisted host; on one host only the failed worker leaves.
 - **A reset with nobody lost** (a worker's training failed, and it asked for a new round): once
   every worker of the round asked, or after HOROVOD_GLOO_TIMEOUT_SECONDS (the loss that caused
   it may not be known yet), the same workers meet again.
@@ -43,7 +49,7 @@ import time
 from dataclasses import dataclass, field
 
 from horovodlite.common import elastic_rounds, env_travel, launch_env
-from horovodlite.runner import rank_output, remote
+from horovodlite.runner import horovod_flags, rank_output, remote
 from horovodlite.runner.gloo_launch import (
     POLL,
     TERM_GRACE,
@@ -151,26 +157,31 @@ class ElasticJob:
                 "last host list")
             return None
         found: dict = {}
-        for host, slots in elastic_rounds.parse_hosts(out.stdout).items():
+        listing = horovod_flags.discovery_with_slots(
+            out.stdout, getattr(self.args, "slots_per_host", None))
+        for host, slots in elastic_rounds.parse_hosts(listing).items():
             name = self.name(host)
             found[name] = found.get(name, 0) + slots
         return found
 
     @staticmethod
     def name(host: str) -> str:
-        """A host's name in the job: a loopback name (``localhost:4``, the usual discovery
-        output for one machine) is this machine's."""
-        return socket.gethostname() if host in LOOPBACK else host
+        """A host's name in the job: as ``-H`` or the discovery script gives it (the workers'
+        HOROVOD_HOSTNAME, as horovodrun sets it). ``localhost`` and ``127.0.0.1`` are then two
+        hosts of the job, both on this machine (Horovod's way of testing host failures)."""
+        return host.strip()
 
     def running_on(self, host: str) -> int:
         return sum(1 for w in self.members if self.workers[w].host == host)
 
     # -- workers -------------------------------------------------------------------------------
-    def spawn(self, host: str) -> int:
+    def spawn(self, host: str, place: dict) -> int:
+        """Starts a worker on ``host``; ``place``: its start assignment (``start_places``)."""
         number = len(self.workers)
         settings = launch_env.elastic_worker_settings(
             number, host, self.server.addr, self.server.port, self.server.secret, self.min_np,
             self.max_np, self.elastic_timeout)
+        settings.update(place)
         settings.update(launch_env.report_settings([self.addr], self.reports.port,
                                                    self.reports.token))
         if self.args.network_interface:
@@ -222,6 +233,7 @@ class ElasticJob:
     def _losses(self, now: float) -> list:
         """What left the job since the last look, one line each; removes it from the members."""
         lines = []
+        round_members = list(self.members)  # the round's ranks, before this look removes any
         # lost workers (the reports mark every worker of a lost host), grouped by host; a host
         # lost again after its cooldown is told to the survivors here (the reports announce a
         # host once)
@@ -242,10 +254,12 @@ class ElasticJob:
             self.members = [w for w in self.members if w not in dict(gone)]
             lines.append(f"lost {host} ({names}): {why}; blacklisted "
                          f"{self.blacklist.add(host, now)}")
+        failed_on: list = []  # the hosts where a worker failed in this look
         for number in list(self.members):
             w = self.workers[number]
             if w.status is None or w.status == 0:
                 continue
+            failed_on.append(w.host)
             names = self.rank_names([number])
             self.members.remove(number)
             w.left = f"exited with {describe(w.status)}"
@@ -255,6 +269,30 @@ class ElasticJob:
             lines.append(f"{names} (worker {number}) on {w.host} exited with "
                          f"{describe(w.status)}; {w.host} blacklisted "
                          f"{self.blacklist.add(w.host, now)}")
+        return lines + self._leave_with_host(failed_on, round_members)
+
+    def _leave_with_host(self, hosts: list, round_members: list) -> list:
+        """A worker failed on each of ``hosts``: while the job has workers on other hosts, the
+        host's other workers leave it too (stopped: SIGTERM), as with horovodrun, which drops a
+        blacklisted host's slots - a host where a worker failed is not trusted with the job.
+        A job of one host keeps its other workers there (it has nowhere else to go)."""
+        lines = []
+        for host in dict.fromkeys(hosts):
+            rest = [w for w in self.members if self.workers[w].host == host]
+            if not rest or all(self.workers[w].host == host for w in self.members):
+                continue
+            ranks = ", ".join(f"{round_members.index(w)} (worker {w})" for w in rest)
+            self.members = [w for w in self.members if w not in rest]
+            for number in rest:
+                self.workers[number].left = (f"stopped: a worker failed on its host {host}, "
+                                             "which left the job")
+                try:
+                    os.killpg(self.workers[number].proc.pid, signal.SIGTERM)
+                except OSError:
+                    pass  # it ended already
+            lines.append(f"rank{'s' if len(rest) > 1 else ''} {ranks} on {host} leave"
+                         f"{'' if len(rest) > 1 else 's'} the job with its host (a worker failed "
+                         "there; the job goes on on its other hosts)")
         return lines
 
     def _discovery(self, now: float) -> tuple:
@@ -278,10 +316,13 @@ class ElasticJob:
         for host, slots in found.items():
             free = slots - self.running_on(host)
             while free > 0 and room > 0 and not self.blacklist.blocked(host, now):
-                self.members.append(self.spawn(host))
                 grown.append(host)
                 free -= 1
                 room -= 1
+        # the new workers' start assignment: their places in the round that lists them next
+        hosts = [self.workers[w].host for w in self.members] + grown
+        places = start_places(hosts)[len(self.members):]
+        self.members += [self.spawn(h, p) for h, p in zip(grown, places)]
         return [], grown
 
     def _reset_wanted(self, now: float) -> bool:
@@ -355,7 +396,8 @@ class ElasticJob:
         try:
             with RendezvousServer(self.addr, timeout_seconds=self.elastic_timeout) as server:
                 self.server = server
-                self.members = [self.spawn(h) for h in initial]
+                self.members = [self.spawn(h, p) for h, p in zip(initial,
+                                                                   start_places(initial))]
                 self.publish("the job starts")
                 self.next_discovery = time.monotonic() + launch_env.discovery_interval(
                     self.base_env)
@@ -427,4 +469,18 @@ def run(args, slots: list, base_env: dict) -> int:
     if len(initial) < args.num_proc:
         raise SystemExit(f"horovodliterun: -np {args.num_proc} but the hosts given have "
                          f"{len(initial)} slot(s); the Gloo launcher starts one worker per slot")
-    return job.run(initial[:args.num_proc])
+    # as horovodrun: the job starts on every slot there is, up to --max-np (-np at least)
+    return job.run(initial[:max(args.num_proc, min(job.max_np, len(initial)))])
+
+
+PLACE = (launch_env.GLOO_RANK, launch_env.GLOO_SIZE, launch_env.GLOO_LOCAL_RANK,
+         launch_env.GLOO_LOCAL_SIZE, launch_env.GLOO_CROSS_RANK, launch_env.GLOO_CROSS_SIZE)
+
+
+def start_places(hosts: list) -> list:
+    """Each worker's start assignment (HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE,
+    _CROSS_RANK, _CROSS_SIZE), as horovodrun gives them, from the hosts of a round's workers in
+    rank order: what a worker reading them (Horovod's scripts do) learns of its start. The rank
+    a round gives it later is ``hvd.rank()``; the variables are not updated."""
+    return [{k: v for k, v in settings.items() if k in PLACE}
+            for settings in launch_env.gloo_rank_settings(hosts, "", 0, "")]

@@ -228,6 +228,9 @@ def main(argv: list | None = None) -> int:
         if args.elastic:
             mpi_launch.check_elastic(args, _parser().error)
         return _main_gloo(args)
+    if args.slots_per_host and args.host_discovery_script:
+        _parser().error("--slots-per-host with --mpi --host-discovery-script: the ranks read the "
+                        "script's output themselves; print host:slots lines")
     return mpi_launch.run(args, rank_environment(args, os.environ), _parser().error)
 
 

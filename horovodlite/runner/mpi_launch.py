@@ -122,8 +122,11 @@ def check_elastic(args, error) -> None:
         return
     if args.max_np is not None and args.max_np < args.num_proc:
         error(f"--max-np {args.max_np} is below -np {args.num_proc}")
-    if args.max_np is not None and args.max_np > args.num_proc and not args.host_discovery_script:
-        error("--max-np above -np needs --host-discovery-script (where to grow)")
+    if (args.max_np is not None and args.max_np > args.num_proc and not args.host_discovery_script
+            and not args.hosts):
+        # fixed hosts (-H/--hostfile) are where to grow, as with horovodrun: the job starts on
+        # their slots up to --max-np and survives losses down to --min-np
+        error("--max-np above -np needs --host-discovery-script or -H/--hostfile (where to grow)")
     if args.host_discovery_script:
         path = os.path.abspath(args.host_discovery_script)
         if not os.access(path, os.X_OK):
