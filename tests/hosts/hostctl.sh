@@ -32,7 +32,9 @@
 #                                      for the Open MPI of ${MPIRUN:-mpirun} (4 or 5)
 #   hostctl.sh agent HOST CMDLINE...   Open MPI's rsh agent (what ssh is on a cluster): runs the
 #   hostctl.sh HOST CMDLINE...         command line with sh -c on HOST, in a login-like
-#                                      environment (PATH, HOME, OMPI_ALLOW_RUN_AS_ROOT*) in $HOME.
+#                                      environment (PATH, HOME, USER, LOGNAME, SHELL, LANG and
+#                                      that host's TMPDIR; nothing else of the caller's, as over
+#                                      ssh) in $HOME.
 #                                      The second form is the one mpirun uses
 #                                      (--prtemca plm_ssh_agent /path/to/hostctl.sh)
 #   hostctl.sh check                   can hosts be made here? exit 0, or 2 with the reason

@@ -1,0 +1,174 @@
+"""A first run on a cluster, emulated on 2 test hosts entered as ssh enters a machine (the
+agent's login environment has nothing of the caller's; tests/hosts): variables only the caller
+has reach every rank under --gloo, --elastic (on a host added later too) and --mpi, with
+spaces, quotes, a newline and non-ASCII intact, and CUDA_VISIBLE_DEVICES stays on the caller's
+host; horovodliterun without -H finds the hosts of a Slurm, PBS or LSF allocation, or of a
+hostfile handed to mpirun, and its rank reports reach it there: a rank killed mid-run is named
+with its host and the job fails. Each job (a few seconds; its ranks need neither torch nor MPI)
+checks both. Plain srun under PMI, with real tasks, is at the end (no hosts needed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from hosts.fixture import HOSTCTL, MPIRUN, hosts_fixture
+from launching import communicate_all, retry_if_launcher_did_not_start, run_job
+
+ROOT = Path(__file__).resolve().parent.parent
+hosts = hosts_fixture(2)
+
+CALLER_ONLY = {"MY_SETTING": "hello", "NCCL_SOCKET_IFNAME": "eth0",
+               "TORCH_DISTRIBUTED_DEBUG": "INFO", "MY_QUOTED": "a b \"c\" 'd' $HOME `x` ;",
+               "MY_MULTI": "first line\nsecond ünïcødé ✓"}
+NAMES = ",".join([*CALLER_ONLY, "CUDA_VISIBLE_DEVICES", "MY_EXCLUDED"])
+JOB = [sys.executable, "tests/scripts/cluster_env_job.py", NAMES]
+TWO_BY_TWO = {0: "hvdl-host0", 1: "hvdl-host0", 2: "hvdl-host1", 3: "hvdl-host1"}
+SCHEDULERS = ("SLURM_", "PBS_", "LSB_", "OMPI_MCA_orte_default", "PRTE_MCA_prte_default")
+
+
+def launch(args: list, extra_env: dict, timeout: float = 120) -> tuple:
+    """horovodliterun ARGS JOB... on hvdl-host0, from an environment with the caller-only
+    variables; (exit status, output)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(SCHEDULERS)}
+    env.update(CALLER_ONLY, CUDA_VISIBLE_DEVICES="0", MY_EXCLUDED="x", OMP_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1", **extra_env)
+    cmd = [HOSTCTL, "run", "hvdl-host0", sys.executable, "-m", "horovodlite.runner.launch",
+           "--env-exclude", "MY_EXCL*", *args]
+    return retry_if_launcher_did_not_start(
+        lambda: run_job(cmd, cwd=ROOT, env=env, timeout=timeout))[:2]
+
+
+def check_ranks(out: str, placed: dict) -> None:
+    """Every rank ran where ``placed`` says and saw the caller's variables exactly; the
+    caller's CUDA_VISIBLE_DEVICES only on its own host; --env-exclude's nowhere."""
+    seen = {}
+    for m in re.finditer(r"ENV (\{.*\})$", out, re.M):
+        report = json.loads(m.group(1))
+        seen[report["rank"]] = report
+    assert {r: s["host"] for r, s in seen.items()} == placed, out[-6000:]
+    for rank, report in seen.items():
+        want = dict(CALLER_ONLY, MY_EXCLUDED=None,
+                    CUDA_VISIBLE_DEVICES="0" if report["host"] == "hvdl-host0" else None)
+        assert report["env"] == want, (rank, report, out[-4000:])
+
+
+def check_killed(rc: int, out: str, named: str) -> None:
+    assert rc != 0, out[-6000:]
+    assert re.search(named, out), out[-6000:]
+    assert "running without exit reports" not in out, out[-6000:]
+
+
+def test_slurm_allocation_gloo(hosts):
+    rc, out = launch(["--gloo", "-np", "4", "--ssh-agent", HOSTCTL, "--verbose",
+                         *JOB, "--kill", "3"],
+                        {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "hvdl-host[0-1]",
+                         "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_CPUS_PER_NODE": "8(x2)"})
+    assert ("horovodliterun: hosts from Slurm (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE): "
+            "hvdl-host0:2,hvdl-host1:2") in out, out[-6000:]
+    assert "not given to any rank - --env-exclude: MY_EXCLUDED" in out, out[-6000:]
+    assert ("not given to ranks on other hosts - this host's GPU numbering (--env-include "
+            "CUDA_VISIBLE_DEVICES sends it): CUDA_VISIBLE_DEVICES") in out, out[-6000:]
+    check_ranks(out, TWO_BY_TWO)
+    check_killed(rc, out, r"rank 3 on hvdl-host1 exited with signal 9")
+
+
+def test_pbs_allocation_elastic(hosts, tmp_path):
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("hvdl-host0\nhvdl-host0\nhvdl-host1\nhvdl-host1\n")
+    rc, out = launch(["--elastic", "-np", "4", "--min-np", "4", "--ssh-agent", HOSTCTL,
+                         *JOB, "--kill", "3"],
+                        {"PBS_JOBID": "17.pbs", "PBS_NODEFILE": str(nodefile)})
+    assert f"horovodliterun: hosts from PBS (PBS_NODEFILE={nodefile}): " \
+           "hvdl-host0:2,hvdl-host1:2" in out, out[-6000:]
+    check_ranks(out, TWO_BY_TWO)  # (an elastic worker's number)
+    check_killed(rc, out, r"\(worker 3\) on hvdl-host1 exited with signal 9")
+
+
+def test_elastic_a_worker_added_later_on_another_host_gets_the_environment(hosts, tmp_path):
+    """-np 1, --max-np 2: the discovery script lists a second host once the first worker runs;
+    the worker started there then sees what the first one saw."""
+    mark = tmp_path / "added"
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\necho hvdl-host0:1\n[ -e {mark}.0 ] && echo hvdl-host1:1\n"
+                      "exit 0\n")
+    script.chmod(0o755)
+    rc, out = launch(["--elastic", "-np", "1", "--max-np", "2", "--host-discovery-script",
+                      str(script), "--ssh-agent", HOSTCTL, *JOB, "--mark", str(mark)],
+                     {"HVDL_DISCOVERY_INTERVAL": "0.3"})
+    assert rc == 0, out[-6000:]
+    assert "added 1 worker on hvdl-host1:1" in out, out[-6000:]
+    check_ranks(out, {0: "hvdl-host0", 1: "hvdl-host1"})
+
+
+def test_lsf_allocation_mpi(hosts):
+    rc, out = launch(["--mpi", "-np", "4", "--ssh-agent", HOSTCTL, "--mpi-args",
+                         "--mca mpi_yield_when_idle 1", *JOB, "--kill", "3"],
+                        {"LSB_JOBID": "555", "LSB_MCPU_HOSTS": "hvdl-host0 2 hvdl-host1 2"})
+    assert "horovodliterun: hosts from LSF (LSB_MCPU_HOSTS): hvdl-host0:2,hvdl-host1:2" in out, \
+        out[-6000:]
+    check_ranks(out, TWO_BY_TWO)
+    check_killed(rc, out, r"rank 3 on hvdl-host1 exited with signal 9")
+
+
+def test_a_hostfile_given_to_mpirun_only(hosts, tmp_path):
+    """The issue's case: hosts only in --mpi-args (as an allocation hands them to mpirun); the
+    reports once listened on 127.0.0.1, out of the other host's reach."""
+    hostfile = tmp_path / "hf"
+    hostfile.write_text("hvdl-host0 slots=2\nhvdl-host1 slots=2\n")
+    mpi_args = shlex.join(["--hostfile", str(hostfile), *hosts.mpirun_args("")])
+    rc, out = launch(["--mpi", "-np", "4", "--mpi-args", mpi_args, *JOB, "--kill", "3"], {})
+    assert f"horovodliterun: hosts from the hostfile in --mpi-args ({hostfile}): " \
+           "hvdl-host0:2,hvdl-host1:2" in out, out[-6000:]
+    check_ranks(out, TWO_BY_TWO)
+    check_killed(rc, out, r"rank 3 on hvdl-host1 exited with signal 9")
+
+
+# ------------------------------------------------------------- plain srun under PMI (no hosts)
+
+SRUN_TASK = """
+import os, sys, torch, horovodlite.torch as hvd
+try:
+    hvd.init()
+except ValueError as e:
+    print("STOPPED", e, flush=True)
+    sys.exit(3)
+total = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
+print("RAN", hvd.rank(), hvd.size(), hvd.mpi_enabled(), total, flush=True)
+"""
+# srun's variables for the task whose PMIx rank the shell gives, none of mpirun's own: mpirun's
+# PMIx server stands in for the one Slurm's pmix plugin runs
+AS_SRUN_TASK = ("for v in $(env | sed -n 's/^\\(OMPI_[A-Za-z0-9_]*\\)=.*/\\1/p; "
+                "s/^\\(PRTE_[A-Za-z0-9_]*\\)=.*/\\1/p'); do unset \"$v\"; done; "
+                "export SLURM_PROCID=$PMIX_RANK SLURM_LOCALID=$PMIX_RANK; exec \"$@\"")
+SLURM = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_NODEID": "0",
+         "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "localhost", "SLURMD_NODENAME": "localhost",
+         "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": "2"}
+
+
+def test_srun_under_pmix_runs_on_mpi_and_under_pmi2_stops_naming_the_gloo_controller():
+    """This build's MPI is Open MPI: it speaks PMIx (tasks started with a PMIx server run on
+    MPI, 2 ranks) but not PMI-2 (tasks started with PMI_FD stop, each with the message)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_COMM", "PMI", "SLURM_", "HOROVOD_", "HVDL_"))}
+    env.update(SLURM, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    pmi2 = [subprocess.Popen([sys.executable, "-c", SRUN_TASK], cwd=ROOT, env=dict(
+        env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r), PMI_FD="9", PMI_RANK=str(r),
+        PMI_SIZE="2", PMI_JOBID="77.0"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True) for r in range(2)]
+    rc, out, _ = retry_if_launcher_did_not_start(lambda: run_job(
+        [MPIRUN, "-np", "2", "--oversubscribe", "sh", "-c", AS_SRUN_TASK, "task",
+         sys.executable, "-c", SRUN_TASK], cwd=ROOT, env=env, timeout=120))
+    assert rc == 0, out[-4000:]
+    assert sorted(re.findall(r"RAN (\d) 2 True 2.0", out)) == ["0", "1"], out[-4000:]
+    for returncode, task_out in communicate_all(pmi2, 120, "srun task"):
+        assert returncode == 3, task_out[-3000:]
+        assert task_out.count("STOPPED") == 1, task_out
+        assert "with PMI-1/2" in task_out and "HOROVOD_CONTROLLER=gloo" in task_out, task_out
