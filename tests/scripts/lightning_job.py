@@ -179,6 +179,7 @@ def fit_job(ckpt: str, then_raise: bool) -> None:
     td.fit(ddp_model, loader(SAMPLES, 0, per_rank // 2))
     assert_close("fit_equals_ddp", net_state(model), net_state(ddp_model))
 
+    check("all_phases", True, "")
     if then_raise:
         trainer("horovodlite").fit(Model(fail_at=3), loader(SAMPLES, 0, per_rank))
 

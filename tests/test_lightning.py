@@ -1,0 +1,91 @@
+"""horovodlite.lightning in real jobs (tests/scripts/lightning_job.py; every rank asserts and
+prints each check it passed):
+
+- under horovodliterun (MPI) at np 2: 20 steps with accumulate_grad_batches=2 end with the
+  weights of one process on the global batch and of Lightning's DDPStrategy in the same job;
+  sync_dist metrics; a checkpoint by rank 0; validate, test, predict; then a fit in which rank 1
+  raises ends the job with rank 1's error named on rank 0;
+- the checkpoint resumed under horovodliterun --gloo at np 3: 40 steps equal to one process;
+- the np 2 checks again under torchrun.
+
+Lightning's import costs seconds per process, so each job runs many checks. Time on the 2-core
+development machine, quiet: ~20 s for the MPI job, ~15 s for the np 3 resume, ~20 s for torchrun.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from launching import retry_if_launcher_did_not_start, run_job, unprefixed
+from optional_extras import assert_installed_within
+
+HERE = Path(__file__).parent
+SCRIPT = HERE / "scripts" / "lightning_job.py"
+FIT_CHECKS = ["registry", "steps", "fit_equals_one_process", "sync_dist_sum", "sync_dist_max",
+              "sync_dist_mean_same_everywhere", "checkpoint_written", "val_loss", "test_loss",
+              "predict_outputs", "predict_covers_the_data", "fit_equals_ddp"]
+LAUNCHER_PREFIXES = ("OMPI_", "PMI", "PMIX_", "SLURM", "HOROVOD_", "HVDL_", "TORCHELASTIC_")
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT")
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("pytorch_lightning") is None,
+    reason="PyTorch Lightning is not installed (pip install 'horovodlite[lightning]'; "
+           "scripts/install.sh --test does)")
+
+
+def clean_env() -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(LAUNCHER_PREFIXES) and k not in LAUNCHER_VARS}
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HOROVOD_LOG_HIDE_TIME="1",
+               PYTHONWARNINGS="ignore")
+    return env
+
+
+def horovodliterun(np_: int, *args, gloo: bool = False) -> tuple:
+    cmd = [sys.executable, "-m", "horovodlite.runner.launch", *(["--gloo"] if gloo else []),
+           "-np", str(np_), sys.executable, str(SCRIPT), *map(str, args)]
+    rc, out, _ = retry_if_launcher_did_not_start(
+        lambda: run_job(cmd, cwd=HERE.parent, env=clean_env(), timeout=300,
+                        what=f"horovodliterun np={np_} lightning_job.py {args[0]}"))
+    return rc, unprefixed(out)
+
+
+def assert_checks(out: str, ranks: int, checks: list) -> None:
+    for r in range(ranks):
+        for name in checks:
+            assert f"rank {r}: CHECK {name} ok" in out, f"rank {r} did not pass {name}:\n" + \
+                out[-8000:]
+
+
+def test_installed_versions_are_within_the_declared_ranges():
+    assert_installed_within("lightning")
+
+
+def test_strategy_under_horovodliterun_then_resumed_at_np3_under_gloo(tmp_path):
+    ckpt = tmp_path / "two_ranks.ckpt"
+    rc, out = horovodliterun(2, "fit", ckpt, "--raise")
+    assert_checks(out, 2, FIT_CHECKS + ["all_phases"])
+    # the last fit: rank 1 raises at its 4th batch; the job ends, rank 0 naming rank 1's error
+    assert rc != 0, out[-4000:]
+    assert "ValueError: bad batch 3 on rank 1" in out, out[-6000:]
+    assert re.search(r"HorovodInternalError: .*rank 1: raised ValueError: bad batch 3 on rank 1 "
+                     r"\(at .*lightning_job\.py:\d+\)", out), out[-6000:]
+
+    rc, out = horovodliterun(3, "resume", ckpt, gloo=True)
+    assert rc == 0, out[-8000:]
+    assert_checks(out, 3, ["resumed_steps", "resume_at_np3_equals_one_process"])
+
+
+def test_strategy_under_torchrun(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(SCRIPT), "fit", str(tmp_path / "torchrun.ckpt")]
+    rc, out, _ = run_job(cmd, cwd=HERE.parent, env=clean_env(), timeout=300,
+                         what="torchrun np=2 lightning_job.py fit")
+    assert rc == 0, out[-8000:]
+    assert_checks(out, 2, FIT_CHECKS + ["all_phases"])
