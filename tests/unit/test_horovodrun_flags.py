@@ -153,10 +153,12 @@ def test_config_file_contradicting_switches_are_refused(tmp_path, capsys):
     assert "mpi: contradicts gloo" in capsys.readouterr().err
 
 
-def test_the_rank_wrapper_prefixes_lines_under_mpi():
+def test_the_rank_wrapper_prefixes_lines_under_mpi(tmp_path):
     """What --mpi asks of each rank's wrapper (HVDL_PREFIX_OUTPUT=1): Gloo mode's prefix on
-    every line of both streams, a last line without a newline ended."""
-    env = dict(os.environ, HVDL_PREFIX_OUTPUT="1", OMPI_COMM_WORLD_RANK="3")
+    every line of both streams, a last line without a newline ended; --output-filename's files
+    keep the lines as written."""
+    env = dict(os.environ, HVDL_PREFIX_OUTPUT="1", OMPI_COMM_WORLD_RANK="3",
+               HVDL_OUTPUT_FILENAME=str(tmp_path))
     env.pop("HVDL_REPORT_TO", None)
     p = subprocess.run([sys.executable, "-m", "horovodlite.runner.task", "--", "sh", "-c",
                         "echo one; printf 'two\\nthree' >&2; echo four"],
@@ -164,6 +166,8 @@ def test_the_rank_wrapper_prefixes_lines_under_mpi():
     assert p.returncode == 0, p.stderr
     assert p.stdout == "[3]<stdout>:one\n[3]<stdout>:four\n"
     assert p.stderr == "[3]<stderr>:two\n[3]<stderr>:three\n"
+    assert (tmp_path / "rank.3" / "stdout").read_text() == "one\nfour\n"
+    assert (tmp_path / "rank.3" / "stderr").read_text() == "two\nthree"
 
 
 PRINT_KNOBS = ("import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
