@@ -6,4 +6,6 @@ Use it as a drop-in for Horovod::
     hvd.init()
 """
 
-__version__ = "0.1.0"
+from horovodlite._version import __version__
+
+__all__ = ["__version__"]

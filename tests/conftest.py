@@ -6,8 +6,9 @@ tests/parallel  every test runs on all ranks under MPI; tests/test_parallel.py l
                 a launch (HVDL_PARALLEL_WORKER=1).
 
 Two lanes. The whole builds (tests/test_install.py, tests/test_libstdcxx_build.py: a quarter of
-the suite's time, all of it compiling) and then the single-process tests (tests/unit) form the
-"build" lane; everything else - every test that runs a multi-rank job - forms "main". Under
+the suite's time, all of it compiling), the sdist and the docs builds (tests/test_sdist.py,
+tests/test_docs.py) and then the single-process tests (tests/unit) form the "build" lane;
+everything else - every test that runs a multi-rank job - forms "main". Under
 pytest-xdist (``-n 2``, the README's test command) each lane is one work unit of the scheduler
 below, so it runs on one worker of its own, in collection order: no two multi-rank jobs ever
 overlap. The build lane runs at a low CPU priority (``nice 19`` for the builds, 10 for the unit
@@ -37,7 +38,7 @@ import pytest
 
 collect_ignore = [] if os.environ.get("HVDL_PARALLEL_WORKER") else ["parallel"]
 
-BUILDS = ("test_install.py", "test_libstdcxx_build.py")
+BUILDS = ("test_install.py", "test_libstdcxx_build.py", "test_sdist.py", "test_docs.py")
 _BASE_NICENESS = os.getpriority(os.PRIO_PROCESS, 0)
 _LANES_KEY = "hvdl_lanes_dir"
 
