@@ -11,20 +11,18 @@ horovodlite.torch's docstrings and by sphinx-argparse from horovodliterun's own 
 
 import os
 import sys
-from importlib import metadata
 
 # The package is imported from the checkout the docs belong to (an editable install points
 # there too); HOROVODLITE_NO_REBUILD keeps the import from rebuilding the C++ extension.
 sys.path.insert(0, os.path.abspath(".."))
 os.environ.setdefault("HOROVODLITE_NO_REBUILD", "1")
 
+from horovodlite import _version  # noqa: E402  (the one place the version is written)
+
 project = "horovodlite"
 author = "the horovodlite developers"
 copyright = "the horovodlite developers, Apache-2.0"
-try:
-    release = metadata.version("horovodlite")
-except metadata.PackageNotFoundError:  # a checkout that was never installed
-    release = "unknown"
+release = _version.__version__
 
 extensions = [
     "myst_parser",
