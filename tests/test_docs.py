@@ -9,7 +9,8 @@
 - Every public name of ``horovodlite.torch`` (and ``hvd.elastic``) has a docstring of its own and
   is in the generated API reference.
 - Every shell block of the README says whether the tests run it: ``<!-- run by WHERE -->`` or
-  ``<!-- not run: why -->`` on the line before it.
+  ``<!-- not run: why -->`` on the line before it; the README's complete training script runs
+  (one process, ``python`` alone: a multi-rank job belongs to the main lane).
 
 Single-process (one Sphinx build, a few seconds): the build lane (tests/conftest.py BUILDS).
 """
@@ -361,3 +362,16 @@ def test_the_readme_is_short_and_ci_finds_its_test_command():
     from horovodlite._version import __version__
 
     assert f"Version {__version__}," in text
+
+
+def test_the_readme_training_script_trains(tmp_path):
+    text = _read(ROOT / "README.md")
+    section = text.split("## A complete training script", 1)[1]
+    script = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    (tmp_path / "train.py").write_text(script)
+    env = dict(os.environ, HOROVODLITE_NO_REBUILD="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    losses = [float(v) for v in re.findall(r"^epoch \d: loss ([\d.]+)$", proc.stdout, re.M)]
+    assert len(losses) == 3 and losses[-1] < losses[0], proc.stdout
