@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from horovodlite.runner import allocation, cluster
+from horovodlite.runner import allocation, cluster, mpi_launch
 
 
 @pytest.mark.parametrize("spec, hosts", [
@@ -114,6 +114,13 @@ def test_hosts_mpirun_places_that_horovodliterun_cannot_know():
     assert allocation.spans_unknown_hosts({}, "--mca btl tcp,self") == ""
     addr = allocation.reachable_address("a test")  # this machine has a non-loopback address
     assert not addr.startswith("127.")
+    # --mpi: the rank reports then listen there, not on 127.0.0.1 out of the other hosts' reach
+    args = types.SimpleNamespace(hosts=None, host_discovery_script=None, network_interface=None,
+                                 mpi_args="--host node1:2,node2:2")
+    assert mpi_launch.report_address(args) == addr
+    assert mpi_launch.report_address(types.SimpleNamespace(
+        hosts=None, host_discovery_script=None, network_interface=None, mpi_args="")) == \
+        "127.0.0.1"  # every rank on this machine
 
 
 def _args(**kw):
