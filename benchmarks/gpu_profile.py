@@ -21,8 +21,8 @@ HOROVOD_GPU_COMPLETION mode (re-initialised between them); the default mode's (s
 are ``horovodlite``, the other's ``horovodlite-host``.
 
 Every figure also goes to ``profile.json`` (one object per case and configuration, appended):
-scripts/gpu_report.py turns them into the README's tables. HVDL_BENCH_CUDA_STAND_IN=1 runs the
-same code on the CPU (tests: the plumbing, not a measurement).
+scripts/gpu_report.py turns them into docs/performance.md's tables. HVDL_BENCH_CUDA_STAND_IN=1 runs
+the same code on the CPU (tests: the plumbing, not a measurement).
 """
 
 from __future__ import annotations

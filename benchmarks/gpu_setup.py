@@ -91,7 +91,7 @@ def require_cuda(program: str, hvd) -> None:
         raise SystemExit(
             f"{program} --device cuda: this horovodlite was built without CUDA "
             "(hvd.cuda_built() is False); rebuild it with a CUDA torch and nvcc present "
-            "(README, GPUs)")
+            "(docs/gpu.md)")
 
 
 def setup(program: str, hvd) -> GpuPlan:

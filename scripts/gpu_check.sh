@@ -9,7 +9,7 @@
 #   bash scripts/gpu_check.sh --dry-run OUTDIR    # print the steps, run nothing
 #   --archive FILE: where the archive goes (default OUTDIR.tar.gz, beside OUTDIR)
 #
-# Then, here: python scripts/gpu_report.py OUTDIR.tar.gz   (the README's tables, the targets)
+# Then, here: python scripts/gpu_report.py OUTDIR.tar.gz   (docs/performance.md's tables, the targets)
 #
 # Steps (each bounded by its own limit and by what is left of the whole budget):
 #   env            what the machine is (nvidia-smi, compilers, CC/CXX/CUDAHOSTCXX, torch, nvcc)

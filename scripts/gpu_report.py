@@ -2,7 +2,7 @@
 
     python scripts/gpu_report.py OUTDIR.tar.gz [--json]
 
-Prints, as Markdown ready for the README's GPU section: the steps (status, seconds), the
+Prints, as Markdown ready for docs/performance.md's GPU section: the steps (status, seconds), the
 training step against plain torch and DDP, the 4 B allreduce in both loop styles against torch's
 peer, the staged path against gloo per size, what the profile says per configuration (ms/step,
 AccumulateGrad per call), the A/B rounds of ``--ab`` (median of each side, the ratio and the

@@ -72,8 +72,9 @@ def timeout_seconds(env=None) -> float:
 def connections(env=None) -> int:
     """HOROVOD_GLOO_CONNECTIONS: the TCP connections per pair of ranks on different hosts (the
     Gloo group's contexts; large messages are striped over them, gloo_transport.h). auto: 1 -
-    on the test hosts one connection filled a 1 Gbit/s link at 0.92-0.96 of its bound (see the
-    README), and each more costs a loop thread and a connection per pair at start-up."""
+    on the test hosts one connection filled a 1 Gbit/s link at 0.92-0.96 of its bound (see
+    docs/performance.md), and each more costs a loop thread and a connection per pair at
+    start-up."""
     env = os.environ if env is None else env
     value = env.get(CONNECTIONS_VAR, "auto").strip().lower()
     if value == "auto":
@@ -352,7 +353,7 @@ def gloo_group(ns, launch: Launch, timeout: float, name: str, count: int = 1):
             raise RendezvousError(f"rank {launch.rank}: {ns.tampered}") from None
         raise
     # The C++ watchdog's heartbeats (a thread of its own, no Python): under the hidden prefix,
-    # unsigned (see README, Security)
+    # unsigned (see docs/security.md)
     beats = ns.raw("gloo/") if hasattr(ns, "raw") else dist.PrefixStore("gloo/", ns)
     group = dist.ProcessGroup(beats, launch.rank, launch.size)
     group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)

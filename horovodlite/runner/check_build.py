@@ -208,7 +208,7 @@ def check_build(out=None) -> int:
     ok, lines = _ran("CPU", run_part("cpu"), " through MPI", d["module"])
     say(*lines)
     if not d["cuda"]:
-        say("    [ ] GPU: not run: this build has no CUDA (see README, GPUs)")
+        say("    [ ] GPU: not run: this build has no CUDA (see docs/gpu.md)")
     elif not d["gpus"]:
         say("    [ ] GPU: not run: no GPU visible (torch.cuda.is_available() is False)")
     else:
