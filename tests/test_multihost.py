@@ -536,6 +536,10 @@ def test_elastic_grows_onto_a_host_outside_h(hosts, tmp_path):
     assert ("hvd.elastic: started 1 new rank on hvdl-host1, added to the job (host discovery): "
             "ranks 2..2") in out, out
     assert re.search(r"continuing from commit \d+ with 2 -> 3 ranks", out), out
+    # the added rank has the report token (its wrapper reports) from MPI_Comm_spawn's "env"
+    # info key (the spawn's command line holds none: tests/unit/test_growth_secrets.py), and no
+    # rank's or wrapper's command line shows it
+    assert sorted(re.findall(r"SECRETS rank (\d) env only", out)) == ["0", "1", "2"], out
 
 
 # ------------------------------------------- elastic without MPI (horovodliterun as the driver)

@@ -185,7 +185,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("recoveries", [] { return Recoveries(); });
   m.def("lost_hosts", [] { return LostHosts(); });
   m.def("request_growth", &RequestGrowth, py::arg("count"), py::arg("command"),
-        py::arg("argv"), py::arg("host") = "");
+        py::arg("argv"), py::arg("host") = "", py::arg("env") = std::vector<std::string>());
   m.def("grown", [] { return Grown(); });
   m.def("retire", [](bool leaving) {
     if (Runtime::Get().context() != nullptr) {

@@ -12,8 +12,8 @@ std::vector<int> LastRecoveryMap() { return MpiWorld::LastRecoveryMap(); }
 int Recoveries() { return MpiWorld::Recoveries(); }
 std::vector<std::string> LostHosts() { return MpiWorld::LostHosts(); }
 void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv,
-                   const std::string& host) {
-  MpiRequestGrowth(count, command, argv, host);
+                   const std::string& host, const std::vector<std::string>& env) {
+  MpiRequestGrowth(count, command, argv, host, env);
 }
 int Grown() { return MpiGrown(); }
 bool Spawned() { return MpiSpawned(); }
@@ -24,7 +24,8 @@ void FinalizeCommTransport() {}
 std::vector<int> LastRecoveryMap() { return {}; }
 int Recoveries() { return 0; }
 std::vector<std::string> LostHosts() { return {}; }
-void RequestGrowth(int, const std::string&, const std::vector<std::string>&, const std::string&) {}
+void RequestGrowth(int, const std::string&, const std::vector<std::string>&, const std::string&,
+                   const std::vector<std::string>&) {}
 int Grown() { return 0; }
 bool Spawned() { return false; }
 Status Retire(bool, std::vector<int>*) {

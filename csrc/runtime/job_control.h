@@ -20,9 +20,10 @@ int Recoveries();
 // blacklist hosts from it.
 std::vector<std::string> LostHosts();
 // Elastic growth: spawn `count` ranks at the next init; how many so far; whether this process
-// is one of them.
+// is one of them. `env`: VAR=value the new ranks get in their environment from the MPI runtime
+// (the job's secrets: never on their command line, which ps shows).
 void RequestGrowth(int count, const std::string& command, const std::vector<std::string>& argv,
-                   const std::string& host);
+                   const std::string& host, const std::vector<std::string>& env = {});
 int Grown();
 bool Spawned();
 // Elastic retirement: every rank of the job calls it with no runtime running, `leaving` true on

@@ -177,8 +177,10 @@ def job_environment(env=os.environ) -> list:
     """``VAR=value`` of what this rank passes on to the ranks an elastic MPI job starts on a
     host added to it (that host's MPI daemon has no copy of the job's environment; they are
     started through env(1)): the variables that reach other hosts, as chosen for this rank.
-    MPI_Comm_spawn passes no environment, so these go on that command line - the report token
-    too, which the added ranks' wrappers need - and a value with a newline stays behind."""
+    MPI_Comm_spawn passes no environment, so these go on that command line, but for the job's
+    secrets (``launch_env.SECRETS``: the report token the added ranks' wrappers need), which
+    ``torch/elastic/runner.growth_command`` hands to the spawn's environment info instead; a
+    value with a newline stays behind."""
     return [f"{k}={v}" for k, v in Policy().remote(env).items() if "\n" not in v]
 
 

@@ -124,6 +124,23 @@ def forge_round(k: int) -> None:
     print(f"FORGED round {k}", flush=True)
 
 
+def secrets_seen() -> str:
+    """Where this rank's secrets (the report token) show: "absent" (none in its environment),
+    "env only", or "ON THE COMMAND LINE" of this process or its parent (the rank's wrapper),
+    which ps shows (a rank an MPI job added on a new host once had the token there)."""
+    from horovodlite.common import launch_env
+
+    values = [os.environ[k] for k in launch_env.SECRETS if os.environ.get(k)]
+    if not values:
+        return "absent"
+    for pid in (os.getpid(), os.getppid()):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            line = f.read().decode(errors="replace")
+        if any(v in line for v in values):
+            return "ON THE COMMAND LINE"
+    return "env only"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=2)
@@ -209,6 +226,7 @@ def main():
 
     train(state)
     print(f"LOSSES rank {hvd.rank()} {losses}", flush=True)
+    print(f"SECRETS rank {hvd.rank()} {secrets_seen()}", flush=True)
     if args.compare == "ranks":
         flat = torch.cat([p.detach().flatten() for p in model.parameters()]).unsqueeze(0)
         rows = hvd.allgather(flat, name="final.weights")

@@ -24,6 +24,7 @@ struct Growth {
   std::string command;
   std::vector<std::string> argv;
   std::string host;  // a host outside the job's allocation to start them on ("": mpirun places)
+  std::string env;   // newline-separated VAR=value for the "env" info key ("": none)
 } g_growth;
 int g_grown = 0;  // ranks this process's job has spawned, in total
 // This process left the job (Retire): MPI_Finalize would wait in its fence for the ranks that
@@ -111,12 +112,28 @@ Status MpiWorld::Build(const MpiWorldOptions& options) {
     MPI_Comm inter = MPI_COMM_NULL, merged = MPI_COMM_NULL;
     std::vector<int> codes(static_cast<size_t>(growth.count));
     MPI_Info info = MPI_INFO_NULL;
+    if (!growth.env.empty()) {
+      // the job's secrets: Open MPI sets each line in the spawned processes' environment, as
+      // mpirun's -x does for the others (never on argv, which ps shows on the new host)
+      if (growth.env.size() >= MPI_MAX_INFO_VAL) {
+        return Status::InvalidArgument(
+            "elastic growth: the environment for the new ranks is " +
+            std::to_string(growth.env.size()) + " bytes, more than MPI_Comm_spawn's info " +
+            "value holds (" + std::to_string(MPI_MAX_INFO_VAL - 1) + ")");
+      }
+      MPI_Info_create(&info);
+#if defined(OMPI_MAJOR_VERSION) && OMPI_MAJOR_VERSION >= 5
+      MPI_Info_set(info, "PMIX_ENVAR", growth.env.c_str());  // "env" is deprecated there
+#else
+      MPI_Info_set(info, "env", growth.env.c_str());
+#endif
+    }
     if (!growth.host.empty()) {
       // PRRTE (Open MPI 5.0.11) adds the host to the job's allocation, starting a daemon there
       // through the job's rsh agent, and places the ranks on it. Measured: the slot count
       // belongs in PMIX_ADD_HOST only - "host:N" in PMIX_HOST crashed PRRTE's mapper; several
       // hosts in one MPI_Comm_spawn_multiple left the new ranks unable to reach each other.
-      MPI_Info_create(&info);
+      if (info == MPI_INFO_NULL) MPI_Info_create(&info);
       const std::string add = growth.host + ":" + std::to_string(growth.count);
       MPI_Info_set(info, "PMIX_ADD_HOST", add.c_str());
       MPI_Info_set(info, "PMIX_HOST", growth.host.c_str());
@@ -288,11 +305,14 @@ void FinalizeMpiIfOwned() {
 }
 
 void MpiRequestGrowth(int count, const std::string& command,
-                      const std::vector<std::string>& argv, const std::string& host) {
+                      const std::vector<std::string>& argv, const std::string& host,
+                      const std::vector<std::string>& env) {
   g_growth.count = count;
   g_growth.command = command;
   g_growth.argv = argv;
   g_growth.host = host;
+  g_growth.env.clear();
+  for (const std::string& line : env) g_growth.env += (g_growth.env.empty() ? "" : "\n") + line;
 }
 
 int MpiGrown() { return g_grown; }

@@ -100,9 +100,13 @@ void FinalizeMpiIfOwned();
 // Elastic growth: the next Create first starts `count` new processes running `command argv`
 // (MPI_Comm_spawn, collective over the job) and merges them into the job, after its ranks.
 // `host` non-empty: on that host, added to the job's allocation first (a host outside -H);
-// empty: where mpirun places them. Main thread, on every rank of the job, before that Create.
+// empty: where mpirun places them. `env`: VAR=value set in the new ranks' environment by the
+// MPI runtime (MPI_Comm_spawn's "env" info key: not on their command line); its lines together
+// must fit an info value (MPI_MAX_INFO_VAL). Main thread, on every rank of the job, before
+// that Create.
 void MpiRequestGrowth(int count, const std::string& command,
-                      const std::vector<std::string>& argv, const std::string& host);
+                      const std::vector<std::string>& argv, const std::string& host,
+                      const std::vector<std::string>& env = {});
 int MpiGrown();  // ranks the job spawned so far (as seen by this process)
 // Elastic shrinking on purpose (the ranks of hosts a discovery script no longer lists): every
 // rank of the job calls it, no runtime running, `leaving` true on the ranks that go. Collective

@@ -145,13 +145,10 @@ def _reinit(error: BaseException) -> None:
             # become ranks old_size.. of the grown job
             argv = ["-m", "horovodlite.runner.task", "--added-as", str(old_size), "--",
                     command, *argv]
-        if host:  # through env(1): that host's MPI daemon has no copy of the job's environment
-            # (the daemons mpirun started hand the job's environment to the ranks spawned on
-            # their hosts, the added host's daemon does not; MPI_Comm_spawn's "env" info key
-            # cannot carry it: info values are limited to 256 bytes)
-            command, argv = shutil.which("env") or "/usr/bin/env", [
-                *env_travel.job_environment(), command, *argv]
-        basics._C.request_growth(add, command, argv, host)
+        secret: list = []
+        if host:
+            command, argv, secret = growth_command(command, argv)
+        basics._C.request_growth(add, command, argv, host, secret)
     basics._init_again()
     blocked = discovery.note_runtime_losses()  # every rank: the same losses, the same blacklist
     if blocked and basics.rank() == 0 and discovery.active():
@@ -165,6 +162,21 @@ def _reinit(error: BaseException) -> None:
         _log(f"started {add} new rank{'s' if add > 1 else ''}{where} (host discovery): "
              f"ranks {basics.size() - add}..{basics.size() - 1}")
     _check_min_np(error)
+
+
+def growth_command(command: str, argv: list, env=os.environ) -> tuple:
+    """(command, argv, secret) of ranks spawned on a host added to the job: its MPI daemon has
+    no copy of the job's environment (the daemons mpirun started hand it to the ranks spawned on
+    their hosts, the added host's daemon does not), so the command goes through env(1) with the
+    variables that reach other hosts - all but the job's secrets (the report token): a command
+    line is shown by ps and travels in the spawn request. Those are ``secret``, for
+    MPI_Comm_spawn's "env" info key (MPI sets them in the new processes' environment, as
+    mpirun's -x does for the others); the whole environment would not fit there (an info value
+    holds 255 bytes)."""
+    travel = env_travel.job_environment(env)
+    secret = [kv for kv in travel if kv.split("=", 1)[0] in launch_env.SECRETS]
+    public = [kv for kv in travel if kv.split("=", 1)[0] not in launch_env.SECRETS]
+    return shutil.which("env") or "/usr/bin/env", [*public, command, *argv], secret
 
 
 def min_np() -> int:
