@@ -271,6 +271,8 @@ void RegisterGradReducer(py::module_& m) {
            py::arg("passes"), py::arg("call_site"))
       .def("add", &GradReducer::Add, py::arg("param"), py::arg("name"), py::arg("negotiated"))
       .def("detach", &GradReducer::Detach)
+      .def("remove", &GradReducer::Remove, py::arg("index"))
+      .def_static("subscribers_on", &GradReducer::SubscribersOn, py::arg("param"))
       .def("set_device", &GradReducer::SetDevice, py::arg("device"))
       .def("set_passes", &GradReducer::SetPasses, py::arg("passes"))
       .def("reset_counters", &GradReducer::ResetCounters)

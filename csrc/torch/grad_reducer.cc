@@ -1,7 +1,6 @@
 #include "torch/grad_reducer.h"
 
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <stdexcept>
@@ -12,32 +11,16 @@
 namespace hvdl {
 namespace {
 
-using torch::autograd::variable_list;
 // c10::intrusive_ptr<Node> from torch 2.10 on, std::shared_ptr<Node> before.
 using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<at::Tensor>()));
-
-// Our post hook on a parameter's AccumulateGrad node. Holds the reducer weakly: a discarded
-// optimizer's hooks do nothing.
-class GradHook : public torch::autograd::FunctionPostHook {
- public:
-  GradHook(std::weak_ptr<GradReducer> reducer, int index)
-      : reducer_(std::move(reducer)), index_(index) {}
-  variable_list operator()(const variable_list& outputs, const variable_list& /*inputs*/) override {
-    if (auto reducer = reducer_.lock()) reducer->OnGradReady(index_);
-    return outputs;
-  }
-
- private:
-  std::weak_ptr<GradReducer> reducer_;
-  int index_;
-};
 
 }  // namespace
 
 struct GradReducer::Param {
   at::Tensor tensor;
   Accumulator accumulator;  // kept alive: autograd holds it weakly, and our hook lives on it
-  uintptr_t hook_key = 0;
+  std::shared_ptr<AccumulatorSubscribers> subscribers;  // of our hook on `accumulator`
+  bool active = true;       // false once Remove()d
   std::string name;        // the parameter's name, for errors
   std::string negotiated;  // the allreduce's name
   int remaining = 0;       // backward passes still to accumulate before the allreduce
@@ -60,7 +43,14 @@ GradReducer::GradReducer(Hooks hooks, int reduce_op, double prescale, double pos
       spec_(ReductionSpec(OpType::kAllreduce, reduce_op, prescale, postscale, process_set)),
       passes_(passes) {}
 
-GradReducer::~GradReducer() { Detach(); }
+GradReducer::~GradReducer() {
+  // May run inside this reducer's own hook (AccumulatorSubscribers::Notify held the last
+  // reference) or on any thread: only subscriber lists are touched, never a node's hooks.
+  Detach();
+  for (Param& p : params_) {  // nobody will wait for these: forget them
+    if (p.handle != 0 && hooks_.handles != nullptr) hooks_.handles->Release(p.handle);
+  }
+}
 
 int GradReducer::Add(const at::Tensor& param, std::string param_name, std::string negotiated) {
   Param p;
@@ -76,18 +66,64 @@ int GradReducer::Add(const at::Tensor& param, std::string param_name, std::strin
   std::lock_guard<std::mutex> lock(mu_);
   const int index = static_cast<int>(params_.size());
   p.remaining = passes_;
-  p.hook_key = p.accumulator->add_post_hook(std::make_unique<GradHook>(weak_from_this(), index));
+  if (!detached_) SubscribeLocked(p, index);
   params_.push_back(std::move(p));
   return index;
+}
+
+void GradReducer::SubscribeLocked(Param& p, int index) {
+  p.subscribers = AccumulatorSubscribers::Of(*p.accumulator);
+  p.subscribers->Subscribe(this, weak_from_this(), index);
+}
+
+void GradReducer::UnsubscribeLocked(Param& p) {
+  if (p.subscribers) {
+    const int index = static_cast<int>(&p - params_.data());
+    p.subscribers->Unsubscribe(this, index);
+  }
+  p.subscribers.reset();
+  p.accumulator = Accumulator();
 }
 
 void GradReducer::Detach() {
   std::lock_guard<std::mutex> lock(mu_);
   if (detached_) return;
   detached_ = true;
-  for (Param& p : params_) {
-    if (p.accumulator) p.accumulator->del_post_hook(p.hook_key);
-    p.accumulator = Accumulator();
+  for (Param& p : params_) UnsubscribeLocked(p);
+}
+
+void GradReducer::Remove(int index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (index < 0 || static_cast<size_t>(index) >= params_.size()) {
+    ThrowIfError(Status::InvalidArgument("GradReducer.remove: no parameter " +
+                                         std::to_string(index)));
+  }
+  Param& p = params_[static_cast<size_t>(index)];
+  p.active = false;
+  UnsubscribeLocked(p);
+}
+
+int GradReducer::SubscribersOn(const at::Tensor& param) {
+  Accumulator acc = torch::autograd::impl::try_get_grad_accumulator(param);
+  if (!acc) return 0;
+  auto subscribers = AccumulatorSubscribers::Find(*acc);
+  return subscribers ? static_cast<int>(subscribers->size()) : 0;
+}
+
+void GradReducer::RehookLocked() {
+  if (detached_) return;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
+    if (!p.active) continue;
+    // The node autograd uses for this tensor now: ours unless torch dropped it (set_data with
+    // another dtype or device), in which case it is null or a newer one.
+    Accumulator current = torch::autograd::impl::try_get_grad_accumulator(p.tensor);
+    if (current == p.accumulator || !p.tensor.requires_grad()) continue;
+    if (!current) current = torch::autograd::impl::grad_accumulator(p.tensor);
+    if (!current) continue;
+    UnsubscribeLocked(p);  // the old node is torch's no more: its hook is left to die with it
+    p.accumulator = std::move(current);
+    SubscribeLocked(p, static_cast<int>(i));
   }
 }
 
@@ -108,6 +144,7 @@ void GradReducer::ResetCounters() {
 }
 
 void GradReducer::ResetLocked() {
+  RehookLocked();  // the callers are the safe points (zero_grad, synchronize)
   for (Param& p : params_) {
     p.remaining = passes_;
     p.deferred = false;
@@ -155,7 +192,7 @@ void GradReducer::OnGradReady(int index) {
     std::unique_lock<std::mutex> lock(mu_);
     if (detached_) return;
     Param& p = params_[static_cast<size_t>(index)];
-    if (!p.tensor.requires_grad()) return;
+    if (!p.active || !p.tensor.requires_grad()) return;
     if (p.remaining == 0) {
       error = std::make_exception_ptr(std::runtime_error(TooManyPassesMessage(p.name, passes_)));
     } else {
@@ -180,7 +217,7 @@ std::vector<int> GradReducer::LaunchMissing() {
   if (detached_) return deferred;
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
-    if (p.handle != 0 || !p.tensor.requires_grad()) continue;
+    if (!p.active || p.handle != 0 || !p.tensor.requires_grad()) continue;
     if (!p.deferred && !p.sparse_seen && !p.tensor.grad().defined()) {
       // Unused on this rank: the other ranks wait for its allreduce, so it sends zeros.
       p.tensor.mutable_grad() = at::zeros_like(p.tensor, at::MemoryFormat::Contiguous);

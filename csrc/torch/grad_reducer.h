@@ -2,8 +2,9 @@
 //
 // Protocol, per registered parameter and backward pass:
 //   1. Autograd runs the parameter's AccumulateGrad node (p.grad now holds this pass's sum), then
-//      our post hook on that node. The hook is our own, beside whatever the user put on the
-//      tensor (torch keeps one post-accumulate-grad slot per tensor, which Python's
+//      our post hook on that node (accumulator_hook.h: one per node, shared by every reducer
+//      subscribed to it, never removed). The hook is our own, beside whatever the user put on
+//      the tensor (torch keeps one post-accumulate-grad slot per tensor, which Python's
 //      register_post_accumulate_grad_hook fills); DDP's Reducer hooks gradients the same way.
 //   2. The hook counts the pass. On the k-th (backward_passes_per_step) it enqueues the in-place
 //      allreduce of p.grad with the name, op, scale factors and process set resolved at
@@ -16,6 +17,13 @@
 //      go out as zeros, partial accumulations as they are) and returns what Python must launch;
 //      WaitAll waits for every handle in one call with the GIL released, then resets the
 //      counters. Errors are raised after every handle was waited for, the first one winning.
+//   5. At those safe points (zero_grad, synchronize), a parameter whose AccumulateGrad node torch
+//      replaced (`p.data = p.data.to(another dtype or device)` drops it) is hooked again on its
+//      new node; until then it goes out at synchronize.
+//
+// Lifetime: hooks hold the reducer weakly, and neither Detach nor the destructor touches a
+// node's hook list (only the subscriber list of our hook), so the reducer may be destroyed
+// inside its own hook or on another thread while backward runs.
 //
 // Threads: hooks run on autograd's threads (the caller's, and one per CUDA device); the rest on
 // the user's thread, GIL held. One mutex guards the state, and it is never held while the GIL is
@@ -35,6 +43,7 @@
 
 #include "core/context.h"
 #include "core/handle_table.h"
+#include "torch/accumulator_hook.h"
 #include "torch/submit.h"
 
 namespace hvdl {
@@ -43,7 +52,7 @@ namespace hvdl {
 // (Python's general path raises the same text).
 std::string TooManyPassesMessage(const std::string& param_name, int passes);
 
-class GradReducer : public std::enable_shared_from_this<GradReducer> {
+class GradReducer : public GradReadyListener, public std::enable_shared_from_this<GradReducer> {
  public:
   struct Hooks {
     std::function<Context&()> context;  // the running Context; throws before init
@@ -58,7 +67,7 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
 
   GradReducer(Hooks hooks, int reduce_op, double prescale, double postscale, int process_set,
               int passes);
-  ~GradReducer();
+  ~GradReducer() override;
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
@@ -67,6 +76,9 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   int Add(const at::Tensor& param, std::string param_name, std::string negotiated);
   // Unhooks every parameter; later hooks and calls do nothing.
   void Detach();
+  // Unhooks parameter `index` (it left the optimizer): it is not launched again; an allreduce of
+  // it in flight is still waited for by WaitAll.
+  void Remove(int index);
   // The CUDA device Python's placement check accepted: its gradients take the C++ path.
   void SetDevice(int device);
   void SetPasses(int passes);  // and resets the counters
@@ -84,7 +96,10 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   bool fired() const;  // a hook counted a pass since the last reset
 
   // The hook (autograd's threads).
-  void OnGradReady(int index);
+  void OnGradReady(int index) override;
+  // Test inspection: how many reducers' parameters the hook on `param`'s node serves (0: no
+  // hook of ours there). Never adds a hook.
+  static int SubscribersOn(const at::Tensor& param);
 
  private:
   struct Param;
@@ -94,6 +109,9 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   bool EligibleLocked(const Param& p, const at::Tensor& grad) const;
   void FetchSiteOnce();  // without mu_: the GIL is taken
   void ResetLocked();
+  void RehookLocked();  // parameters whose AccumulateGrad node torch replaced
+  void SubscribeLocked(Param& p, int index);
+  void UnsubscribeLocked(Param& p);
 
   Hooks hooks_;
   OpSpec spec_;

@@ -97,23 +97,31 @@ class _DistributedOptimizer:
         return out
 
     def _hvd_refresh(self) -> None:
-        """Names parameters added since the last call and hooks every parameter that now
-        requires a gradient (a parameter unfrozen after construction gets its hook here).
+        """Names parameters added (or swapped into a group: ``group["params"][i] = c``) since
+        the last call, hooks every parameter that now requires a gradient (a parameter unfrozen
+        after construction gets its hook here) and unhooks the ones no group holds any more.
 
-        Runs twice per step (zero_grad, synchronize), so it is O(param groups) when nothing
-        changed: the parameters are scanned again only when a group's length changed, and
-        between scans only the ones not hooked yet are looked at."""
-        signature = tuple(len(group["params"]) for group in self.param_groups)
+        Runs twice per step (zero_grad, synchronize). The parameters are scanned again only
+        when the identity of some group's parameters changed (a tuple of ids per group, a few
+        microseconds for hundreds of parameters); between scans only the ones not hooked yet
+        are looked at. A parameter missing from ``named_parameters`` raises before anything
+        changes, and again at every call until it is named or removed."""
+        signature = tuple(tuple(map(id, group["params"])) for group in self.param_groups)
         if signature != self._hvd_signature:
-            self._hvd_signature = signature
-            self._hvd_unhooked = []
-            for p in self._hvd_params():
+            params = self._hvd_params()
+            if self._hvd_named is not None:
+                self._hvd_check_groups_named()
+            for p in params:
                 if p not in self._parameter_names:
                     self._parameter_names[p] = self._hvd_name_new_param(p)
                     self._hvd_negotiated[p] = op_name("allreduce", self._hvd_wire_name(p))
                     self._hvd_delay[p] = self.backward_passes_per_step
-                if p not in self._hvd_hooks and not self._hvd_local:
-                    self._hvd_unhooked.append(p)
+            held = {id(p) for p in params}
+            for p in [p for p in self._hvd_hooks if id(p) not in held]:
+                self._hvd_unhook(p)
+            self._hvd_unhooked = [p for p in params
+                                  if p not in self._hvd_hooks and not self._hvd_local]
+            self._hvd_signature = signature
         if self._hvd_unhooked:
             waiting = []
             for p in self._hvd_unhooked:
@@ -134,6 +142,30 @@ class _DistributedOptimizer:
         hook = functools.partial(_on_grad_ready, weakref.ref(self))
         return p.register_post_accumulate_grad_hook(hook)
 
+    def _hvd_unhook(self, p) -> None:
+        """``p`` left the param groups: its gradient is not reduced any more (an allreduce of it
+        already in flight is still waited for) and it leaves its group."""
+        handle = self._hvd_hooks.pop(p)
+        if isinstance(handle, NativeHook):
+            # The reducer's index of p: the last one (an earlier one is p hooked before).
+            index = max(i for i, q in enumerate(self._hvd_native) if q is p)
+            self._hvd_reducer.remove(index)
+        else:
+            handle.remove()
+            self._hvd_python = [q for q in self._hvd_python if q is not p]
+            self._hvd_delay.pop(p, None)
+        group = self._hvd_group_of.pop(p, None)
+        if group is not None:
+            self._hvd_groups[group] = [m for m in self._hvd_groups[group] if m is not p]
+
+    def _hvd_check_groups_named(self) -> None:
+        """Raises naming the first parameter of the param groups that ``named_parameters``
+        does not name (added or swapped in after wrapping)."""
+        for g, group in enumerate(self.param_groups):
+            for i, p in enumerate(group["params"]):
+                if p not in self._parameter_names:
+                    self._hvd_check_named(p, f"param_groups[{g}]['params'][{i}]")
+
     def _hvd_name_new_param(self, p) -> str:
         """The name of a parameter seen for the first time: from ``named_parameters`` if it
         was given, else ``noname.<i>`` in param-group order (the same on every rank)."""
@@ -144,12 +176,12 @@ class _DistributedOptimizer:
         self._hvd_next_index += 1
         return name
 
-    def _hvd_check_named(self, p) -> None:
+    def _hvd_check_named(self, p, where: str = "added with add_param_group()") -> None:
         if p not in self._hvd_named:
             raise HorovodArgumentError(
-                f"a parameter of shape {list(p.shape)} was added to the "
-                "optimizer but is not in named_parameters; name every "
-                "optimized parameter"
+                f"DistributedOptimizer: a parameter of shape {list(p.shape)} ({where}) is not "
+                "in named_parameters; name every parameter the optimizer updates (pass "
+                "named_parameters covering the parameters you add or swap in later)"
             )
 
     def _hvd_remove_hooks(self) -> None:
@@ -293,12 +325,15 @@ class _DistributedOptimizer:
         optimizer's process set it does nothing: that rank trains on its own gradients."""
         if self._hvd_local:
             return
-        self._hvd_refresh()
         error = None
+        try:
+            self._hvd_refresh()
+        except Exception as exc:  # a parameter not named: nothing changed, go on with the rest
+            error = exc
         try:
             self._hvd_launch_missing()
         except Exception as exc:  # what did go out is waited for before raising
-            error = exc
+            error = error or exc
         if self._hvd_reducer is not None:
             try:
                 self._hvd_reducer.wait_all()

@@ -261,7 +261,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         _hvd_groups=group_lists,
         _hvd_group_of={p: i for i, g in enumerate(group_lists) for p in g},
         _hvd_hooks={},
-        _hvd_signature=None,  # the param groups' lengths at the last scan (_hvd_refresh)
+        _hvd_signature=None,  # the ids of the param groups' parameters at the last scan
         _hvd_unhooked=[],  # parameters seen without a hook (not requiring grad then)
         _hvd_delay={},
         _hvd_reducer=reducer,  # _C.GradReducer: the C++ hooks of the common case, or None

@@ -231,3 +231,84 @@ def test_a_parameter_missing_from_named_parameters_is_refused():
     lin(torch.ones(1, 2)).sum().backward()
     opt.step()
     torch.testing.assert_close(lin.bias.grad, torch.ones(1))
+
+
+# ------------------------------------------------------- parameters replaced after wrapping
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16"])  # C++ hooks / Python hooks
+def test_a_parameter_swapped_into_a_param_group_is_reduced_and_the_old_one_is_not(compression):
+    """``param_groups[g]["params"][i] = c`` keeps the group's length: ``c`` must still be hooked,
+    named and reduced (averaged on every rank), and the parameter it replaced no longer is."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(2, 2)
+    c, c2 = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    named = [*lin.named_parameters(), ("c", c), ("c2", c2)]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1),
+                                   named_parameters=named,
+                                   compression=getattr(hvd.Compression, compression))
+    old = lin.bias
+    mean = (hvd.size() + 1) / 2
+
+    def backward(extra):
+        scale = hvd.rank() + 1
+        (lin.weight.sum() + (extra * torch.full((2,), float(scale))).sum()).backward()
+
+    # swapped before zero_grad: hooked there, so it goes out during backward
+    opt.param_groups[0]["params"][1] = c
+    opt.zero_grad()
+    backward(c + old)
+    assert c in opt._hvd_pending and old not in opt._hvd_pending
+    opt.step()
+    torch.testing.assert_close(c.grad, torch.full((2,), mean))
+    torch.testing.assert_close(old.grad, torch.full((2,), float(hvd.rank() + 1)))  # its own
+    # swapped between zero_grad and backward: no hook ran for it, step() still reduces it
+    opt.zero_grad()
+    opt.param_groups[0]["params"][1] = c2
+    backward(c2)
+    opt.step()
+    torch.testing.assert_close(c2.grad, torch.full((2,), mean))
+
+
+def test_a_parameter_swapped_in_that_named_parameters_does_not_name_is_refused_each_time():
+    lin = torch.nn.Linear(2, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1),
+                                   named_parameters=lin.named_parameters())
+    stranger = torch.nn.Parameter(torch.zeros(1))
+    opt.param_groups[0]["params"][1] = stranger
+    for _ in range(2):  # refused again, not once and then silently left unreduced
+        with pytest.raises(ValueError, match=r"shape \[1\].* not in named_parameters"):
+            opt.zero_grad()
+    lin(torch.ones(1, 2)).sum().backward()
+    with pytest.raises(ValueError, match="not in named_parameters"):
+        opt.step()  # raised on every rank once what did go out was waited for
+    assert not opt._hvd_pending
+    opt.param_groups[0]["params"][1] = lin.bias
+    opt.zero_grad()
+    lin(torch.ones(1, 2) * (hvd.rank() + 1)).sum().backward()
+    opt.step()
+    torch.testing.assert_close(lin.weight.grad, torch.full((1, 2), (hvd.size() + 1) / 2))
+
+
+@pytest.mark.parametrize("convert", ["double", "module"])
+def test_a_parameter_whose_data_changes_dtype_still_goes_out_during_backward(convert):
+    """``p.data = p.data.double()`` (what ``module.double()`` does) makes torch drop the
+    parameter's AccumulateGrad node: the reducer hooks the new one at the next zero_grad."""
+    lin = torch.nn.Linear(2, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1),
+                                   named_parameters=lin.named_parameters())
+    lin(torch.ones(1, 2)).sum().backward()  # a step before the change, hooks on the old nodes
+    opt.step()
+    if convert == "double":
+        for p in lin.parameters():
+            p.data = p.data.double()
+    else:
+        lin.double()
+    for _ in range(2):
+        opt.zero_grad()
+        x = torch.full((1, 2), float(hvd.rank() + 1), dtype=torch.float64)
+        lin(x).sum().backward()
+        assert set(opt._hvd_pending) == set(lin.parameters()), "not launched during backward"
+        opt.step()
+        torch.testing.assert_close(lin.weight.grad,
+                                   torch.full((2, 2), (hvd.size() + 1) / 2, dtype=torch.float64))
