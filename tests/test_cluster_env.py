@@ -65,6 +65,18 @@ def check_killed(rc: int, out: str, named: str) -> None:
     assert "running without exit reports" not in out, out[-6000:]
 
 
+def test_the_agent_enters_a_host_as_ssh_does(hosts):
+    """What makes the jobs below mean something: a command the agent runs on a host gets a login
+    environment there, nothing of its caller's."""
+    env = dict(os.environ, **CALLER_ONLY)
+    r = subprocess.run([HOSTCTL, "agent", "hvdl-host1", "env"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+    assert not set(CALLER_ONLY) & set(got), got
+    assert {"PATH", "HOME", "USER"} <= set(got) and got["TMPDIR"].endswith("hvdl-host1")
+
+
 def test_slurm_allocation_gloo(hosts):
     rc, out = launch(["--gloo", "-np", "4", "--ssh-agent", HOSTCTL, "--verbose",
                          *JOB, "--kill", "3"],
