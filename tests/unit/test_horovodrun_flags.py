@@ -196,3 +196,19 @@ def test_a_job_s_ranks_see_the_knobs_with_the_rank_prefix(mode):
     assert set(seen) == {"[0]", "[1]"}, p.stdout
     for rank, knobs in seen.items():
         assert {k: knobs.get(k) for k in want} == want, (rank, knobs)
+
+
+def test_tcp_with_an_mpirun_other_than_open_mpi_says_what_instead(monkeypatch):
+    from horovodlite import _mpi_check
+
+    monkeypatch.setattr(_mpi_check, "read_record", lambda: None)
+    monkeypatch.setattr(mpi_launch, "find_mpirun", lambda record=None: "/opt/mpich/bin/mpiexec")
+    monkeypatch.setattr(mpi_launch, "mpirun_version", lambda mpirun: "HYDRA build details:\n")
+
+    def error(message):
+        raise SystemExit(message)
+
+    args = launch.parse_args(["--mpi", "-np", "2", "--tcp", "true"])
+    with pytest.raises(SystemExit, match="--tcp sets Open MPI's transports; /opt/mpich/bin/mpiexec "
+                                         "is not Open MPI"):
+        mpi_launch.run(args, {}, error)
