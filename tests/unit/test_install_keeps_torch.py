@@ -5,7 +5,7 @@ distribution as `2.13.0`. The install once pinned the run-time string for its te
 wheel no index serves, and stopped before the suite started. The stand-in here is a tiny `torch`
 whose distribution is `2.13.0` and whose module says `2.13.0+cu130`; a stand-in dependency that
 requires torch (as Ray and Lightning do) must be installed beside it without replacing it.
-Offline: every other requirement is already satisfied by this interpreter's site-packages.
+Offline: every other requirement is already satisfied by this environment's site-packages.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,9 +64,14 @@ def test_the_test_extras_keep_a_torch_whose_version_string_has_a_local_label(tmp
     (tree / "pyproject.toml").write_text(
         pyproject.replace("\ntest = [\n", f'\ntest = [\n  "{NEEDS_TORCH}",\n', 1))
 
+    # A venv that sees this environment's packages behind its own (a .pth file: under a venv,
+    # --system-site-packages would show the base interpreter's instead).
     venv = tmp_path / "venv"
-    assert _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)]).returncode == 0
+    assert _run([sys.executable, "-m", "venv", str(venv)]).returncode == 0
     python = str(venv / "bin" / "python")
+    own = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout
+    outer = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    Path(own.strip(), "outer.pth").write_text("\n".join(sorted(outer)) + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "HVDL_MPI"))}
     env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", VIRTUAL_ENV=str(venv), PYTHON=python,
                HVDL_MPI="none", PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1",
