@@ -18,8 +18,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hosts.fixture import HOSTCTL, MPIRUN, hosts_fixture
 from launching import communicate_all, retry_if_launcher_did_not_start, run_job
+
+from horovodlite.runner import mpi_launch
+from horovodlite.runner.launch import build_parser as launch_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 hosts = hosts_fixture(2)
@@ -140,6 +144,32 @@ def test_a_hostfile_given_to_mpirun_only(hosts, tmp_path):
            "hvdl-host0:2,hvdl-host1:2" in out, out[-6000:]
     check_ranks(out, TWO_BY_TWO)
     check_killed(rc, out, r"rank 3 on hvdl-host1 exited with signal 9")
+
+
+# Open MPI 4 (ORTE) and MPICH (Hydra) carry the names as the build's Open MPI 5 does; what
+# horovodliterun --mpi would run with each (its mpirun command, less the rank wrapper: a build
+# refuses another MPI's launcher), where they are installed
+OTHER_MPIS = [("openmpi", 4, "/usr/bin/mpirun.openmpi"), ("mpich", 4, "/usr/bin/mpiexec.hydra")]
+
+
+def test_open_mpi_4_and_mpich_carry_the_values_by_name(hosts):
+    ran = []
+    for flavor, major, mpirun in OTHER_MPIS:
+        if not os.access(mpirun, os.X_OK):
+            continue
+        args = launch_parser().parse_args(
+            ["-np", "2", "-H", "hvdl-host0:1,hvdl-host1:1", "--ssh-agent", HOSTCTL,
+             "--network-interface", "eth0", "--env-exclude", "MY_EXCL*", *JOB])
+        env = {k: v for k, v in os.environ.items() if not k.startswith(SCHEDULERS)}
+        env.update(CALLER_ONLY, CUDA_VISIBLE_DEVICES="0", OMP_NUM_THREADS="1")
+        cmd = mpi_launch.build_command(args, mpirun, flavor, env, major)
+        rc, out, _ = run_job([HOSTCTL, "run", "hvdl-host0", *cmd], cwd=ROOT, env=env,
+                             timeout=120, what=mpirun)
+        assert rc == 0, out[-4000:]
+        check_ranks(out, {0: "hvdl-host0", 1: "hvdl-host1"})
+        ran.append(mpirun)
+    if not ran:
+        pytest.skip("neither Open MPI 4's nor MPICH's launcher is installed here")
 
 
 # ------------------------------------------------------------- plain srun under PMI (no hosts)
