@@ -5,8 +5,8 @@ strategy adds no runtime of its own. What it does, hook by hook:
 
 - ``set_world_ranks`` / ``setup_environment``: ``hvd.init()``; rank and sizes are horovodlite's
   (``HorovodLiteEnvironment``); Lightning's rank-zero printing follows ``hvd.rank()``. The device
-  is the CPU, or the GPU of horovodlite's local rank (one device per process; the Trainer's
-  ``devices`` does not choose it).
+  is the CPU, or this rank's GPU as ``hvd.local_device()`` picks it (one device per process;
+  the Trainer's ``devices`` does not choose it).
 - ``setup``: the module goes to the device; its parameters and buffers are broadcast from rank
   0 (for every stage: validate/test/predict see rank 0's weights too). When fitting, each
   optimizer's state is broadcast from rank 0 and the optimizer is wrapped in
@@ -82,16 +82,6 @@ def _process_set(group):
     )
 
 
-def local_device() -> torch.device:
-    """This process's GPU: horovodlite's choice (``hvd.local_device()``) where it has one,
-    else the local rank's GPU among the visible ones."""
-    chooser = getattr(hvd, "local_device", None)
-    if chooser is not None:
-        device = chooser()
-        return device if isinstance(device, torch.device) else torch.device("cuda", int(device))
-    return torch.device("cuda", hvd.local_rank() % max(torch.cuda.device_count(), 1))
-
-
 class HorovodLiteStrategy(ParallelStrategy):
     """Data-parallel training over horovodlite: ``Trainer(strategy=HorovodLiteStrategy())``,
     or ``Trainer(strategy="horovodlite")`` once ``horovodlite.lightning`` is imported.
@@ -139,7 +129,11 @@ class HorovodLiteStrategy(ParallelStrategy):
         devices = self.parallel_devices
         if devices and devices[0].type == "cuda":
             _ensure_init()
-            return local_device()
+            device = hvd.local_device()  # this rank's GPU in any placement (or an error)
+            if device.type != "cuda":
+                raise RuntimeError(f"HorovodLiteStrategy: the Trainer asks for GPUs but rank "
+                                   f"{hvd.rank()} sees none (hvd.local_device() is {device})")
+            return device
         return devices[0] if devices else torch.device("cpu")
 
     @property
