@@ -180,7 +180,7 @@ def test_every_variable_the_docs_name_exists():
     for page in PAGES:
         for name, star in NAME.findall(_read(page)):
             name = name.rstrip("_")
-            if star or name != name.rstrip("_") or name.endswith(("HOROVOD", "HVDL")):
+            if star or name in ("HOROVOD", "HVDL"):  # a family: HOROVOD_HIERARCHICAL_*
                 ok = any(k.startswith(name) for k in known)
             else:
                 ok = name in known
