@@ -27,6 +27,10 @@ created for the process set, so several DistributedOptimizers (a GAN's generator
 discriminator) never collide, and every rank uses the same names as long as the ranks create
 their optimizers in the same order. Parameters are reduced when they require a gradient at the
 time of the step, so freezing or unfreezing layers between steps works (do it on every rank).
+So does replacing a parameter of a param group (``group["params"][i] = c``, which must be named
+in ``named_parameters`` if that was given) or its data's dtype or device (``p.data =
+p.data.double()``, ``model.double()``): the hooks follow at the next ``zero_grad()`` or
+``step()``; until then such a parameter is reduced at ``step()``, after backward.
 """
 
 from __future__ import annotations
