@@ -6,6 +6,8 @@ turn and prints ``ok MODE`` after each.
 drop-in-hook  the last reference to the optimizer goes away inside its own hook (the call site
               lookup drops it, as a garbage collection there would), with a user's hook on the
               same AccumulateGrad node after ours: backward completes and the user's hook runs.
+drop-in-user-hook  a user's hook on the node drops an optimizer and wraps another while torch
+              runs that node's hooks.
 threads       one thread runs backward in a loop while the main thread wraps new optimizers over
               the same parameters and drops or detaches old ones; a bounded number of rounds.
 """
@@ -56,6 +58,32 @@ def drop_in_hook() -> None:
     assert set(opt._hvd_pending) == set(lin.parameters())
     opt.step()
     assert torch.equal(lin.bias.grad, torch.ones(2)) and len(ran) == 4
+
+
+def drop_in_user_hook() -> None:
+    """A user's hook on the node, between two optimizers' hooks, drops the first optimizer and
+    wraps a third while torch is running the node's hooks: every hook still runs once."""
+    lin = torch.nn.Linear(3, 2)
+    params = list(lin.parameters())
+    holder = [hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1))]
+    ran, more = [], []
+
+    def user_hook(grad_inputs, grad_outputs):
+        ran.append(1)
+        holder.clear()
+        gc.collect()
+        more.append(hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1)))
+
+    accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in params]
+    for acc in accumulators:
+        acc.register_hook(user_hook)
+    second = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1))
+    lin(torch.ones(1, 3)).sum().backward()
+    assert len(ran) == 2 and not holder
+    assert set(second._hvd_pending) == set(params)  # the second optimizer's hooks ran
+    second.step()
+    assert torch.equal(lin.bias.grad, torch.ones(2))
+    assert [subscribers_on(p) for p in params] == [3, 3]  # second and the two wrapped in hooks
 
 
 def threads(rounds: int = 150) -> None:
@@ -112,7 +140,8 @@ def threads(rounds: int = 150) -> None:
     assert torch.equal(params[-1].grad, torch.full((4,), 2.0))
 
 
-MODES = {"drop-in-hook": drop_in_hook, "threads": threads}
+MODES = {"drop-in-hook": drop_in_hook, "drop-in-user-hook": drop_in_user_hook,
+         "threads": threads}
 
 if __name__ == "__main__":
     hvd.init()

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reducer_lifetime.py"
-MODES = ["drop-in-hook", "threads"]
+MODES = ["drop-in-hook", "drop-in-user-hook", "threads"]
 
 
 def test_a_reducer_dropped_inside_its_hook_or_beside_a_backward_thread_never_crashes():
