@@ -443,6 +443,13 @@ class ElasticJob:
         finished = [w for w in self.members if self.workers[w].status == 0]
         departures = [f"worker {w.number} on {w.host}: {w.left}"
                       for w in self.workers.values() if w.left]
+        # the last round's workers that failed after the job's last look (or after its end)
+        failed = [self.workers[n] for n in self.members
+                  if self.workers[n].status not in (None, 0) and not self.workers[n].left]
+        departures += [f"worker {w.number} on {w.host}: exited with {describe(w.status)}"
+                       for w in failed]
+        if self.first_status is None and failed:
+            self.first_status = failed[0].status
         if self.ended or len(finished) < self.min_np or len(finished) < len(self.members):
             why = self.ended or (f"{len(finished)} of the last round's {len(self.members)} "
                                  "workers finished")
