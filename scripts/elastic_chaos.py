@@ -99,6 +99,20 @@ def restore_links(watch: Watch, force: bool = False) -> None:
             watch.restores.remove((when, host))
 
 
+def dump_stacks(folder: Path, log) -> None:
+    """At a stall: every worker's Python stacks (SIGUSR1: faulthandler) and the processes."""
+    log.write(subprocess.run(["ps", "-eo", "pid,ppid,stat,etime,args"], capture_output=True,
+                             text=True).stdout)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            line = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            if str(WORKER) in line and str(folder) in line:
+                os.kill(int(pid), signal.SIGUSR1)
+        except OSError:
+            pass
+    time.sleep(5)  # the dumps reach the log through the driver
+
+
 def run(seed: int, events: int, hosts: bool, bound: float, timeout: float, log_path) -> dict:
     """Runs one chaos job; returns its summary, with "failure" set when a check failed."""
     plan = make_plan(seed, events, hosts)
@@ -124,6 +138,8 @@ def run(seed: int, events: int, hosts: bool, bound: float, timeout: float, log_p
                 elif now - start > timeout:
                     failure = f"the run took more than {timeout:g} s"
                 if failure:
+                    if "deadlock" in failure:
+                        dump_stacks(folder, log)
                     os.killpg(proc.pid, 9)
                     break
             proc.wait()

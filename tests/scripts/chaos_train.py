@@ -23,6 +23,7 @@ same weights (``AGREE``); at the end, its weights against that reference (``FINA
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -37,6 +38,7 @@ import torch
 import horovodlite.torch as hvd
 
 sys.stdout.reconfigure(line_buffering=True, write_through=False)
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the chaos script's dump at a stall
 
 N, G, FEATURES, SEED, LR = 96, 12, 6, 11, 0.05
 TAIL = 8  # steps trained after the last event fired
