@@ -58,6 +58,7 @@ from horovodlite.torch import (  # noqa: E402
     gloo_enabled,
     init,
     is_initialized,
+    local_device,
     local_rank,
     local_size,
     mpi_enabled,
@@ -68,6 +69,7 @@ from horovodlite.torch import (  # noqa: E402
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "local_device",
     "cross_size", "cross_rank", "mpi_enabled", "gloo_enabled", "HorovodInternalError",
     "Average", "Sum", "Min", "Max", "Product", "Compression", "ProcessSet", "global_process_set",
     "DistributedOptimizer", "allreduce", "allgather", "broadcast", "broadcast_variables",
