@@ -41,7 +41,10 @@ from horovodlite.runner import report_channel
 LOST_AFTER = 15.0
 HEARTBEAT = 2.0
 HELLO_SECONDS = 10.0  # a connection's bound from accept to its signed hello (see the top)
-MAX_PENDING = 128  # connections waiting for their hello at once
+# connections waiting for their hello at once: as many as the listen backlog, so that a job's
+# ranks all connecting at its start (thousands, each saying its hello within milliseconds of
+# the challenge) are never closed for room
+MAX_PENDING = 1024
 ACCEPTS_PER_WAKE = 64  # accepts in one turn of the loop (the heartbeats go on under a flood)
 _NO_DESCRIPTOR = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -108,7 +111,7 @@ class ReportServer:
         self._srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._srv.bind((bind, 0))
-        self._srv.listen(1024)
+        self._srv.listen(MAX_PENDING)
         self._srv.setblocking(False)
         self._sel.register(self._srv, selectors.EVENT_READ, None)
         # -> [buffer, Rank or None, report_channel.Channel, the peer's "addr:port", accepted at]
