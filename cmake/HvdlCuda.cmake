@@ -47,7 +47,7 @@ else()
   list(APPEND _hvdl_missing
        "torch ${HVDL_TORCH_VERSION} was built without CUDA (torch.version.cuda is None)")
 endif()
-if(HVDL_TORCH_CPU_IMPORT)  # cmake/HvdlTorch.cmake: torch's CUDA build, no toolkit libraries
+if(HVDL_TORCH_CPU_IMPORT AND _hvdl_need_torch_cuda)  # cmake/HvdlTorch.cmake: no toolkit libs
   set(_hvdl_torch_ok OFF)
   string(CONCAT _hvdl_why "the CUDA toolkit's libraries (cudart, NVRTC) for torch's CUDA "
          "${HVDL_TORCH_CUDA} (set CUDA_HOME to a whole CUDA toolkit of that version)")

@@ -9,7 +9,9 @@
 # cmake/HvdlCuda.cmake leaves the CUDA kernels out and says why. Everywhere else torch's own
 # config is used, pointed at the toolkit CMake's FindCUDAToolkit found.
 #
-# Input: CMAKE_PREFIX_PATH or Torch_DIR leading to torch's share/cmake (setup.py passes it).
+# Input: CMAKE_PREFIX_PATH or Torch_DIR leading to torch's share/cmake (setup.py passes it);
+# HVDL_TORCH_OPTIONAL (a build that can do without torch: the CUDA compile check, which also
+# needs only torch's headers).
 
 set(HVDL_TORCH_CPU_IMPORT OFF)
 set(_hvdl_torch_dir "")
@@ -34,6 +36,8 @@ endif()
 string(TOUPPER "${HVDL_WITH_CUDA}" _hvdl_with_cuda)
 if(_hvdl_torch_cuda AND _hvdl_with_cuda STREQUAL "OFF")
   set(HVDL_TORCH_CPU_IMPORT ON)  # CUDA not wanted: no need for a toolkit
+elseif(_hvdl_torch_cuda AND HVDL_CUDA_COMPILE_CHECK)
+  set(HVDL_TORCH_CPU_IMPORT ON)  # the compile check needs torch's headers only
 elseif(_hvdl_torch_cuda)
   # nvcc, the headers, cudart and NVRTC: what torch's config and its targets need.
   find_package(CUDAToolkit QUIET)
@@ -48,14 +52,19 @@ elseif(_hvdl_torch_cuda)
   endif()
 endif()
 
-if(NOT HVDL_TORCH_CPU_IMPORT)
+if(NOT HVDL_TORCH_CPU_IMPORT AND HVDL_TORCH_OPTIONAL)
+  find_package(Torch QUIET)
+  return()
+elseif(NOT HVDL_TORCH_CPU_IMPORT)
   find_package(Torch REQUIRED)
   return()
 endif()
 
 # torch's CPU libraries, imported by hand. libtorch.so is left out: in a CUDA build it only
 # pulls in libtorch_cuda.so and, through it, the CUDA runtime this machine lacks.
-if(_hvdl_with_cuda STREQUAL "OFF")
+if(HVDL_CUDA_COMPILE_CHECK)
+  message(STATUS "horovodlite: the CUDA compile check takes torch's headers only")
+elseif(_hvdl_with_cuda STREQUAL "OFF")
   message(STATUS "horovodlite: HVDL_WITH_CUDA=OFF: linking torch's CPU libraries only")
 else()
   message(STATUS "horovodlite: torch has CUDA ${_hvdl_torch_cuda}, but no whole CUDA toolkit "
