@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "comm/posted_requests.h"
+
 namespace hvdl {
 namespace {
 
@@ -72,15 +74,6 @@ Status HierarchicalControlPlane::Step(const char* what, const Status& s) const {
                               std::to_string(rank_) + "), " + what + ": " + s.message());
 }
 
-Status HierarchicalControlPlane::WaitAll(const std::vector<int>& requests) {
-  Status first;
-  for (int r : requests) {
-    Status s = cross_->Wait(r);
-    if (first.ok() && !s.ok()) first = s;
-  }
-  return first;
-}
-
 Status HierarchicalControlPlane::StartBitwiseOr(uint64_t* words, size_t n) {
   if (phase_ != Phase::kIdle) {
     return Status::Internal("hierarchical control plane: a bitwise OR is already outstanding");
@@ -131,33 +124,29 @@ Status HierarchicalControlPlane::TestBitwiseOr(bool* done) {
 }
 
 // Roots only: OR of every host's words at cross member 0, sent back to every root. Blocking.
+// Every request is waited for on every path (transport.h): the buffers are members.
 Status HierarchicalControlPlane::CrossOr() {
   const int tag = layout_.cross_tag;
   const int64_t bytes = static_cast<int64_t>(n_ * sizeof(uint64_t));
-  std::vector<int> reqs;
+  PostedRequests posted(cross_.get());
   if (cross_->rank() != 0) {
-    int r;
-    HVDL_RETURN_IF_ERROR(cross_->PostSend({Span{words_, bytes}}, 1, 0, tag, &r));
-    HVDL_RETURN_IF_ERROR(cross_->Wait(r));  // before words_ is overwritten by the result
-    HVDL_RETURN_IF_ERROR(cross_->PostRecv({Span{words_, bytes}}, 1, 0, tag, &r));
-    return cross_->Wait(r);
+    HVDL_RETURN_IF_ERROR(posted.Send({Span{words_, bytes}}, 1, 0, tag));
+    HVDL_RETURN_IF_ERROR(posted.WaitAll());  // before words_ is overwritten by the result
+    HVDL_RETURN_IF_ERROR(posted.Recv({Span{words_, bytes}}, 1, 0, tag));
+    return posted.WaitAll();
   }
   const int hosts = cross_->size();
   scratch_.assign(static_cast<size_t>(hosts - 1) * n_, 0);
   for (int h = 1; h < hosts; ++h) {
-    reqs.emplace_back();
-    HVDL_RETURN_IF_ERROR(cross_->PostRecv(
-        {Span{scratch_.data() + static_cast<size_t>(h - 1) * n_, bytes}}, 1, h, tag,
-        &reqs.back()));
+    HVDL_RETURN_IF_ERROR(posted.Recv(
+        {Span{scratch_.data() + static_cast<size_t>(h - 1) * n_, bytes}}, 1, h, tag));
   }
-  HVDL_RETURN_IF_ERROR(WaitAll(reqs));
+  HVDL_RETURN_IF_ERROR(posted.WaitAll());
   for (size_t i = 0; i < scratch_.size(); ++i) words_[i % n_] |= scratch_[i];
-  reqs.clear();
   for (int h = 1; h < hosts; ++h) {
-    reqs.emplace_back();
-    HVDL_RETURN_IF_ERROR(cross_->PostSend({Span{words_, bytes}}, 1, h, tag, &reqs.back()));
+    HVDL_RETURN_IF_ERROR(posted.Send({Span{words_, bytes}}, 1, h, tag));
   }
-  return WaitAll(reqs);
+  return posted.WaitAll();
 }
 
 Status HierarchicalControlPlane::Gather(const std::string& send, std::vector<std::string>* recv) {
@@ -176,39 +165,40 @@ Status HierarchicalControlPlane::Gather(const std::string& send, std::vector<std
 }
 
 // Roots only: every host's blob to cross member 0 (length first), which places the
-// contributions by global rank. Blocking.
+// contributions by global rank. Blocking. The receives land in locals: `posted`, declared after
+// them, waits for every request on every path before they go (transport.h) - with 3 hosts and
+// host 2 lost, host 1's length must not arrive after this returned.
 Status HierarchicalControlPlane::CrossGather(const std::string& blob,
                                              std::vector<std::string>* recv) {
   const int tag = layout_.cross_tag;
   const int hosts = cross_ == nullptr ? 1 : cross_->size();
-  if (cross_ != nullptr && cross_->rank() != 0) {
-    uint64_t length = blob.size();
-    std::vector<int> reqs(2);
-    HVDL_RETURN_IF_ERROR(cross_->PostSend({Span{&length, 8}}, 1, 0, tag, &reqs[0]));
-    HVDL_RETURN_IF_ERROR(cross_->PostSend(
-        {Span{const_cast<char*>(blob.data()), static_cast<int64_t>(blob.size())}}, 1, 0, tag,
-        &reqs[1]));
-    return WaitAll(reqs);
-  }
   std::vector<std::string> blobs(static_cast<size_t>(hosts));
-  blobs[0] = blob;
   std::vector<uint64_t> lengths(static_cast<size_t>(hosts), 0);
-  std::vector<int> reqs;
-  for (int h = 1; h < hosts; ++h) {
-    reqs.emplace_back();
-    HVDL_RETURN_IF_ERROR(cross_->PostRecv({Span{&lengths[static_cast<size_t>(h)], 8}}, 1, h, tag,
-                                          &reqs.back()));
+  if (cross_ != nullptr && cross_->rank() != 0) {
+    uint64_t& length = lengths[0];
+    length = blob.size();
+    PostedRequests posted(cross_.get());
+    HVDL_RETURN_IF_ERROR(posted.Send({Span{&length, 8}}, 1, 0, tag));
+    HVDL_RETURN_IF_ERROR(posted.Send(
+        {Span{const_cast<char*>(blob.data()), static_cast<int64_t>(blob.size())}}, 1, 0, tag));
+    return posted.WaitAll();
   }
-  HVDL_RETURN_IF_ERROR(WaitAll(reqs));
-  reqs.clear();
-  for (int h = 1; h < hosts; ++h) {
-    std::string& b = blobs[static_cast<size_t>(h)];
-    b.resize(lengths[static_cast<size_t>(h)]);
-    reqs.emplace_back();
-    HVDL_RETURN_IF_ERROR(cross_->PostRecv({Span{b.data(), static_cast<int64_t>(b.size())}}, 1, h,
-                                          tag, &reqs.back()));
+  blobs[0] = blob;
+  if (hosts > 1) {
+    PostedRequests posted(cross_.get());
+    for (int h = 1; h < hosts; ++h) {
+      HVDL_RETURN_IF_ERROR(
+          posted.Recv({Span{&lengths[static_cast<size_t>(h)], 8}}, 1, h, tag));
+    }
+    HVDL_RETURN_IF_ERROR(posted.WaitAll());
+    for (int h = 1; h < hosts; ++h) {
+      std::string& b = blobs[static_cast<size_t>(h)];
+      b.resize(lengths[static_cast<size_t>(h)]);
+      HVDL_RETURN_IF_ERROR(
+          posted.Recv({Span{b.data(), static_cast<int64_t>(b.size())}}, 1, h, tag));
+    }
+    HVDL_RETURN_IF_ERROR(posted.WaitAll());
   }
-  HVDL_RETURN_IF_ERROR(WaitAll(reqs));
   Status s = Place(blobs, recv);
   if (!s.ok()) recv->clear();
   return s;
@@ -249,28 +239,27 @@ Status HierarchicalControlPlane::Broadcast(std::string* data) {
   if (root() && cross_ != nullptr) {
     const int tag = layout_.cross_tag;
     uint64_t length = data->size();
-    std::vector<int> reqs;
     Status s;
-    if (cross_->rank() == 0) {
-      for (int h = 1; h < cross_->size() && s.ok(); ++h) {
-        reqs.emplace_back();
-        s = cross_->PostSend({Span{&length, 8}}, 1, h, tag, &reqs.back());
-        reqs.emplace_back();
-        if (s.ok()) {
-          s = cross_->PostSend({Span{data->data(), static_cast<int64_t>(data->size())}}, 1, h,
-                               tag, &reqs.back());
+    {
+      PostedRequests posted(cross_.get());  // after `length`: drained before it goes
+      if (cross_->rank() == 0) {
+        for (int h = 1; h < cross_->size() && s.ok(); ++h) {
+          s = posted.Send({Span{&length, 8}}, 1, h, tag);
+          if (s.ok()) {
+            s = posted.Send({Span{data->data(), static_cast<int64_t>(data->size())}}, 1, h,
+                            tag);
+          }
         }
+        if (s.ok()) s = posted.WaitAll();
+      } else {
+        s = posted.Recv({Span{&length, 8}}, 1, 0, tag);
+        if (s.ok()) s = posted.WaitAll();
+        if (s.ok()) {
+          data->resize(length);
+          s = posted.Recv({Span{data->data(), static_cast<int64_t>(length)}}, 1, 0, tag);
+        }
+        if (s.ok()) s = posted.WaitAll();
       }
-      if (s.ok()) s = WaitAll(reqs);
-    } else {
-      int r;
-      s = cross_->PostRecv({Span{&length, 8}}, 1, 0, tag, &r);
-      if (s.ok()) s = cross_->Wait(r);
-      if (s.ok()) {
-        data->resize(length);
-        s = cross_->PostRecv({Span{data->data(), static_cast<int64_t>(length)}}, 1, 0, tag, &r);
-      }
-      if (s.ok()) s = cross_->Wait(r);
     }
     HVDL_RETURN_IF_ERROR(Step("broadcast across hosts", s));
   }

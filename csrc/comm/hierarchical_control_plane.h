@@ -72,7 +72,6 @@ class HierarchicalControlPlane : public ControlPlane {
   Status CrossOr();
   Status CrossGather(const std::string& blob, std::vector<std::string>* recv);
   Status Place(const std::vector<std::string>& blobs, std::vector<std::string>* recv) const;
-  Status WaitAll(const std::vector<int>& requests);
   Status Step(const char* what, const Status& s) const;
 
   std::unique_ptr<ControlPlane> local_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "comm/posted_requests.h"
 #include "comm/reduce_kernels.h"
 
 namespace hvdl {
@@ -74,23 +75,24 @@ Status RingStep(const StepArgs& a) {
   auto slot = [&](size_t j) -> char* {
     return a.scratch->data() + (j % 2) * a.seg_elems * esize;
   };
-  std::vector<int> sends;
+  // Every request posted below is waited for on every path (transport.h): a send that fails
+  // after its step's receive was posted, or a failed wait, returns through `posted`, which
+  // waits for what is still under way (the slots and spans stay valid: the caller's).
+  PostedRequests posted(a.t);
   std::vector<int> recvs(nr, -1);
   auto post = [&](size_t j) -> Status {
     if (j < nr) {
       const Message& m = (*a.recv)[j];
       if (a.reduce) {
         HVDL_RETURN_IF_ERROR(
-            a.t->Irecv(slot(j), static_cast<size_t>(m.count) * esize, left, &recvs[j]));
+            posted.Recv(slot(j), static_cast<size_t>(m.count) * esize, left, &recvs[j]));
       } else {
-        HVDL_RETURN_IF_ERROR(a.t->IrecvSpans(m.spans, esize, left, &recvs[j]));
+        HVDL_RETURN_IF_ERROR(posted.Recv(m.spans, esize, left, 0, &recvs[j]));
       }
     }
     if (j < ns) {
       const Message& m = (*a.send)[j];
-      int req;
-      HVDL_RETURN_IF_ERROR(a.t->IsendSpans(m.spans, esize, right, &req));
-      sends.push_back(req);
+      HVDL_RETURN_IF_ERROR(posted.Send(m.spans, esize, right, 0));
       a.stats->bytes_sent += m.count * static_cast<int64_t>(esize);
     }
     return Status::Ok();
@@ -98,14 +100,15 @@ Status RingStep(const StepArgs& a) {
   const size_t steps = std::max(ns, nr);
   if (steps > 0) HVDL_RETURN_IF_ERROR(post(0));
   for (size_t j = 0; j < steps; ++j) {
-    if (j < nr) HVDL_RETURN_IF_ERROR(a.t->Wait(recvs[j]));
+    if (j < nr) HVDL_RETURN_IF_ERROR(posted.Wait(recvs[j]));
     // Step 1: get message j+1 moving before touching message j (its slot is free again:
     // message j-1 was reduced in the previous iteration).
     if (j + 1 < steps) HVDL_RETURN_IF_ERROR(post(j + 1));
     // Step 2: fold the received message j into the local chunk.
     if (a.reduce && j < nr) ReduceMessage((*a.recv)[j], slot(j), a.dtype, a.op, a.postscale);
   }
-  for (int req : sends) HVDL_RETURN_IF_ERROR(a.t->Wait(req));
+  // Step 3: the sends (only they are left).
+  HVDL_RETURN_IF_ERROR(posted.WaitAll());
   ++a.stats->steps;
   return Status::Ok();
 }

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include "comm/posted_requests.h"
 #include "comm/single_copy.h"
 #include "common/logging.h"
 
@@ -35,21 +36,16 @@ std::vector<Span> InBytes(const std::vector<Span>& spans, size_t esize) {
 Status Exchange(Transport* t, const std::vector<int>& peers, void* mine, size_t bytes,
                 std::vector<char>* theirs) {
   theirs->assign(peers.size() * bytes, 0);
-  std::vector<int> reqs;
+  PostedRequests posted(t);  // every request waited for on every path (transport.h)
   for (size_t i = 0; i < peers.size(); ++i) {
-    int r;
     const Span slot{theirs->data() + i * bytes, static_cast<int64_t>(bytes)};
-    HVDL_RETURN_IF_ERROR(t->PostRecv({slot}, 1, peers[i], kDescriptorTag, &r));
-    reqs.push_back(r);
+    HVDL_RETURN_IF_ERROR(posted.Recv({slot}, 1, peers[i], kDescriptorTag));
   }
   for (int p : peers) {
-    int r;
     HVDL_RETURN_IF_ERROR(
-        t->PostSend({Span{mine, static_cast<int64_t>(bytes)}}, 1, p, kDescriptorTag, &r));
-    reqs.push_back(r);
+        posted.Send({Span{mine, static_cast<int64_t>(bytes)}}, 1, p, kDescriptorTag));
   }
-  for (int r : reqs) HVDL_RETURN_IF_ERROR(t->Wait(r));
-  return Status::Ok();
+  return posted.WaitAll();
 }
 
 }  // namespace
@@ -136,7 +132,9 @@ Status SingleCopyTransport::PostSend(const std::vector<Span>& spans, size_t esiz
                                      int tag, int* request) {
   if (tag != 0) return Status::Internal("single-copy transport: only tag 0 is offered");
   Request& r = NewRequest(peer, false, request);
-  if (!single_copy(peer)) return base_->PostSend(spans, esize, peer, kPlainTag, &r.first);
+  if (!single_copy(peer)) {
+    return Posted(*request, base_->PostSend(spans, esize, peer, kPlainTag, &r.first));
+  }
   const std::vector<Span> bytes = InBytes(spans, esize);
   const uint64_t total = static_cast<uint64_t>(TotalCount(bytes));
   std::vector<uint64_t>& d = r.descriptor;
@@ -159,25 +157,41 @@ Status SingleCopyTransport::PostSend(const std::vector<Span>& spans, size_t esiz
     }
     // The acknowledgement's receive is posted before the descriptor leaves, so the receiver's
     // send of it always finds a match.
-    HVDL_RETURN_IF_ERROR(base_->PostRecv({}, 1, peer, kAckTag, &r.second));
+    HVDL_RETURN_IF_ERROR(Posted(*request, base_->PostRecv({}, 1, peer, kAckTag, &r.second)));
   } else {
     d[0] = kSeparate;
-    HVDL_RETURN_IF_ERROR(base_->PostSend(bytes, 1, peer, kDataTag, &r.second));
+    HVDL_RETURN_IF_ERROR(Posted(*request, base_->PostSend(bytes, 1, peer, kDataTag, &r.second)));
   }
-  return base_->PostSend({Span{d.data(), static_cast<int64_t>(d.size() * sizeof(uint64_t))}}, 1,
-                         peer, kDescriptorTag, &r.first);
+  return Posted(*request, base_->PostSend({Span{d.data(), static_cast<int64_t>(
+                                                             d.size() * sizeof(uint64_t))}},
+                                          1, peer, kDescriptorTag, &r.first));
+}
+
+// A post that failed leaves nothing posted (transport.h): the part of it already under way (the
+// acknowledgement's receive, the separate data) is waited for, and the request released.
+Status SingleCopyTransport::Posted(int id, Status s) {
+  if (s.ok()) return s;
+  Request& r = requests_[static_cast<size_t>(id)];
+  if (r.second >= 0) (void)base_->Wait(r.second);
+  r.first = r.second = -1;
+  r.local.clear();
+  free_.push_back(id);
+  return s;
 }
 
 Status SingleCopyTransport::PostRecv(const std::vector<Span>& spans, size_t esize, int peer,
                                      int tag, int* request) {
   if (tag != 0) return Status::Internal("single-copy transport: only tag 0 is offered");
   Request& r = NewRequest(peer, single_copy(peer), request);
-  if (!single_copy(peer)) return base_->PostRecv(spans, esize, peer, kPlainTag, &r.first);
+  if (!single_copy(peer)) {
+    return Posted(*request, base_->PostRecv(spans, esize, peer, kPlainTag, &r.first));
+  }
   r.local = InBytes(spans, esize);
   r.descriptor.resize(kDescriptorWords);
-  return base_->PostRecv(
-      {Span{r.descriptor.data(), static_cast<int64_t>(kDescriptorWords * sizeof(uint64_t))}}, 1,
-      peer, kDescriptorTag, &r.first);
+  return Posted(*request, base_->PostRecv({Span{r.descriptor.data(),
+                                                static_cast<int64_t>(kDescriptorWords *
+                                                                     sizeof(uint64_t))}},
+                                          1, peer, kDescriptorTag, &r.first));
 }
 
 // Receives from one peer are waited for in posting order, so descriptors are consumed, and
@@ -234,8 +248,12 @@ Status SingleCopyTransport::Wait(int request) {
     s = CompleteReceive(&r);
   } else {
     s = base_->Wait(r.first);
-    // After a failed descriptor the acknowledgement never comes: not waited for.
-    if (s.ok() && r.second >= 0) s = base_->Wait(r.second);
+    // The acknowledgement's receive (or the separate data) is waited for even after a failed
+    // descriptor (transport.h): the base transport has failed then, and fails the wait at once.
+    if (r.second >= 0) {
+      Status second = base_->Wait(r.second);
+      if (s.ok()) s = second;
+    }
   }
   r.local.clear();
   free_.push_back(request);

@@ -60,6 +60,7 @@ class SingleCopyTransport : public Transport {
   };
 
   Request& NewRequest(int peer, bool receive_descriptor, int* id);
+  Status Posted(int id, Status s);
   void Probe(const std::vector<std::string>& hosts);
   Status CompleteReceive(Request* r);
 

@@ -9,6 +9,19 @@
 // Contract: background thread only (not thread-safe). Buffers stay owned by the caller and must
 // stay valid until Wait returns. Failures return a Status naming the call and the peer; nothing
 // throws.
+//
+// The rule every algorithm over a Transport keeps: nothing it posted is outstanding when it
+// returns, on success or on error. It waits for every request it posted, also after one of its
+// posts or waits failed (comm/posted_requests.h does it on every early return); a request left
+// behind lets a late message land in memory that is gone. What makes that enough, every
+// transport guarantees:
+//   - a post that fails leaves nothing posted (parts of it already under way are waited for);
+//   - Wait is final, whatever it returns: afterwards the transport never touches the request's
+//     buffers and the request is released. A transport whose waits can give up early makes the
+//     give-up final itself (Gloo: a cancel closes the group's connections, so no message lands
+//     after it; gloo_work.h);
+//   - Wait ends: once the transport has failed (a peer lost, a cancel, a timeout) its waits
+//     fail at once, and a wait on a live peer is bounded by the transport's timeout.
 #pragma once
 
 #include <cstddef>
@@ -37,8 +50,8 @@ class Transport {
                           int* request) = 0;
   virtual Status PostRecv(const std::vector<Span>& spans, size_t esize, int peer, int tag,
                           int* request) = 0;
-  // Blocks until the request completed and releases it. Receives from one peer on one tag are
-  // waited for in the order they were posted.
+  // Blocks until the request completed or failed, and releases it; final either way (above).
+  // Receives from one peer on one tag are waited for in the order they were posted.
   virtual Status Wait(int request) = 0;
   // Members whose messages travel by single copy (read straight from their memory).
   virtual int single_copy_peers() const { return 0; }

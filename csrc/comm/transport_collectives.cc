@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "comm/posted_requests.h"
 #include "comm/ring.h"
 
 namespace hvdl {
@@ -79,26 +80,21 @@ Status TransportBroadcast(Transport* t, void* buf, int64_t count, DataType dtype
   if (n == 1) return Status::Ok();
   const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
   const int v = (t->rank() - root + n) % n;
+  PostedRequests posted(t);  // every request waited for on every path (transport.h)
   int mask = 1;
   while (mask < n) {
     if (v & mask) {
-      int req;
-      HVDL_RETURN_IF_ERROR(t->Irecv(buf, bytes, (v - mask + root) % n, &req));
-      HVDL_RETURN_IF_ERROR(t->Wait(req));
+      int req = -1;
+      HVDL_RETURN_IF_ERROR(posted.Recv(buf, bytes, (v - mask + root) % n, &req));
+      HVDL_RETURN_IF_ERROR(posted.Wait(req));
       break;
     }
     mask <<= 1;
   }
-  std::vector<int> sends;
   for (mask >>= 1; mask > 0; mask >>= 1) {
-    if (v + mask < n) {
-      int req;
-      HVDL_RETURN_IF_ERROR(t->Isend(buf, bytes, (v + mask + root) % n, &req));
-      sends.push_back(req);
-    }
+    if (v + mask < n) HVDL_RETURN_IF_ERROR(posted.Send(buf, bytes, (v + mask + root) % n));
   }
-  for (int req : sends) HVDL_RETURN_IF_ERROR(t->Wait(req));
-  return Status::Ok();
+  return posted.WaitAll();
 }
 
 Status TransportAlltoallv(Transport* t, const void* send, const std::vector<int64_t>& send_counts,
@@ -111,30 +107,24 @@ Status TransportAlltoallv(Transport* t, const void* send, const std::vector<int6
   auto at = [](const std::vector<int64_t>& v, int m) { return v[static_cast<size_t>(m)]; };
   char* out = static_cast<char*>(recv);
   char* in = static_cast<char*>(const_cast<void*>(send));
-  std::vector<int> reqs;
-  reqs.reserve(2 * static_cast<size_t>(n));
+  PostedRequests posted(t);  // every request waited for on every path (transport.h)
   // Step 1: every receive, from the member s behind, s = 1..n-1.
   for (int s = 1; s < n; ++s) {
     const int from = (me - s + n) % n;
-    int req;
-    HVDL_RETURN_IF_ERROR(t->Irecv(out + at(rat, from) * static_cast<int64_t>(esize),
-                                  static_cast<size_t>(at(recv_counts, from)) * esize, from, &req));
-    reqs.push_back(req);
+    HVDL_RETURN_IF_ERROR(posted.Recv(out + at(rat, from) * static_cast<int64_t>(esize),
+                                     static_cast<size_t>(at(recv_counts, from)) * esize, from));
   }
   // Step 2: every send, to the member s ahead (each pair's two messages cross once).
   for (int s = 1; s < n; ++s) {
     const int to = (me + s) % n;
-    int req;
-    HVDL_RETURN_IF_ERROR(t->Isend(in + at(sat, to) * static_cast<int64_t>(esize),
-                                  static_cast<size_t>(at(send_counts, to)) * esize, to, &req));
-    reqs.push_back(req);
+    HVDL_RETURN_IF_ERROR(posted.Send(in + at(sat, to) * static_cast<int64_t>(esize),
+                                     static_cast<size_t>(at(send_counts, to)) * esize, to));
   }
   // Step 3: this rank's own block, while the messages travel.
   std::memmove(out + at(rat, me) * static_cast<int64_t>(esize),
                in + at(sat, me) * static_cast<int64_t>(esize),
                static_cast<size_t>(at(send_counts, me)) * esize);
-  for (int req : reqs) HVDL_RETURN_IF_ERROR(t->Wait(req));
-  return Status::Ok();
+  return posted.WaitAll();
 }
 
 }  // namespace hvdl

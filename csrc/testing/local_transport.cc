@@ -35,7 +35,11 @@ Status LocalTransport::Wait(int request) {
   recvs_.erase(it);
   std::unique_lock<std::mutex> lock(boxes_->mu_);
   auto& q = boxes_->Queue(r.peer, rank_, r.tag);
-  boxes_->cv_.wait(lock, [&] { return !q.empty(); });
+  boxes_->cv_.wait(lock, [&] { return !q.empty() || !boxes_->failed_.empty(); });
+  if (q.empty()) {
+    return Status::PeerFailed("local transport: receive from " + std::to_string(r.peer) +
+                              " failed: " + boxes_->failed_);
+  }
   std::string msg = std::move(q.front());
   q.pop_front();
   size_t room = 0;

@@ -31,6 +31,7 @@ void RegisterCommTesting(py::module_& m);    // testing/testing_comm.cc
 void RegisterShmTesting(py::module_& m);     // testing/testing_shm.cc
 void RegisterHandleTesting(py::module_& m);  // testing/testing_handles.cc
 void RegisterScaleTesting(py::module_& m);   // testing/testing_scale.cc
+void RegisterFaultTesting(py::module_& m);   // testing/testing_faults.cc
 namespace {
 
 template <typename T>
@@ -434,6 +435,7 @@ void RegisterTesting(py::module_& m) {
   RegisterShmTesting(m);
   RegisterHandleTesting(m);
   RegisterScaleTesting(m);
+  RegisterFaultTesting(m);
 }
 
 }  // namespace hvdl

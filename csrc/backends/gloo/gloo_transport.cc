@@ -34,6 +34,7 @@ GlooTransport::Request& GlooTransport::NewRequest(int* id) {
 Status GlooTransport::Post(bool send, const std::vector<Span>& spans, size_t esize, int peer,
                            int tag, int* request) {
   if (tag < 0 || tag >= kTags) return Status::Internal("Gloo transport: tag out of range");
+  if (waits_->cancelled) return waits_->Cancelled();  // the group's connections are closed
   Request& r = NewRequest(request);
   r.unpack.clear();
   int64_t bytes = 0;

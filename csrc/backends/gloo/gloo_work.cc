@@ -7,9 +7,13 @@
 namespace hvdl {
 
 void GlooWaits::Cancel(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu);
-  if (!cancelled) why = reason;
-  cancelled = true;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (cancelled) return;
+    why = reason;
+    cancelled = true;
+  }
+  if (close) close();
 }
 
 Status GlooWaits::Cancelled() {
@@ -25,14 +29,13 @@ Status Wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what,
   const double timeout_seconds = waits->timeout_seconds;
   const auto deadline =
       Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
-  if (waits->cancelled) return waits->Cancelled();
   try {
     // One wait for the whole time: a c10d Gloo send or receive whose Work::wait(timeout) times
     // out is over - the work completes with the timeout and Gloo closes the pair - so waiting
     // in slices (200 ms, as before) failed every transfer that took longer than a slice (a
     // 16 MiB allreduce at 2+1 across the test hosts, 1 Gbit/s). A peer that dies or a closed
-    // connection ends the wait at once; a cancel (a lost host, a launcher's notice) is seen by
-    // the next wait.
+    // connection ends the wait at once; so does a cancel (a lost host, a launcher's notice),
+    // which closes every connection (GlooWaits).
     work->wait(std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));
     return Status::Ok();
   } catch (const std::exception& e) {
@@ -54,7 +57,8 @@ Status Wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what,
 Status WaitWork(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what,
                 GlooWaits* waits) {
   Status s = Wait(work, what, waits);
-  if (s.ok() || s.code() == StatusCode::kAborted || waits->watchdog == nullptr) return s;
+  if (!s.ok() && waits->cancelled) return waits->Cancelled();
+  if (s.ok() || waits->watchdog == nullptr) return s;
   return waits->watchdog->Explain(s);
 }
 

@@ -3,6 +3,10 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
 #include <map>
 
 #include "backends/gloo/gloo_fabric.h"
@@ -47,6 +51,32 @@ Status ControlPlaneFor(const GlooLaunch& launch, const Config& config, const Loc
       HierarchicalControlPlane::Create(std::move(on_host), std::move(cross), layout, &control));
   *out = std::move(control);
   return Status::Ok();
+}
+
+// GlooWaits::close: closes every connection of the group, so that a cancel is final. c10d offers
+// no abort for Gloo, but Gloo itself closes every pair of a context when a wait of it times out
+// ("Application timeout caused pair closure": each pending operation fails, no buffer is
+// touched again). So, per context (c10d sends tag t on context t mod contexts), a receive on a
+// tag no transport uses, waited for 1 ms. A post fails on a pair that is already closed (a lost
+// peer): then the next peer's. Runs once, on the thread that cancels.
+void CloseConnections(c10d::Backend* backend, int connections) {
+  const int base = ((1 << 30) / connections) * connections;  // above every transport's tags
+  const int n = backend->getSize(), me = backend->getRank();
+  for (int k = 0; k < connections; ++k) {
+    for (int step = 1; step < n; ++step) {
+      try {
+        std::vector<at::Tensor> one{at::empty({1}, at::TensorOptions().dtype(at::kByte))};
+        auto work = backend->recv(one, (me + step) % n, base + k);
+        try {
+          work->wait(std::chrono::milliseconds(1));
+        } catch (const std::exception& e) {
+          if (std::string(e.what()).find("Timed out") != std::string::npos) break;
+        }
+      } catch (const std::exception&) {
+        // that pair was closed already: try the next
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -102,6 +132,10 @@ Status BuildGloo(const GlooLaunch& launch, const Config& config, const LocalPart
     w->waits.watchdog = nullptr;
     w->watchdog.reset();
   };
+  if (world->backend) {
+    const int connections = std::max(1, launch.connections);
+    w->waits.close = [w, connections] { CloseConnections(w->backend.get(), connections); };
+  }
   out->cancel = [w](const std::string& why) { w->waits.Cancel(why); };
   out->restartable_after_loss = true;  // the next round meets without the lost ranks
   out->owner = std::move(world);
