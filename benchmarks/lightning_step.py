@@ -2,7 +2,7 @@
 (a plain loop with hvd.DistributedOptimizer) and against Lightning's DDPStrategy (torch's gloo,
 in the same job), side by side: several rounds, the three in a different order each round.
 
-    horovodliterun -np 2 python benchmarks/lightning_step.py [--rounds 3] [--steps 30]
+    horovodliterun -np 2 python benchmarks/lightning_step.py [--rounds 8] [--steps 12]
         [--width 1024] [--depth 4] [--batch 64]
 
 (torchrun --nproc_per_node=2 and horovodliterun --gloo work too.) Each variant trains an MLP
@@ -92,9 +92,9 @@ def direct_run(data, args) -> float:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--batch", type=int, default=64)

@@ -28,7 +28,8 @@ HERE = Path(__file__).parent
 SCRIPT = HERE / "scripts" / "lightning_job.py"
 FIT_CHECKS = ["registry", "steps", "fit_equals_one_process", "sync_dist_sum", "sync_dist_max",
               "sync_dist_mean_same_everywhere", "checkpoint_written", "val_loss", "test_loss",
-              "predict_outputs", "predict_covers_the_data", "fit_equals_ddp"]
+              "predict_outputs", "predict_covers_the_data",
+              "manual_optimization_equals_one_process", "fit_equals_ddp"]
 LAUNCHER_PREFIXES = ("OMPI_", "PMI", "PMIX_", "SLURM", "HOROVOD_", "HVDL_", "TORCHELASTIC_")
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                  "MASTER_PORT")

@@ -89,6 +89,22 @@ class Model(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=LR, momentum=MOMENTUM)
 
 
+class ManualModel(Model):
+    """Manual optimization: zero_grad/manual_backward/step on the LightningOptimizer, whose
+    DistributedOptimizer methods must act on the real optimizer."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        x, y, _ = batch
+        opt.zero_grad()
+        self.manual_backward(torch.nn.functional.cross_entropy(self.net(x), y))
+        opt.step()
+
+
 def reference(steps: int) -> dict:
     """One process, plain torch, on the global batch: what every rank must end with."""
     net, data = make_net(), Data(SAMPLES, 0)
@@ -170,6 +186,10 @@ def fit_job(ckpt: str, then_raise: bool) -> None:
     every = t.strategy.all_gather(idx)
     check("predict_covers_the_data", sorted(every.flatten().tolist()) == list(range(len(val))),
           every)
+
+    manual = ManualModel()
+    trainer("horovodlite").fit(manual, loader(SAMPLES, 0, per_rank))
+    assert_close("manual_optimization_equals_one_process", net_state(manual), want)
 
     ddp_model = Model()
     ddp = pl.strategies.DDPStrategy(cluster_environment=hl.HorovodLiteEnvironment(),
