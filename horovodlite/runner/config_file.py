@@ -9,8 +9,10 @@ The file is a mapping of long option names to values, ``-`` or ``_`` alike:
     timeline-filename: /tmp/timeline.json
     blacklist-cooldown-range: [10, 100]
 
-A flag's value is ``true`` or ``false``; an option of several values takes a list. Options on the
-command line override the file (its values become the parser's defaults). Unknown names, and
+A flag's value is ``true`` or ``false``; an option of several values takes a list, and so may a
+repeatable one (``env-exclude: ['WANDB_*', 'MY_*']``). Options on the command line override the
+file (its values become the parser's defaults); a repeatable option given on the command line
+adds to the file's. Unknown names, and
 values of the wrong kind, are an error naming them; the command to run and ``--config-file``
 itself cannot be given in the file. Unlike Horovod's file, there are no sections (``params:``,
 ``timeline:`` ...): every key is an option of ``horovodliterun --help``.
@@ -71,6 +73,10 @@ def _scalar(action: argparse.Action, value, say):
 
 
 def _value(action: argparse.Action, value, say):
+    if isinstance(action, argparse._AppendAction):
+        # a repeatable option (--env-exclude): one value or a list of them, each whole - a
+        # string kept as the default would be iterated as its characters ('*' among them)
+        return [_scalar(action, v, say) for v in (value if isinstance(value, list) else [value])]
     if action.nargs == 0:  # a flag (store_true, store_const: --gloo, --verbose, ...)
         if not isinstance(value, bool):
             say(f"expected true or false, got {value!r}")

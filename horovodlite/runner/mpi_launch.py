@@ -161,6 +161,12 @@ def run(args, env: dict, error) -> int:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     if args.output_filename:
         env[launch_env.OUTPUT_FILENAME] = os.path.abspath(args.output_filename)
+    # The ranks are mpirun's: a HOROVOD_CONTROLLER=gloo the caller exported (the srun recipe's)
+    # would make each take itself for a Gloo job of one rank and train alone.
+    if env.get(launch_env.CONTROLLER, "mpi").strip().lower() != "mpi":
+        sys.stderr.write(f"horovodliterun: --mpi: the ranks get {launch_env.CONTROLLER}=mpi "
+                         f"(this environment has {env[launch_env.CONTROLLER]!r})\n")
+    env[launch_env.CONTROLLER] = "mpi"
     flavor = mpi_flavor(version_text)
     if getattr(args, "tcp", False) and flavor != "openmpi":
         error(f"--tcp sets Open MPI's transports; {mpirun} is not Open MPI: choose the "

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import horovodlite
+from horovodlite.common import env_travel
 from horovodlite.runner import horovod_flags, launch, mpi_launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,6 +152,58 @@ def test_config_file_contradicting_switches_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         launch.parse_args(["--config-file", str(f), "-np", "1", "x"])
     assert "mpi: contradicts gloo" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["env-exclude: 'WANDB_*'\n", "env-exclude: ['WANDB_*']\n"])
+def test_config_file_repeatable_options_are_lists(tmp_path, text):
+    """A repeatable option (--env-exclude, --env-include) in --config-file: one pattern or a
+    list of them, each a whole pattern (a string was taken as its characters, '*' among them:
+    every variable but the job's own was left out), the command line's added to the file's."""
+    f = tmp_path / "job.yaml"
+    f.write_text(text + "env-include: CUDA_VISIBLE_DEVICES\n")
+    args = launch.parse_args(["--config-file", str(f), "-np", "1", "x"])
+    assert args.env_exclude == ["WANDB_*"] and args.env_include == ["CUDA_VISIBLE_DEVICES"]
+    policy = env_travel.from_args(args)
+    assert policy.why_not("PATH", remote=True) is None
+    assert policy.why_not("WANDB_API_KEY", remote=False) == "--env-exclude"
+    both = launch.parse_args(["--config-file", str(f), "--env-exclude", "MY_*", "-np", "1", "x"])
+    assert both.env_exclude == ["WANDB_*", "MY_*"]
+
+
+def test_config_file_repeatable_option_needs_strings(tmp_path, capsys):
+    f = tmp_path / "job.yaml"
+    f.write_text("env-exclude: [{a: 1}]\n")
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--config-file", str(f), "-np", "1", "x"])
+    assert "env-exclude: expected one value" in capsys.readouterr().err
+
+
+def test_mpi_ranks_use_mpi_whatever_the_caller_exported(monkeypatch):
+    """HOROVOD_CONTROLLER=gloo in the caller's environment (what the srun example exports) must
+    not reach the ranks mpirun starts: each would take itself for a one-rank Gloo job and train
+    alone, silently. horovodliterun --mpi gives its ranks HOROVOD_CONTROLLER=mpi."""
+    from horovodlite import _mpi_check
+
+    monkeypatch.setattr(_mpi_check, "read_record", lambda: None)
+    monkeypatch.setattr(mpi_launch, "find_mpirun", lambda record=None: "/usr/bin/mpirun")
+    monkeypatch.setattr(mpi_launch, "mpirun_version", lambda mpirun: "mpirun (Open MPI) 5.0.5\n")
+    seen = {}
+
+    def outcome(args, cmd, env, reports):
+        seen.update(env)
+        if reports is not None:
+            reports.close()
+        return 0
+
+    monkeypatch.setattr(mpi_launch, "_mpi_outcome", outcome)
+    args = launch.parse_args(["--mpi", "-np", "2", "--no-rank-reports", "true"])
+    assert mpi_launch.run(args, {"HOROVOD_CONTROLLER": "gloo", "PATH": "/bin"}, None) == 0
+    assert seen["HOROVOD_CONTROLLER"] == "mpi"
+    from horovodlite.common import launchers
+
+    rank_env = {**seen, "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"}
+    launch_seen = launchers.detect(rank_env, default_group=False)
+    assert (launch_seen.controller, launch_seen.size, launch_seen.rank) == ("mpi", 2, 1)
 
 
 def test_the_rank_wrapper_prefixes_lines_under_mpi(tmp_path):
