@@ -106,7 +106,8 @@ def dump_stacks(folder: Path, log) -> None:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             line = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            if str(WORKER) in line and str(folder) in line:
+            # the workers themselves, not their wrappers (which have no handler: they would end)
+            if str(WORKER) in line and str(folder) in line and "runner.task" not in line:
                 os.kill(int(pid), signal.SIGUSR1)
         except OSError:
             pass

@@ -63,6 +63,7 @@ from horovodlite.runner.report import ReportServer, interface_addresses
 
 LOOPBACK = ("localhost", "localhost.localdomain", "127.0.0.1", "::1")
 EXIT_GRACE = 10.0  # after the job ended, for its workers to exit by themselves
+FINISH_GRACE = 30.0  # after a worker finished, for the others to finish (see _finishing)
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # Horovod's --elastic-timeout default
 
 
@@ -129,6 +130,7 @@ class ElasticJob:
         self.members: list[int] = []  # the current round's workers, rank order
         self.round = -1
         self.resets: elastic_rounds.ResetRequests | None = None  # this round's requests read
+        self.finishing_since: float | None = None  # when a worker first finished (status 0)
         self.blacklist = Blacklist(args.blacklist_cooldown_range)
         self.failure_rounds = 0
         self.ended = ""  # why the driver ended the job
@@ -339,6 +341,8 @@ class ElasticJob:
     def step(self, now: float) -> None:
         """One look at the job; publishes a round when it changed."""
         self._statuses()
+        if self._finishing(now):
+            return
         lost = self._losses(now)
         retire, grown = self._discovery(now) if not lost else ([], [])
         reasons = list(lost)
@@ -371,6 +375,31 @@ class ElasticJob:
                                                  "resets")
         else:
             self.publish("; ".join(reasons), retired=retire)
+
+    def _finishing(self, now: float) -> bool:
+        """Whether the training finished: a worker of the round exited with status 0 (its
+        script returned). The job then neither grows nor publishes rounds: the others are
+        finishing too. A worker still running FINISH_GRACE s later is one the discovery script
+        added as the training ended (it waits to meet a round the others never joined): it is
+        stopped and leaves the job, which completes without it."""
+        if not any(self.workers[w].status == 0 and not self.workers[w].retired
+                   for w in self.members):
+            return False
+        if self.finishing_since is None:
+            self.finishing_since = now
+        if now - self.finishing_since < FINISH_GRACE:
+            return True
+        for number in [w for w in self.members if self.workers[w].status is None]:
+            worker = self.workers[number]
+            self.members.remove(number)
+            worker.left = "stopped: the training finished without it (added as it ended)"
+            say(f"worker {number} on {worker.host} is stopped: the training finished without "
+                "it (added as it ended)")
+            try:
+                os.killpg(worker.proc.pid, signal.SIGTERM)
+            except OSError:
+                pass  # it ended already
+        return True
 
     def done(self) -> bool:
         """Every worker of the job has finished (or none runs any more)."""
