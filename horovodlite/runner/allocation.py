@@ -216,12 +216,21 @@ def find(env=os.environ, mpi_args: str = "") -> Allocation | None:
     return None
 
 
+def placing_option(mpi_args: str = "") -> str | None:
+    """The first of mpirun's options in ``mpi_args`` that places ranks on hosts given otherwise
+    (``--host``, a rankfile, ...: ``HOST_OPTIONS``), else None. horovodliterun then adds no -H
+    of the allocation's: mpirun would merge the two host lists and fill the first given."""
+    for word in shlex.split(mpi_args or ""):
+        if word.partition("=")[0] in HOST_OPTIONS:
+            return word.partition("=")[0]
+    return None
+
+
 def spans_unknown_hosts(env=os.environ, mpi_args: str = "") -> str:
     """Why mpirun may place ranks on hosts horovodliterun does not know ('' if not)."""
-    words = shlex.split(mpi_args or "")
-    for word in words:
-        if word.partition("=")[0] in HOST_OPTIONS:
-            return f"--mpi-args has {word.partition('=')[0]}"
+    option = placing_option(mpi_args)
+    if option:
+        return f"--mpi-args has {option}"
     for name in OTHER_SCHEDULERS:
         if env.get(name):
             return f"{name} is set (an allocation horovodliterun does not read)"
@@ -251,4 +260,5 @@ def reachable_address(why: str) -> str:
 
 __all__ = ["Allocation", "expand_nodelist", "expand_counts", "find", "from_slurm", "from_pbs",
            "from_lsf", "from_mpi_args", "from_mpi_settings", "spans_unknown_hosts", "merged",
+           "placing_option",
            "reachable_address"]

@@ -29,7 +29,10 @@ def prepare(args, controller: str, error, env=os.environ) -> None:
     hosts the ranks may run on, for the launcher's address), and ``--verbose``'s list of what
     does not travel. ``error(message)`` exits."""
     args.job_hosts = []
-    if not args.hosts and not getattr(args, "host_discovery_script", None):
+    # hosts placed by mpirun's own options in --mpi-args (--host, a rankfile) are the user's
+    # choice: the allocation's are not added to them (mpirun merges two lists)
+    placed = controller == "mpi" and allocation.placing_option(args.mpi_args)
+    if not args.hosts and not getattr(args, "host_discovery_script", None) and not placed:
         try:
             found = allocation.find(env, args.mpi_args)
         except ValueError as e:

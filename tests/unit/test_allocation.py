@@ -149,6 +149,26 @@ def test_the_launcher_takes_the_allocation_and_says_so(tmp_path, capsys):
     assert mpi.hosts is None and mpi.job_hosts == ["m1", "m2"]
 
 
+@pytest.mark.parametrize("placing", ["--host m1:2,m2:2", "-H m1:2", "--rankfile=rf"])
+def test_hosts_placed_in_mpi_args_are_not_joined_by_the_allocations(capsys, placing):
+    """--mpi-args placing ranks itself (--host, -H, a rankfile) inside an allocation: no -H from
+    the allocation is added (mpirun merges two host lists, and the allocation's, first, took the
+    ranks the user placed); the reports listen on an outward address (spans_unknown_hosts)."""
+    env = {"SLURM_JOB_NODELIST": "hvdl-host[0-1]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    args = _args(mpi_args=placing, num_proc=4, network_interface=None, command=["x"],
+                 ssh_agent=None, ssh_port=None, ssh_identity_file=None, binding_args=None,
+                 elastic=False)
+    cluster.prepare(args, "mpi", pytest.fail, env)
+    assert args.hosts is None and args.job_hosts == []
+    assert capsys.readouterr().err == ""
+    cmd = mpi_launch.build_command(args, "mpirun", "openmpi", {})
+    assert "hvdl-host0:2,hvdl-host1:2" not in " ".join(cmd)
+    assert allocation.spans_unknown_hosts(env, placing).startswith("--mpi-args has")
+    gloo = _args()  # (--gloo refuses --mpi-args later; without them the allocation is used)
+    cluster.prepare(gloo, "gloo", pytest.fail, env)
+    assert gloo.hosts == "hvdl-host0:2,hvdl-host1:2"
+
+
 def test_an_allocation_that_cannot_be_read_stops_the_launcher_naming_the_fix():
     messages = []
 
