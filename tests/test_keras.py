@@ -24,6 +24,7 @@ CHECKS = ["steps", "fit_equals_one_process", "warmup_formula", "momentum_correct
           "warmup_ends_at_lr"] + [f"metric_average_{k}_{e}" for e in (0, 1)
                                   for k in ("loss", "accuracy")] + [
           "accumulation_updates", "backward_passes_per_step_equals_one_process",
+          "compression_fp16",
           "load_model_wraps_the_optimizer", "load_model_keeps_the_state", "load_model_resumes",
           "allreduce", "allgather", "broadcast"]
 

@@ -13,6 +13,7 @@ rank asserts and prints ``CHECK <name> ok`` per check.
   twice as large;
 - load_model of what rank 0 saved returns a model whose optimizer is distributed again and
   has the saved state: 10 more steps equal the single process going on;
+- compression=fp16: the update within 1e-2 of the exact one (and not equal to it);
 - allreduce, allgather, broadcast on Keras values.
 
 The models are float64, but Keras's compiled loss stays float32 (a batch of 6 and one of 12
@@ -148,6 +149,20 @@ def main(path: str) -> None:
     check("accumulation_updates", int(acc.optimizer.iterations.numpy()) == 2,
           acc.optimizer.iterations)
     assert_close("backward_passes_per_step_equals_one_process", acc, acc_ref)
+
+    # fp16 on the wire: the update is close to the exact one, and not equal to it
+    comp = make_model(7)
+    compile_(comp, hvd.DistributedOptimizer(keras.optimizers.SGD(LR),
+                                            compression=hvd.Compression.fp16))
+    start = [w.numpy().copy() for w in comp.weights]
+    comp.fit(shard_x[:2 * per_rank], shard_y[:2 * per_rank], batch_size=per_rank, epochs=1,
+             shuffle=False, verbose=0)
+    comp_ref = make_model(7)
+    compile_(comp_ref, keras.optimizers.SGD(LR))
+    reference(comp_ref, 2)
+    err = max(float(np.linalg.norm(g.numpy() - w.numpy()) / np.linalg.norm(w.numpy() - s0))
+              for g, w, s0 in zip(comp.weights, comp_ref.weights, start))
+    check("compression_fp16", 1e-9 < err < 1e-2, err)
 
     if r == 0:
         model.save(path)
