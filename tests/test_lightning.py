@@ -29,7 +29,8 @@ SCRIPT = HERE / "scripts" / "lightning_job.py"
 FIT_CHECKS = ["registry", "steps", "fit_equals_one_process", "sync_dist_sum", "sync_dist_max",
               "sync_dist_mean_same_everywhere", "checkpoint_written", "val_loss", "test_loss",
               "predict_outputs", "predict_covers_the_data",
-              "manual_optimization_equals_one_process", "fit_equals_ddp"]
+              "manual_optimization_equals_one_process", "explicit_synchronize_reduces_once",
+              "fit_equals_ddp"]
 LAUNCHER_PREFIXES = ("OMPI_", "PMI", "PMIX_", "SLURM", "HOROVOD_", "HVDL_", "TORCHELASTIC_")
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                  "MASTER_PORT")

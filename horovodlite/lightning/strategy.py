@@ -204,9 +204,14 @@ class HorovodLiteStrategy(ParallelStrategy):
         if synchronize is None:  # not one of ours (not fitting through setup)
             return super().optimizer_step(optimizer, closure, model, **kwargs)
 
+        # Inside the user's own skip_synchronize() (manual optimization after an explicit
+        # optimizer.synchronize(), e.g. to clip): the gradients are reduced already.
+        reduce = optimizer._hvd_should_sync
+
         def closure_then_reduce():
             result = closure()  # training_step and backward: the hooks launch the allreduces
-            synchronize()  # wait for them: the precision plugin's hooks see reduced gradients
+            if reduce:
+                synchronize()  # wait for them: the precision plugin's hooks see reduced grads
             return result
 
         with optimizer.skip_synchronize():

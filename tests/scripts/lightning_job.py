@@ -105,10 +105,25 @@ class ManualModel(Model):
         opt.step()
 
 
-def reference(steps: int) -> dict:
+class ExplicitSyncModel(ManualModel):
+    """Horovod's pattern: synchronize, clip, then step inside skip_synchronize() - the
+    gradients must be reduced once (op=Sum would show a second reduction)."""
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        x, y, _ = batch
+        opt.zero_grad()
+        self.manual_backward(torch.nn.functional.cross_entropy(self.net(x), y))
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(self.parameters(), 1e9)  # reads the reduced gradients
+        with opt.skip_synchronize():
+            opt.step()
+
+
+def reference(steps: int, lr: float = LR) -> dict:
     """One process, plain torch, on the global batch: what every rank must end with."""
     net, data = make_net(), Data(SAMPLES, 0)
-    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=MOMENTUM)
     for s in range(steps):
         # Lightning shuffles training data with torch's DistributedSampler (seed 0, set_epoch
         # each epoch): rank r takes every n-th index of one permutation of the epoch, so one
@@ -190,6 +205,12 @@ def fit_job(ckpt: str, then_raise: bool) -> None:
     manual = ManualModel()
     trainer("horovodlite").fit(manual, loader(SAMPLES, 0, per_rank))
     assert_close("manual_optimization_equals_one_process", net_state(manual), want)
+
+    # op=Sum: the summed gradient is n times the mean, so the steps are those of lr * n
+    explicit = ExplicitSyncModel()
+    trainer(HorovodLiteStrategy(op=hvd.Sum)).fit(explicit, loader(SAMPLES, 0, per_rank))
+    assert_close("explicit_synchronize_reduces_once", net_state(explicit),
+                 reference(STEPS, lr=LR * n))
 
     ddp_model = Model()
     ddp = pl.strategies.DDPStrategy(cluster_environment=hl.HorovodLiteEnvironment(),
