@@ -258,6 +258,25 @@ def _wait_all(ns, keys: list, timeout: float, superseded) -> bool:
     return True
 
 
+ABANDONED = b"abandoned"  # the value of ``ranks`` in an elastic round left before it met
+
+
+def _claim(ns, key: str, value: bytes) -> bool:
+    """Sets ``key`` only if nobody has (compare-and-set); whether this call did."""
+    if hasattr(ns, "claim"):
+        return ns.claim(key, value)
+    return bytes(ns.compare_set(key, b"", value)) == value
+
+
+def _leave(ns, launch: Launch, why: str) -> None:
+    """An elastic round superseded while meeting: this rank leaves it, unless rank 0 already
+    listed the ranks (the round met: every rank then stays in it). ``ranks`` is written once,
+    by whoever comes first - rank 0's list or this tombstone - so no rank goes on in a round
+    another one left (rank 0 initialising a world whose rank 1 went to the newer round)."""
+    if _claim(ns, "ranks", ABANDONED) or ns.get("ranks") == ABANDONED:
+        raise Superseded(why)
+
+
 def gather_ranks(ns, launch: Launch, timeout: float, superseded=None,
                  extra: dict | None = None) -> list:
     """Every rank's {"host", "pid"} in rank order, once all have published. Rank 0 reads them
@@ -269,7 +288,12 @@ def gather_ranks(ns, launch: Launch, timeout: float, superseded=None,
                                               "pid": os.getpid(), **(extra or {})}))
     keys = [f"rank/{r}" for r in range(launch.size)]
     first = launch.rank == 0
-    if not _wait_all(ns, keys if first else ["ranks"], timeout, superseded):
+    try:
+        met = _wait_all(ns, keys if first else ["ranks"], timeout, superseded)
+    except Superseded as e:
+        _leave(ns, launch, str(e))
+        met = True  # rank 0 listed the ranks first: the round met
+    if not met:
         missing = [r for r in range(launch.size) if not ns.check([f"rank/{r}"])]
         shown = ", ".join(str(r) for r in missing[:16]) + (" ..." if len(missing) > 16 else "")
         if not missing:  # (a rank other than 0: rank 0 did not list them)
@@ -283,9 +307,18 @@ def gather_ranks(ns, launch: Launch, timeout: float, superseded=None,
         if first:
             values = ns.multi_get(keys) if hasattr(ns, "multi_get") else [ns.get(k) for k in keys]
             ranks = [json.loads(v) for v in values]
-            ns.set("ranks", json.dumps(ranks))
+            listed = json.dumps(ranks).encode()
+            if superseded is None:
+                ns.set("ranks", listed)
+            elif not _claim(ns, "ranks", listed):  # a rank left for a newer round first
+                raise Superseded(superseded() or "a rank left this round for a newer one")
             return ranks
-        ranks = json.loads(ns.get("ranks"))
+        value = ns.get("ranks")
+        if value == ABANDONED:
+            raise Superseded(superseded() if superseded else "a rank left this round")
+        ranks = json.loads(value)
+    except Superseded:
+        raise
     except RuntimeError as e:
         if getattr(ns, "tampered", ""):
             raise RendezvousError(f"rank {launch.rank}: {ns.tampered}") from None
