@@ -195,6 +195,10 @@ class _DistributedOptimizer:
         self._hvd_python.clear()
         self._hvd_native.clear()
         self._hvd_signature = None  # the next refresh hooks every parameter again
+        # A detached C++ reducer hooks and launches nothing again (its indices would also no
+        # longer match _hvd_native): the hooks the next refresh adds are Python's.
+        self._hvd_reducer = None
+        self._hvd_pending.reducer = None
 
     def _hvd_wire_name(self, p) -> str:
         return f"{self._hvd_prefix}.{self._parameter_names[p]}"

@@ -312,3 +312,20 @@ def test_a_parameter_whose_data_changes_dtype_still_goes_out_during_backward(con
         opt.step()
         torch.testing.assert_close(lin.weight.grad,
                                    torch.full((2, 2), (hvd.size() + 1) / 2, dtype=torch.float64))
+
+
+def test_hooks_removed_then_hooked_again_still_reduce():
+    """``_hvd_remove_hooks`` (Lightning's teardown; rewrapping) says the next refresh hooks every
+    parameter again: the optimizer used afterwards must still average the gradients (the C++
+    reducer, once detached, took the parameters again and never launched them: every rank
+    stepped on its own gradient)."""
+    lin = torch.nn.Linear(2, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1),
+                                   named_parameters=lin.named_parameters())
+    opt._hvd_remove_hooks()
+    for _ in range(2):
+        opt.zero_grad()
+        lin(torch.full((1, 2), float(hvd.rank() + 1))).sum().backward()
+        opt.step()
+        torch.testing.assert_close(lin.weight.grad, torch.full((2, 2), (hvd.size() + 1) / 2))
+        torch.testing.assert_close(lin.bias.grad, torch.ones(2))
