@@ -42,6 +42,13 @@ def prepare(args, controller: str, error, env=os.environ) -> None:
             args.job_hosts = [h for h, _ in found.hosts]
             if controller == "gloo" or not found.mpirun_has_it:
                 args.hosts = found.spec()
+            slots = sum(n for _, n in found.hosts)
+            if controller == "gloo" and (args.num_proc or 0) > slots:
+                first = found.hosts[0][0]
+                error(f"-np {args.num_proc} but the allocation ({found.source}: {found.spec()}) "
+                      f"has {slots} slot(s), and --gloo starts one rank per slot: ask the "
+                      f"scheduler for {args.num_proc} tasks, or name the hosts with -H (e.g. "
+                      f"-H {first}:{args.num_proc})")
     if args.verbose:
         for line in env_travel.describe_left_out(env_travel.from_args(args), env):
             print(f"horovodliterun: environment: {line}", flush=True)

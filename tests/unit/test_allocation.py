@@ -124,7 +124,7 @@ def test_hosts_mpirun_places_that_horovodliterun_cannot_know():
 
 
 def _args(**kw):
-    base = dict(hosts=None, host_discovery_script=None, mpi_args="", verbose=False,
+    base = dict(hosts=None, host_discovery_script=None, mpi_args="", verbose=False, num_proc=1,
                 env_exclude=[], env_include=[])
     return types.SimpleNamespace(**{**base, **kw})
 
@@ -167,6 +167,28 @@ def test_hosts_placed_in_mpi_args_are_not_joined_by_the_allocations(capsys, plac
     gloo = _args()  # (--gloo refuses --mpi-args later; without them the allocation is used)
     cluster.prepare(gloo, "gloo", pytest.fail, env)
     assert gloo.hosts == "hvdl-host0:2,hvdl-host1:2"
+
+
+def test_more_ranks_than_the_allocations_slots_under_gloo_names_the_source_and_the_fix():
+    """`salloc -N1` (one task) then `horovodliterun --gloo -np 4`: the Gloo launcher starts one
+    rank per slot, so it stops - naming where the slots came from and what to do, not 'the
+    hosts given' the user never gave. (mpirun oversubscribes: --mpi runs.)"""
+    messages = []
+
+    def error(message):
+        messages.append(message)
+        raise SystemExit(2)
+
+    env = {"SLURM_JOB_NODELIST": "node07", "SLURM_TASKS_PER_NODE": "1"}
+    with pytest.raises(SystemExit):
+        cluster.prepare(_args(num_proc=4), "gloo", error, env)
+    assert messages == ["-np 4 but the allocation (Slurm (SLURM_JOB_NODELIST, "
+                        "SLURM_TASKS_PER_NODE): node07:1) has 1 slot(s), and --gloo starts one "
+                        "rank per slot: ask the scheduler for 4 tasks, or name the hosts with -H "
+                        "(e.g. -H node07:4)"]
+    mpi = _args(num_proc=4)
+    cluster.prepare(mpi, "mpi", error, env)
+    assert mpi.hosts == "node07:1" and len(messages) == 1
 
 
 def test_an_allocation_that_cannot_be_read_stops_the_launcher_naming_the_fix():
