@@ -1,6 +1,7 @@
 #include "core/handle_table.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,9 +30,22 @@ int HandleTable::Allocate(int num_entries, std::shared_ptr<void> payload, std::s
   state->payload = std::move(payload);
   state->what = std::move(what);
   std::lock_guard<std::mutex> lock(mu_);
-  int handle = next_++;
+  const int handle = NextId();
   states_[handle] = std::move(state);
   return handle;
+}
+
+int HandleTable::NextId() {
+  for (;;) {
+    const int id = next_;
+    next_ = next_ == std::numeric_limits<int>::max() ? 1 : next_ + 1;  // no signed overflow
+    if (id > 0 && states_.find(id) == states_.end()) return id;
+  }
+}
+
+void HandleTable::SetNextIdForTesting(int next) {
+  std::lock_guard<std::mutex> lock(mu_);
+  next_ = next;
 }
 
 void HandleTable::MarkDone(int handle, const Status& status) {

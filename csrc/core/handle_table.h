@@ -1,4 +1,6 @@
-// HandleTable: the int handles Python sees for asynchronous operations.
+// HandleTable: the int handles Python sees for asynchronous operations (positive: 0 and -1 mean
+// "none" to the adapter and the queue; an id is reused only after 2^31 - 1 others, and never
+// while it is still held).
 //
 // A handle covers one or more entries (a grouped op). The background thread reports each entry's
 // completion with MarkDone; user threads Poll (non-blocking) or Wait (blocking; the binding
@@ -60,7 +62,8 @@ class HandleTable {
   // Runs (under the table's lock) when a thread starts blocking in Wait, or polls an unfinished
   // handle; nullptr clears it.
   void SetBlockHook(std::function<void()> hook);
-
+  // Tests only: the id the next Allocate starts looking from (to reach the wrap quickly).
+  void SetNextIdForTesting(int next);
 
  private:
   friend class CompletionBatch;
@@ -75,10 +78,13 @@ class HandleTable {
     std::shared_ptr<void> payload;
   };
   Status Unknown(int handle) const;
+  int NextId();  // under mu_
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<int, std::shared_ptr<State>> states_;
+  // Ids are 1..INT_MAX: after INT_MAX they wrap to 1, never to 0 (the adapter's "no handle")
+  // or below, and skip the ids still held (a handle never waited for).
   int next_ = 1;
   std::atomic<int> blocked_{0};
   std::atomic<int64_t> spin_us_{0};

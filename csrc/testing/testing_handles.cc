@@ -72,11 +72,27 @@ py::dict WaitAgainstCompleter(int rounds, int spin_us, int max_delay_us, double 
   return out;
 }
 
+// Handle ids across the wrap: the table's next id set to `start`, then `count` allocations with
+// `held` (ids still in use) allocated first; returns the ids handed out.
+std::vector<int> IdsFrom(int start, int count, const std::vector<int>& held) {
+  HandleTable table;
+  for (int h : held) {
+    table.SetNextIdForTesting(h);
+    table.Allocate(1, nullptr);
+  }
+  table.SetNextIdForTesting(start);
+  std::vector<int> ids;
+  for (int i = 0; i < count; ++i) ids.push_back(table.Allocate(1, nullptr));
+  return ids;
+}
+
 }  // namespace
 
 void RegisterHandleTesting(py::module_& m) {
   m.def("wait_against_completer", &WaitAgainstCompleter, py::arg("rounds"), py::arg("spin_us"),
         py::arg("max_delay_us"), py::arg("timeout_s") = 20.0);
+  m.def("handle_ids_from", &IdsFrom, py::arg("start"), py::arg("count"),
+        py::arg("held") = std::vector<int>());
 }
 
 }  // namespace hvdl

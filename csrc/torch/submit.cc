@@ -167,9 +167,16 @@ Status WaitForHandle(HandleTable& handles, int handle, std::shared_ptr<TorchPayl
   std::shared_ptr<void> state;
   HVDL_RETURN_IF_ERROR(handles.Wait(handle, &op_status, &state));
   *payload = std::static_pointer_cast<TorchPayload>(state);
+  // The caller's stream waits for the batch's device work on every path, a failed one too: a
+  // batch failed with an earlier batch's error (core/device_inflight) still ran and handed its
+  // event, and memory the user frees after the error must not be reused while it is queued.
+  Status waited;
+  for (const auto& finished : (*payload)->finished) {
+    Status s = WaitOnCallerStream(finished);
+    if (waited.ok()) waited = s;
+  }
   HVDL_RETURN_IF_ERROR(op_status);
-  for (const auto& finished : (*payload)->finished) HVDL_RETURN_IF_ERROR(WaitOnCallerStream(finished));
-  return Status::Ok();
+  return waited;
 }
 
 }  // namespace hvdl
