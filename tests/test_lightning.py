@@ -27,7 +27,8 @@ from optional_extras import assert_installed_within
 HERE = Path(__file__).parent
 SCRIPT = HERE / "scripts" / "lightning_job.py"
 FIT_CHECKS = ["registry", "steps", "fit_equals_one_process", "sync_dist_sum", "sync_dist_max",
-              "sync_dist_mean_same_everywhere", "checkpoint_written", "val_loss", "test_loss",
+              "sync_dist_mean_same_everywhere", "checkpoint_written", "val_loss",
+              "torchmetrics_synced", "torchmetrics_uneven_states", "test_loss",
               "predict_outputs", "predict_covers_the_data",
               "manual_optimization_equals_one_process", "explicit_synchronize_reduces_once",
               "fit_equals_ddp"]

@@ -19,8 +19,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from pytorch_lightning.strategies import StrategyRegistry
 
 from horovodlite.lightning.environment import HorovodLiteEnvironment
+from horovodlite.lightning.metrics import metric_sync_kwargs
 from horovodlite.lightning.strategy import HorovodLiteStrategy
 
 HorovodLiteStrategy.register_strategies(StrategyRegistry)
 
-__all__ = ["HorovodLiteStrategy", "HorovodLiteEnvironment"]
+__all__ = ["HorovodLiteStrategy", "HorovodLiteEnvironment", "metric_sync_kwargs"]

@@ -19,6 +19,7 @@ import warnings
 
 import pytorch_lightning as pl
 import torch
+import torchmetrics
 from torch.utils.data import DataLoader, Dataset
 
 import horovodlite.lightning as hl
@@ -57,6 +58,8 @@ class Model(pl.LightningModule):
         super().__init__()
         self.net = make_net()
         self.fail_at = fail_at
+        # a torchmetrics metric synchronised through horovodlite, not torch.distributed
+        self.val_mean = torchmetrics.MeanMetric(**hl.metric_sync_kwargs()).double()
 
     def training_step(self, batch, batch_idx):
         if self.fail_at is not None and self.global_rank == 1 and batch_idx == self.fail_at:
@@ -77,6 +80,9 @@ class Model(pl.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         self._eval(batch, "val_loss")
+        x, y, _ = batch
+        self.val_mean.update(torch.nn.functional.cross_entropy(self.net(x), y, reduction="none"))
+        self.log("val_metric_mean", self.val_mean)
 
     def test_step(self, batch, batch_idx):
         self._eval(batch, "test_loss")
@@ -192,6 +198,17 @@ def fit_job(ckpt: str, then_raise: bool) -> None:
     for stage, key in ((t.validate, "val_loss"), (t.test, "test_loss")):
         result = stage(model, loader(len(val), 7, 4), verbose=False)
         check(key, abs(result[0][key] - full) < 1e-9 * abs(full), (result, full))
+        if key == "val_loss":
+            # the mean over every rank's samples (logged in float32), not this rank's own
+            got = result[0]["val_metric_mean"]
+            own = float(torch.nn.functional.cross_entropy(model.net(val.x[hvd.rank()::n]),
+                                                          val.y[hvd.rank()::n]))
+            check("torchmetrics_synced", abs(got - full) < 1e-6 * abs(full) and
+                  abs(own - full) > 1e-4 * abs(full), (got, full, own))
+    rows = torchmetrics.CatMetric(**hl.metric_sync_kwargs())
+    rows.update(torch.full((hvd.rank() + 1,), float(hvd.rank())))  # ranks with different rows
+    want_rows = [float(r) for r in range(n) for _ in range(r + 1)]
+    check("torchmetrics_uneven_states", rows.compute().tolist() == want_rows, rows.compute())
 
     out = t.predict(model, loader(len(val), 7, 4))
     idx = torch.cat([i for i, _ in out])
