@@ -153,6 +153,13 @@ class CMakeBuild(build_ext):
         out_dir = ROOT / "horovodlite" if editable else regular.parent
         tag = f"{sys.implementation.cache_tag}-{'editable' if editable else 'wheel'}"
         build_dir = ROOT / "build" / f"cmake-{tag}"
+        sanitize = os.environ.get("HVDL_SANITIZE", "").strip()
+        if sanitize:  # docs/sanitizers.md: a build folder of its own, never the in-tree module
+            if editable:
+                raise RuntimeError("HVDL_SANITIZE builds a wheel (pip wheel .) or, for the tests, "
+                                   "the tree's own sanitizer build: python scripts/sanitize.py "
+                                   "build")
+            build_dir = ROOT / "build" / f"cmake-{tag}-sanitize-{sanitize.replace(',', '-')}"
         cmake = _tool("cmake")
         mpicc, identity = _mpi_compiler()
         if mpicc is None:
@@ -180,6 +187,7 @@ class CMakeBuild(build_ext):
         for var in ("HVDL_NCCL_ROOT", "HVDL_CUDA_ARCHITECTURES"):
             if os.environ.get(var):
                 configure.append(f"-D{var}={os.environ[var]}")
+        configure.append(f"-DHVDL_SANITIZE={sanitize}")  # always passed: no stale cache value
         extra = os.environ.get("HVDL_CMAKE_ARGS", "").split()
         subprocess.run(configure + extra, check=True)
         _say("compiling (about a minute on 2 cores)")

@@ -43,11 +43,8 @@ def _normal_cache() -> dict[str, str]:
 
 def _copy_package(pkg: Path) -> None:
     """The Python sources of horovodlite (not its modules or marker) into `pkg`/horovodlite."""
-    dest = pkg / "horovodlite"
     ignore = shutil.ignore_patterns("*.so", "_editable_build.json", "__pycache__")
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(ROOT / "horovodlite", dest, ignore=ignore)
+    shutil.copytree(ROOT / "horovodlite", pkg / "horovodlite", ignore=ignore, dirs_exist_ok=True)
 
 
 def build(sanitize: str = DEFAULT) -> Path:

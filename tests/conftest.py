@@ -38,7 +38,8 @@ import pytest
 
 collect_ignore = [] if os.environ.get("HVDL_PARALLEL_WORKER") else ["parallel"]
 
-BUILDS = ("test_install.py", "test_libstdcxx_build.py", "test_sdist.py", "test_docs.py")
+BUILDS = ("test_install.py", "test_libstdcxx_build.py", "test_sdist.py", "test_docs.py",
+          "test_sanitizers.py")
 _BASE_NICENESS = os.getpriority(os.PRIO_PROCESS, 0)
 _LANES_KEY = "hvdl_lanes_dir"
 

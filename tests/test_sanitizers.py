@@ -1,0 +1,65 @@
+"""The sanitizer lane: the extension built with AddressSanitizer and UndefinedBehaviorSanitizer
+(scripts/sanitize.py; build/sanitize-address-undefined, the normal build untouched) runs the C++
+unit tests - the transport failure tests among them -, the failure tests and a Gloo elastic job.
+A finding aborts the process it happens in, so the inner run fails and its output (the report)
+is in the assertion. docs/sanitizers.md says how to run it by hand and what it covers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import sanitize  # noqa: E402
+
+# The C++ unit tests that drive csrc through horovodlite._testing (tests/unit/cpp_testing.py).
+UNIT = ["test_transport_failures.py", "test_kernels_and_ring.py", "test_hierarchical.py",
+        "test_host_collectives.py", "test_single_copy.py", "test_shm.py", "test_handle_waits.py",
+        "test_negotiation.py", "test_device_inflight.py", "test_device_path.py"]
+# Multi-process jobs: the failure tests' lost ranks and hosts, and a Gloo elastic job that
+# loses a worker mid-step (the surviving ranks' cancelled collectives, the next round).
+JOBS = ["test_failures.py",
+        "test_elastic_gloo.py::test_a_worker_killed_mid_step_the_others_finish_from_the_last_commit"]
+
+
+@pytest.fixture(scope="module")
+def env():
+    try:
+        sanitize.build()
+    except subprocess.CalledProcessError as e:
+        pytest.fail(f"the sanitizer build failed: {e}")
+    return sanitize.environment()
+
+
+def pytest_run(env, tests, timeout):
+    # From tests/: `python -m` puts the working folder first on sys.path, which must not be the
+    # source tree (its horovodlite is the unsanitized one).
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x",
+                           *tests], cwd=ROOT / "tests", env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-12000:]
+    assert "ERROR: AddressSanitizer" not in out and "runtime error:" not in out, out[-12000:]
+    return out
+
+
+def test_the_lane_loads_the_sanitized_module(env):
+    code = ("import horovodlite._C as c, horovodlite._testing as t; "
+            "print(c.__file__); print(t.__file__)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tests", env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    pkg = str(sanitize.folder(sanitize.DEFAULT) / "pkg")
+    assert all(line.startswith(pkg) for line in proc.stdout.split()), proc.stdout
+
+
+def test_cpp_unit_tests_under_asan_and_ubsan(env):
+    pytest_run(env, [f"unit/{name}" for name in UNIT], timeout=900)
+
+
+def test_failure_jobs_under_asan_and_ubsan(env):
+    pytest_run(env, JOBS, timeout=900)
