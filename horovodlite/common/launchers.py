@@ -54,6 +54,7 @@ import re
 
 from horovodlite import _mpi_check
 from horovodlite.common import launch_env as E
+from horovodlite.common.slurm_lists import expand_counts, expand_nodelist
 
 # What a launch says about where the ranks meet.
 STORE_HOST = "host"  # rank 0 hosts a TCPStore at (addr, port)
@@ -213,12 +214,12 @@ def _torchrun(env) -> Launch | None:
 
 def first_slurm_host(nodelist: str) -> str:
     """The first host of a Slurm node list: ``node[03-05,7],gpu1`` gives ``node03``,
-    ``rack[1-2]-n[01-04]`` gives ``rack1-n01``: the first name (up to a comma outside
-    brackets), each bracket replaced by its first number."""
-    m = re.match(r"(?:[^,\[]|\[[^\]]*\])+", nodelist.strip())
-    if not m:
+    ``rack[1-2]-n[01-04]`` gives ``rack1-n01`` (``slurm_lists.expand_nodelist``); what is not
+    a node list is given back as it is."""
+    try:
+        return expand_nodelist(nodelist)[0]
+    except ValueError:
         return nodelist
-    return re.sub(r"\[([^\]]*)\]", lambda b: re.split(r"[-,]", b.group(1))[0], m.group(0))
 
 
 def _slurm_tasks_on_node(env) -> int | None:
@@ -227,13 +228,11 @@ def _slurm_tasks_on_node(env) -> int | None:
     node = _int(env, "SLURM_NODEID")
     if not spec or node is None:
         return None
-    counts = []
-    for part in spec.split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if not m:
-            return None
-        counts += [int(m.group(1))] * int(m.group(2) or 1)
-    return counts[node] if node < len(counts) else None
+    try:
+        counts = expand_counts(spec)
+    except ValueError:
+        return None
+    return counts[node] if 0 <= node < len(counts) else None
 
 
 def _slurm(env) -> Launch | None:

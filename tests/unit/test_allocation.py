@@ -29,7 +29,7 @@ def test_slurm_node_lists(spec, hosts):
     assert allocation.expand_nodelist(spec) == hosts
 
 
-@pytest.mark.parametrize("spec", ["node[1-", "node[3-1]", "node[a-b]", ""])
+@pytest.mark.parametrize("spec", ["node[1-", "node[3-1]", "node[a-b]", "", "node]1[", "a],b[1]"])
 def test_what_is_not_a_node_list(spec):
     with pytest.raises(ValueError):
         allocation.expand_nodelist(spec)
