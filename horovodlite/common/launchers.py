@@ -43,6 +43,8 @@ interface (Open MPI 4 and 5: PMIx; MPICH, Intel MPI, MVAPICH: PMI-1/2). Otherwis
 start every task as a job of its own, so ``detect`` stops each task, before MPI starts, with one
 message naming ``HOROVOD_CONTROLLER=gloo`` (the tasks then meet over TCP, from the SLURM_*
 variables) and ``srun --mpi=...`` (``srun_pmi_mismatch``); ``HOROVOD_CONTROLLER=mpi`` overrides.
+A torchrun worker (``TORCHELASTIC_RUN_ID``) is torchrun's even where MPI's or srun's variables
+are set: they are its agent's (``srun torchrun ...``), inherited.
 """
 
 from __future__ import annotations
@@ -289,6 +291,10 @@ def detect(env=None, mpi_built: bool = True, gloo_built: bool = True,
     if forced not in ("", "mpi", "gloo"):
         raise ValueError(f"{E.CONTROLLER}={env[E.CONTROLLER]!r}: expected mpi or gloo")
     mpi = _mpi(env)
+    if mpi is not None and forced != "mpi" and "TORCHELASTIC_RUN_ID" in env:
+        # a torchrun worker: MPI's (and srun's) variables are its agent's, inherited (`srun
+        # torchrun ...`); taken for its own, each worker of a node would start MPI as one rank
+        mpi = None
     if mpi is not None and forced != "gloo":
         # srun with PMI sets PMI_*/PMIX_* too; MPI then takes precedence over SLURM_* - unless
         # this build has no MPI, where the Slurm variables still give a Gloo launch.

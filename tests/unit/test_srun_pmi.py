@@ -59,3 +59,25 @@ def test_not_judged_mpirun_in_an_allocation_no_pmi_or_no_mpi():
     assert detect(SRUN, OPEN_MPI_5).controller == "gloo"  # MpiDefault=none: Slurm's variables
     without = detect({**SRUN, **PMI2}, OPEN_MPI_5, mpi_built=False)
     assert (without.launcher, without.controller) == ("srun", "gloo")
+
+
+# what torchrun's agent gives each of its workers (``srun torchrun --nproc-per-node=4 ...``)
+TORCHRUN_WORKER = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                   "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "node1",
+                   "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "77",
+                   "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
+
+
+@pytest.mark.parametrize("pmi, mpi", [(PMIX, OPEN_MPI_5), (PMI2, MPICH), (PMI2, OPEN_MPI_5),
+                                      (PMIX, MPICH)],
+                         ids=["pmix-ompi5", "pmi2-mpich", "pmi2-ompi5", "pmix-mpich"])
+def test_torchrun_under_srun_is_torchrun_whatever_pmi_srun_gave_the_agent(pmi, mpi):
+    """``srun torchrun ...``: the PMI and SLURM_* variables are the srun task's (torchrun's
+    agent, one per node), inherited by its workers. A worker taking them for its own started
+    MPI as the agent's rank - 4 workers of one node as one rank - or stopped naming srun; it is
+    a torchrun worker, rank 5 of 8. HOROVOD_CONTROLLER=mpi still forces MPI."""
+    launch = detect({**SRUN, **pmi, **TORCHRUN_WORKER}, mpi)
+    assert (launch.launcher, launch.controller, launch.rank, launch.size,
+            launch.local_rank) == ("torchrun", "gloo", 5, 8, 1)
+    forced = detect({**SRUN, **pmi, **TORCHRUN_WORKER, "HOROVOD_CONTROLLER": "mpi"}, mpi)
+    assert forced.launcher == "mpirun" and forced.controller == "mpi"
