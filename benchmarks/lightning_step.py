@@ -9,8 +9,9 @@ in the same job), side by side: several rounds, the three in a different order e
 (depth x width, ReLU) on the same in-memory data with SGD, one step per batch, through a
 DataLoader with a DistributedSampler; its step time is the median time between the ends of
 consecutive steps after --warmup steps, on rank 0 (the ranks move in step: every step ends in
-an allreduce). Printed: each round, then the median and the best of the rounds with the ratios
-strategy/direct and ddp/strategy. On a shared machine run it when it is quiet, with more rounds.
+an allreduce), and the CPU time rank 0's process (all its threads) spent per step, which a
+shared machine's load disturbs less. Printed: each round, then the median and the best of the
+rounds, wall and CPU, with the ratios strategy/direct and ddp/strategy.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Clock(pl.Callback):
         self.ends = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.ends.append(time.perf_counter())
+        self.ends.append((time.perf_counter(), time.process_time()))
 
 
 class Module(pl.LightningModule):
@@ -59,9 +60,12 @@ class Module(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def step_time(ends: list, warmup: int) -> float:
-    gaps = [b - a for a, b in zip(ends[warmup:], ends[warmup + 1:])]
-    return statistics.median(gaps)
+def step_time(ends: list, warmup: int) -> tuple:
+    """(median wall time between step ends, CPU time of the process per step) after warmup.
+    The CPU time (every thread of the process) moves less with the machine's load."""
+    gaps = [b[0] - a[0] for a, b in zip(ends[warmup:], ends[warmup + 1:])]
+    cpu = (ends[-1][1] - ends[warmup][1]) / (len(ends) - 1 - warmup)
+    return statistics.median(gaps), cpu
 
 
 def lightning_run(strategy, data, args, **trainer_kw) -> float:
@@ -84,7 +88,7 @@ def direct_run(data, args) -> float:
         opt.zero_grad()
         torch.nn.functional.cross_entropy(net(x), y).backward()
         opt.step()
-        ends.append(time.perf_counter())
+        ends.append((time.perf_counter(), time.process_time()))
         if len(ends) == args.steps:
             break
     return step_time(ends, args.warmup)
@@ -114,11 +118,12 @@ def main():
             data, args, devices=hvd.local_size(), num_nodes=hvd.cross_size()),
     }
     names = list(variants)
-    times = {k: [] for k in names}
+    times = {k: [] for k in names}  # (wall, cpu) per round
     params = sum(p.numel() for p in make_net(args.width, args.depth).parameters())
     if hvd.rank() == 0:
         print(f"np {hvd.size()}, MLP {args.depth}x{args.width} ({params / 1e6:.1f} M params), "
-              f"batch {args.batch} per rank, {args.steps} steps ({args.warmup} warm-up) per run")
+              f"batch {args.batch} per rank, {args.steps} steps ({args.warmup} warm-up) per run; "
+              "per step: wall ms (CPU ms of the process)")
     for r in range(args.rounds):
         order = names[r % 3:] + names[:r % 3]
         for name in order:
@@ -126,17 +131,18 @@ def main():
             times[name].append(variants[name]())
         if hvd.rank() == 0:
             print(f"round {r + 1} ({', '.join(order)}): " + "  ".join(
-                f"{k} {times[k][-1] * 1e3:.1f} ms" for k in names), flush=True)
+                f"{k} {times[k][-1][0] * 1e3:.1f} ({times[k][-1][1] * 1e3:.1f})" for k in names),
+                flush=True)
     if hvd.rank() == 0:
         # the median of the rounds, and the best round: on a shared machine the load comes and
         # goes between runs, and the best round is the one least disturbed by it
         for label, pick in (("median", statistics.median), ("best", min)):
-            t = {k: pick(v) for k, v in times.items()}
-            print(f"{label} of {args.rounds} rounds: "
-                  + "  ".join(f"{k} {t[k] * 1e3:.1f} ms" for k in names)
-                  + f"   strategy/direct {t['strategy'] / t['direct']:.3f}x"
-                  + f"   ddp/strategy {t['ddp'] / t['strategy']:.3f}x")
-
+            for what, i in (("wall", 0), ("cpu", 1)):
+                t = {k: pick(v[i] for v in times[k]) for k in names}
+                print(f"{label} of {args.rounds} rounds, {what}: "
+                      + "  ".join(f"{k} {t[k] * 1e3:.1f} ms" for k in names)
+                      + f"   strategy/direct {t['strategy'] / t['direct']:.3f}x"
+                      + f"   ddp/strategy {t['ddp'] / t['strategy']:.3f}x")
 
 if __name__ == "__main__":
     main()
