@@ -1,10 +1,11 @@
 """One multi-rank job checking horovodlite.lightning (tests/test_lightning.py runs it). Every rank
 asserts and prints ``CHECK <name> ok`` per check, so the test sees that each rank got there.
 
-    python lightning_job.py fit CKPT [--raise]   at np 2: HorovodLiteStrategy fit (20 steps,
-        accumulate_grad_batches=2) equal to one process on the global batch and to DDPStrategy
-        in the same job; sync_dist metrics; a checkpoint written by rank 0 to CKPT; validate,
-        test, predict. --raise: then a fit in which rank 1 raises at its 4th batch.
+    python lightning_job.py fit CKPT [--raise] [--core]   at np 2: HorovodLiteStrategy fit
+        (20 steps, accumulate_grad_batches=2) equal to one process on the global batch and to
+        DDPStrategy in the same job; sync_dist metrics; a checkpoint written by rank 0 to CKPT;
+        validate, test, predict, torchmetrics, manual optimization (not with --core). --raise:
+        then a fit in which rank 1 raises at its 4th batch.
     python lightning_job.py resume CKPT          at any np dividing 12: resume CKPT for a second
         epoch; the weights equal 40 single-process steps.
 
@@ -172,27 +173,9 @@ def net_state(model: Model) -> dict:
     return {k: v for k, v in model.net.state_dict().items()}
 
 
-def fit_job(ckpt: str, then_raise: bool) -> None:
-    n = hvd.size()
-    per_rank = GLOBAL_BATCH // n
-    model = Model()
-    t = trainer("horovodlite", accumulate_grad_batches=2)
-    check("registry", isinstance(t.strategy, hl.HorovodLiteStrategy), type(t.strategy))
-    t.fit(model, loader(SAMPLES, 0, per_rank // 2))
-    check("steps", t.global_step == STEPS, t.global_step)
-    want = reference(STEPS)
-    assert_close("fit_equals_one_process", net_state(model), want)
-
-    m = t.callback_metrics
-    check("sync_dist_sum", float(m["rank_sum"]) == n * (n - 1) / 2, m["rank_sum"])
-    check("sync_dist_max", float(m["rank_max"]) == n - 1, m["rank_max"])
-    local = torch.tensor(float(m["train_loss"]), dtype=torch.float64)
-    spread = hvd.allgather(local.unsqueeze(0))
-    check("sync_dist_mean_same_everywhere", bool((spread == spread[0]).all()), spread)
-
-    t.save_checkpoint(ckpt)  # rank 0 writes; Lightning's barrier follows
-    check("checkpoint_written", os.path.exists(ckpt), ckpt)
-
+def other_stages(t: pl.Trainer, model: Model, want: dict) -> None:
+    """validate, test and predict with the fitted model; torchmetrics; manual optimization."""
+    n, per_rank = hvd.size(), GLOBAL_BATCH // hvd.size()
     val = Data(4 * GLOBAL_BATCH, 7)
     full = float(torch.nn.functional.cross_entropy(model.net(val.x), val.y))
     for stage, key in ((t.validate, "val_loss"), (t.test, "test_loss")):
@@ -229,6 +212,31 @@ def fit_job(ckpt: str, then_raise: bool) -> None:
     assert_close("explicit_synchronize_reduces_once", net_state(explicit),
                  reference(STEPS, lr=LR * n))
 
+
+def fit_job(ckpt: str, then_raise: bool, core_only: bool) -> None:
+    n = hvd.size()
+    per_rank = GLOBAL_BATCH // n
+    model = Model()
+    t = trainer("horovodlite", accumulate_grad_batches=2)
+    check("registry", isinstance(t.strategy, hl.HorovodLiteStrategy), type(t.strategy))
+    t.fit(model, loader(SAMPLES, 0, per_rank // 2))
+    check("steps", t.global_step == STEPS, t.global_step)
+    want = reference(STEPS)
+    assert_close("fit_equals_one_process", net_state(model), want)
+
+    m = t.callback_metrics
+    check("sync_dist_sum", float(m["rank_sum"]) == n * (n - 1) / 2, m["rank_sum"])
+    check("sync_dist_max", float(m["rank_max"]) == n - 1, m["rank_max"])
+    local = torch.tensor(float(m["train_loss"]), dtype=torch.float64)
+    spread = hvd.allgather(local.unsqueeze(0))
+    check("sync_dist_mean_same_everywhere", bool((spread == spread[0]).all()), spread)
+
+    t.save_checkpoint(ckpt)  # rank 0 writes; Lightning's barrier follows
+    check("checkpoint_written", os.path.exists(ckpt), ckpt)
+
+    if not core_only:
+        other_stages(t, model, want)
+
     ddp_model = Model()
     ddp = pl.strategies.DDPStrategy(cluster_environment=hl.HorovodLiteEnvironment(),
                                     process_group_backend="gloo")
@@ -257,7 +265,7 @@ if __name__ == "__main__":
     mode, path = sys.argv[1], sys.argv[2]
     hvd.init()
     if mode == "fit":
-        fit_job(path, "--raise" in sys.argv)
+        fit_job(path, "--raise" in sys.argv, "--core" in sys.argv)
     else:
         resume_job(path)
     print(f"rank {hvd.rank()}: DONE", flush=True)
