@@ -3,14 +3,14 @@
 
 The agent (a bash script written to a temporary folder, handed to ``horovodliterun
 --ssh-agent``): called like ssh (``AGENT HOST 'cd CWD && exec env VAR=... python -m
-horovodlite.runner.task --secrets-on-stdin -- CMD'``), it waits ``delay`` seconds (the cost of
+horovodlite.runner.task --env-on-stdin -- CMD'``), it waits ``delay`` seconds (the cost of
 an ssh connection), then connects to the pool on 127.0.0.1, hands it the host, the command line
-and the secrets block the launcher wrote on its stdin, and stays until the pool answers with the
+and the environment block the launcher wrote on its stdin, and stays until the pool answers with the
 rank's exit status, which it exits with. It is one small bash process per rank, as ssh would be
 one process per rank on the launcher's machine.
 
 The pool (``Pool``): for each agent connection, a thread of a bounded pool reads the command
-line with ``shlex`` (the variables the launcher forwards, then the secrets), then does what the
+line with ``shlex`` and the environment block (``env_travel.read_block``), then does what the
 wrapper and ``hvd.init()`` would do before training, with the package's own code and no torch
 import per rank (the pool imports torch once, for the TCPStore client):
 
@@ -39,7 +39,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from horovodlite.common import elastic_rounds, launch_env, launchers, rendezvous, signed_store
+from horovodlite.common import (
+    elastic_rounds,
+    env_travel,
+    launch_env,
+    launchers,
+    rendezvous,
+    signed_store,
+)
 from horovodlite.runner import task
 
 AGENT = r"""#!/bin/bash
@@ -48,7 +55,7 @@ while [ $# -gt 2 ]; do shift; done
 sleep {delay}
 exec 3<>/dev/tcp/127.0.0.1/{port} || exit 255
 printf '%s\n%s\n' "$1" "$2" >&3
-while IFS= read -r l; do printf '%s\n' "$l" >&3; [ -z "$l" ] && break; done
+IFS= read -r l && printf '%s\n' "$l" >&3  # the environment block: one line
 read -r status <&3
 exit "${{status:-255}}"
 """
@@ -135,7 +142,7 @@ class Pool:
             reader = conn.makefile("rb")
             host = reader.readline().decode().rstrip("\n")
             env, _command = parse_line(reader.readline().decode().rstrip("\n"))
-            env.update(task.read_secrets(reader))
+            env.update(env_travel.read_block(reader))  # the job's environment, on stdin
             self._play(conn, host, env)
         except Exception as e:  # noqa: BLE001 - said in the results, the rank fails
             with self._lock:
