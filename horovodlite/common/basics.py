@@ -198,9 +198,15 @@ def _init_gloo(launch, comm, process_sets) -> None:
         if launch.worker:  # an elastic job's worker: the driver's round gives rank and size
             from horovodlite.common import elastic_worker
 
-            launch, number = elastic_worker.join(launch)
-            found = rendezvous.meet(launch, number, wait=launch_env.elastic_timeout(),
-                                    superseded=elastic_worker.superseded)
+            while True:  # a round superseded while meeting: this worker meets the newer one
+                joined, number = elastic_worker.join(launch)
+                try:
+                    found = rendezvous.meet(joined, number, wait=launch_env.elastic_timeout(),
+                                            superseded=elastic_worker.superseded)
+                    break
+                except rendezvous.Superseded:
+                    continue  # (a worker's first init too: it is not yet in hvd.elastic.run)
+            launch = joined
             found["round"] = number  # the launcher's notices of earlier rounds are stale
         else:
             found = rendezvous.meet(launch, _rounds)
