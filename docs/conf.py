@@ -44,3 +44,14 @@ nitpicky = False
 html_theme = "alabaster"
 html_title = f"horovodlite {release}"
 html_theme_options = {"description": "Horovod-style distributed training for PyTorch"}
+
+
+def _no_builtin_type_docs(app, what, name, obj, options, lines):
+    """A constant (an int) has no docstring of its own: autodoc would show int's. The page's
+    text for it is in docs/api.md."""
+    if what in ("data", "attribute") and type(obj).__module__ == "builtins":
+        lines.clear()
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", _no_builtin_type_docs)
