@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "backends/shm/shm_waiter.h"
+#include "comm/posted_requests.h"
 
 namespace hvdl {
 namespace {
@@ -96,75 +97,58 @@ Status ShmControlPlane::TestBitwiseOr(bool* done) {
   return Status::Ok();
 }
 
-Status ShmControlPlane::WaitAll(const std::vector<int>& requests) {
-  Status first;
-  for (int r : requests) {
-    Status s = transport_.Wait(r);
-    if (first.ok() && !s.ok()) first = s;
-  }
-  return first;
-}
-
+// Gather and Broadcast wait for every request they posted on every path (comm/transport.h):
+// `posted` is declared after the locals the receives land in, so it drains before they go.
 Status ShmControlPlane::Gather(const std::string& send, std::vector<std::string>* recv) {
   recv->clear();
   uint64_t length = send.size();
-  if (rank() != 0) {
-    std::vector<int> reqs(2);
-    HVDL_RETURN_IF_ERROR(
-        transport_.PostSend({Span{&length, sizeof(length)}}, 1, 0, kGatherTag, &reqs[0]));
-    HVDL_RETURN_IF_ERROR(transport_.PostSend({Span{const_cast<char*>(send.data()),
-                                                   static_cast<int64_t>(send.size())}},
-                                             1, 0, kGatherTag, &reqs[1]));
-    return WaitAll(reqs);
-  }
-  // Root: every length first, then every payload into a string of that size.
   const size_t n = static_cast<size_t>(size());
   std::vector<uint64_t> lengths(n, 0);
-  std::vector<int> reqs;
-  for (int m = 1; m < size(); ++m) {
-    reqs.emplace_back();
-    HVDL_RETURN_IF_ERROR(transport_.PostRecv({Span{&lengths[static_cast<size_t>(m)], 8}}, 1, m,
-                                             kGatherTag, &reqs.back()));
+  PostedRequests posted(&transport_);
+  if (rank() != 0) {
+    HVDL_RETURN_IF_ERROR(posted.Send({Span{&length, sizeof(length)}}, 1, 0, kGatherTag));
+    HVDL_RETURN_IF_ERROR(posted.Send({Span{const_cast<char*>(send.data()),
+                                           static_cast<int64_t>(send.size())}},
+                                     1, 0, kGatherTag));
+    return posted.WaitAll();
   }
-  HVDL_RETURN_IF_ERROR(WaitAll(reqs));
+  // Root: every length first, then every payload into a string of that size.
+  for (int m = 1; m < size(); ++m) {
+    HVDL_RETURN_IF_ERROR(
+        posted.Recv({Span{&lengths[static_cast<size_t>(m)], 8}}, 1, m, kGatherTag));
+  }
+  HVDL_RETURN_IF_ERROR(posted.WaitAll());
   recv->assign(n, std::string());
   (*recv)[0] = send;
-  reqs.clear();
-  for (int m = 1; m < size(); ++m) {
-    std::string& s = (*recv)[static_cast<size_t>(m)];
-    s.resize(lengths[static_cast<size_t>(m)]);
-    reqs.emplace_back();
-    HVDL_RETURN_IF_ERROR(transport_.PostRecv({Span{s.data(), static_cast<int64_t>(s.size())}}, 1,
-                                             m, kGatherTag, &reqs.back()));
+  Status s;
+  for (int m = 1; m < size() && s.ok(); ++m) {
+    std::string& r = (*recv)[static_cast<size_t>(m)];
+    r.resize(lengths[static_cast<size_t>(m)]);
+    s = posted.Recv({Span{r.data(), static_cast<int64_t>(r.size())}}, 1, m, kGatherTag);
   }
-  Status s = WaitAll(reqs);
+  const Status waited = posted.WaitAll();  // before recv's strings may go
+  if (s.ok()) s = waited;
   if (!s.ok()) recv->clear();
   return s;
 }
 
 Status ShmControlPlane::Broadcast(std::string* data) {
   uint64_t length = data->size();
-  std::vector<int> reqs;
+  PostedRequests posted(&transport_);
   if (rank() == 0) {
     for (int m = 1; m < size(); ++m) {
-      reqs.emplace_back();
-      HVDL_RETURN_IF_ERROR(transport_.PostSend({Span{&length, sizeof(length)}}, 1, m,
-                                               kBroadcastTag, &reqs.back()));
-      reqs.emplace_back();
-      HVDL_RETURN_IF_ERROR(transport_.PostSend(
-          {Span{data->data(), static_cast<int64_t>(data->size())}}, 1, m, kBroadcastTag,
-          &reqs.back()));
+      HVDL_RETURN_IF_ERROR(posted.Send({Span{&length, sizeof(length)}}, 1, m, kBroadcastTag));
+      HVDL_RETURN_IF_ERROR(posted.Send({Span{data->data(), static_cast<int64_t>(data->size())}},
+                                       1, m, kBroadcastTag));
     }
-    return WaitAll(reqs);
+    return posted.WaitAll();
   }
-  int req;
-  HVDL_RETURN_IF_ERROR(transport_.PostRecv({Span{&length, sizeof(length)}}, 1, 0, kBroadcastTag,
-                                           &req));
-  HVDL_RETURN_IF_ERROR(transport_.Wait(req));
+  HVDL_RETURN_IF_ERROR(posted.Recv({Span{&length, sizeof(length)}}, 1, 0, kBroadcastTag));
+  HVDL_RETURN_IF_ERROR(posted.WaitAll());
   data->resize(length);
-  HVDL_RETURN_IF_ERROR(transport_.PostRecv({Span{data->data(), static_cast<int64_t>(length)}}, 1,
-                                           0, kBroadcastTag, &req));
-  return transport_.Wait(req);
+  HVDL_RETURN_IF_ERROR(
+      posted.Recv({Span{data->data(), static_cast<int64_t>(length)}}, 1, 0, kBroadcastTag));
+  return posted.WaitAll();
 }
 
 }  // namespace hvdl

@@ -62,7 +62,6 @@ class ShmControlPlane : public ControlPlane {
 
  private:
   using Clock = std::chrono::steady_clock;
-  Status WaitAll(const std::vector<int>& requests);
   std::vector<int> Missing() const;
 
   std::shared_ptr<ShmGroup> group_;
