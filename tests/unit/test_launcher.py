@@ -79,7 +79,12 @@ def test_init_keeps_gradient_sized_blocks_in_the_heap():
     on = run({})
     assert "[heap]" in on.stdout, on.stdout + on.stderr
     off = run({"HOROVOD_MALLOC_TUNING": "0"})
-    assert "tensor mapping" in off.stdout and "[heap]" not in off.stdout, off.stdout + off.stderr
+    assert "tensor mapping" in off.stdout, off.stdout + off.stderr
+    if "[heap]" in off.stdout:
+        # glibc raises its mmap threshold by itself when a block it mmapped is freed; PyPI's CUDA
+        # build of torch does that while it imports, so there the control cannot tell.
+        pytest.skip("without the tuning the tensor is in the heap too (glibc's dynamic mmap "
+                    "threshold, raised during torch's import): the control proves nothing here")
 
 
 def test_hosts_and_mpich():
