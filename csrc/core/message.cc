@@ -27,7 +27,7 @@ void ByteWriter::I64s(const std::vector<int64_t>& v) {
 
 bool ByteReader::Raw(void* p, size_t n) {
   if (in_.size() - pos_ < n) return false;
-  std::memcpy(p, in_.data() + pos_, n);
+  if (n > 0) std::memcpy(p, in_.data() + pos_, n);  // an empty vector's data() may be null
   pos_ += n;
   return true;
 }
