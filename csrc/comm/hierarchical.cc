@@ -4,6 +4,15 @@
 #include <string>
 
 namespace hvdl {
+namespace {
+
+// memcpy with a zero size may get a null pointer (an empty vector's data(), an empty tensor's
+// buffer), which memcpy's contract forbids (UBSan's nonnull-attribute): copy only bytes.
+void CopyBytes(void* dst, const void* src, size_t n) {
+  if (n > 0) std::memcpy(dst, src, n);
+}
+
+}  // namespace
 
 Status HierarchicalAllreduce(Transport* local, Transport* cross,
                              const std::vector<std::vector<Span>>& chunks, DataType dtype,
@@ -76,7 +85,7 @@ Status HierarchicalAllgatherv(Transport* local, Transport* cross, const void* se
   };
   const int me = columns[me_local][static_cast<size_t>(cross->rank())];
   if (send != nullptr) {
-    std::memcpy(block(me).data, send, static_cast<size_t>(counts[static_cast<size_t>(me)]) * esize);
+    CopyBytes(block(me).data, send, static_cast<size_t>(counts[static_cast<size_t>(me)]) * esize);
   }
   // The ring completes chunk RingOwnedChunk(m, n) = m + 1 at member m: chunk (m + 1) mod n is
   // what member m brings.
@@ -108,7 +117,7 @@ Status HierarchicalReduceScatter(Transport* local, Transport* cross, const void*
   // The rings reduce in place: on a copy, since `send` is the caller's.
   thread_local std::vector<char> work;
   work.resize(static_cast<size_t>(at.back() + counts.back()) * esize);
-  std::memcpy(work.data(), send, work.size());
+  CopyBytes(work.data(), send, work.size());
   const auto block = [&](int rank) {
     const size_t r = static_cast<size_t>(rank);
     return Span{work.data() + at[r] * static_cast<int64_t>(esize), counts[r]};
@@ -131,7 +140,7 @@ Status HierarchicalReduceScatter(Transport* local, Transport* cross, const void*
   }
   const int me = columns[me_local][static_cast<size_t>(cross->rank())];
   const Span mine = block(me);
-  std::memcpy(recv, mine.data, static_cast<size_t>(mine.count) * esize);
+  CopyBytes(recv, mine.data, static_cast<size_t>(mine.count) * esize);
   return Status::Ok();
 }
 

@@ -9,6 +9,12 @@
 namespace hvdl {
 namespace {
 
+// memcpy with a zero size may get a null pointer (an empty vector's data(), an empty tensor's
+// buffer), which memcpy's contract forbids (UBSan's nonnull-attribute): copy only bytes.
+void CopyBytes(void* dst, const void* src, size_t n) {
+  if (n > 0) std::memcpy(dst, src, n);
+}
+
 std::vector<int64_t> Offsets(const std::vector<int64_t>& counts) {
   std::vector<int64_t> out(counts.size(), 0);
   for (size_t i = 1; i < counts.size(); ++i) out[i] = out[i - 1] + counts[i - 1];
@@ -45,7 +51,7 @@ Status TransportAllgatherv(Transport* t, const void* send, void* recv,
   const size_t esize = DataTypeSize(dtype);
   const int me = t->rank();
   if (send != nullptr) {
-    std::memcpy(static_cast<char*>(recv) + Offsets(counts)[static_cast<size_t>(me)] * esize, send,
+    CopyBytes(static_cast<char*>(recv) + Offsets(counts)[static_cast<size_t>(me)] * esize, send,
                 static_cast<size_t>(counts[static_cast<size_t>(me)]) * esize);
   }
   if (t->size() == 1) return Status::Ok();
@@ -62,13 +68,13 @@ Status TransportReduceScatter(Transport* t, const void* send, void* recv,
   // The ring reduces in place: on a copy, since `send` is the caller's.
   thread_local std::vector<char> work;
   work.resize(static_cast<size_t>(total) * esize);
-  std::memcpy(work.data(), send, work.size());
+  CopyBytes(work.data(), send, work.size());
   if (t->size() > 1) {
     HVDL_RETURN_IF_ERROR(RingReduceScatter(t, BlocksAsChunks(work.data(), counts, dtype), dtype,
                                            op, segment_bytes, nullptr));
   }
   const size_t me = static_cast<size_t>(t->rank());
-  std::memcpy(recv, work.data() + Offsets(counts)[me] * static_cast<int64_t>(esize),
+  CopyBytes(recv, work.data() + Offsets(counts)[me] * static_cast<int64_t>(esize),
               static_cast<size_t>(counts[me]) * esize);
   return Status::Ok();
 }
@@ -121,9 +127,11 @@ Status TransportAlltoallv(Transport* t, const void* send, const std::vector<int6
                                      static_cast<size_t>(at(send_counts, to)) * esize, to));
   }
   // Step 3: this rank's own block, while the messages travel.
-  std::memmove(out + at(rat, me) * static_cast<int64_t>(esize),
-               in + at(sat, me) * static_cast<int64_t>(esize),
-               static_cast<size_t>(at(send_counts, me)) * esize);
+  if (at(send_counts, me) > 0) {
+    std::memmove(out + at(rat, me) * static_cast<int64_t>(esize),
+                 in + at(sat, me) * static_cast<int64_t>(esize),
+                 static_cast<size_t>(at(send_counts, me)) * esize);
+  }
   return posted.WaitAll();
 }
 
