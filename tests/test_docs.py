@@ -18,6 +18,7 @@ Single-process (one Sphinx build, a few seconds): the build lane (tests/conftest
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import ipaddress
 import os
@@ -195,9 +196,25 @@ class _Refused(Exception):
     pass
 
 
+@contextlib.contextmanager
+def _no_rebuild():
+    """Imports horovodlite without rebuilding its extension, then leaves the environment as it
+    was: a variable left set reaches every later test of this worker (test_install's check
+    that a checkout rebuilds on import)."""
+    old = os.environ.get("HOROVODLITE_NO_REBUILD")
+    os.environ["HOROVODLITE_NO_REBUILD"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("HOROVODLITE_NO_REBUILD", None)
+        else:
+            os.environ["HOROVODLITE_NO_REBUILD"] = old
+
+
 def _parser() -> argparse.ArgumentParser:
-    os.environ.setdefault("HOROVODLITE_NO_REBUILD", "1")
-    from horovodlite.runner.launch import build_parser
+    with _no_rebuild():
+        from horovodlite.runner.launch import build_parser
 
     parser = build_parser()
 
@@ -290,8 +307,8 @@ def test_the_migration_table_names_horovodliterun_options_that_exist():
 
 
 def _public_names():
-    os.environ.setdefault("HOROVODLITE_NO_REBUILD", "1")
-    import horovodlite.torch as hvd
+    with _no_rebuild():
+        import horovodlite.torch as hvd
 
     for name in hvd.__all__:
         yield f"horovodlite.torch.{name}", getattr(hvd, name)
