@@ -63,7 +63,7 @@ H100_IB = Network("8x H100 SXM per node, NVLink + 8x400 Gbit/s IB (180 GB/s busb
 P100_25G = Network("4x P100 per node, 25 Gbit/s RoCE", 4, 20.0, 2.8, 5.0, 20.0)
 
 # ResNet-50, batch 64 per GPU, fp32 gradients: 25.6 M parameters; plain torch ran 1,705 img/s
-# on one H100 (../shared/perf/gpu-h100-2026-11-27) -> 37.5 ms per step; backward ~2/3 of it.
+# on one H100 (docs/gpu_measurements.md) -> 37.5 ms per step; backward ~2/3 of it.
 RESNET50 = Workload("ResNet-50, bs 64, fp32 gradients", 25.6e6 * 4, 37.5, 0.6)
 # A 1.3 B-parameter transformer, bf16 gradients, 16 k tokens per GPU per step: 6 x 1.3e9 x 16384
 # FLOPs at 400 TFLOP/s (40 % of an H100's dense bf16) -> 320 ms per step.

@@ -1,5 +1,5 @@
 // DeviceOps: the memory operations the executor and the device backends need on an accelerator,
-// behind an interface without CUDA types (DESIGN.md seam 2: csrc/core never includes CUDA).
+// behind an interface without CUDA types (csrc/core never includes CUDA; docs/architecture.md).
 //
 // Model. Each device has one horovodlite stream; every queued operation of every device backend
 // (NCCL, host staging) runs on it, so the order of pack -> collective -> unpack holds on the

@@ -1,4 +1,4 @@
-// The horovodlite._C module: a flat, type-erased set of functions (DESIGN.md seam 1). Blocking
+// The horovodlite._C module: a flat, type-erased set of functions (docs/architecture.md). Blocking
 // calls release the GIL; C++ error kinds map to Python exception classes (python/runtime.h). The
 // per-operation tensor bindings live in csrc/torch (the only code that includes torch).
 #include <pybind11/pybind11.h>

@@ -1,4 +1,4 @@
-// GradReducer: DistributedOptimizer's per-gradient path in C++ (DESIGN.md, last section).
+// GradReducer: DistributedOptimizer's per-gradient path in C++ (docs/architecture.md).
 //
 // Protocol, per registered parameter and backward pass:
 //   1. Autograd runs the parameter's AccumulateGrad node (p.grad now holds this pass's sum), then

@@ -1,4 +1,4 @@
-// The torch side of CUDA stream ordering (DESIGN.md: "CUDA ready events on the current stream").
+// The torch side of CUDA stream ordering: ready events on the current stream (docs/architecture.md).
 //
 //   enqueue   MarkCallerStream records an event on the caller's current stream: the op's ready
 //             event. horovodlite's stream waits for it (device-side) before reading the inputs.

@@ -1,6 +1,6 @@
 """allgather, broadcast, alltoall, reducescatter, barrier, join, sparse allreduce.
 
-Semantics follow horovod.torch (see API.md): first dimensions may differ across ranks for
+Semantics follow horovod.torch (docs/migrating.md): first dimensions may differ across ranks for
 allgather/alltoall, broadcast's ``root_rank`` is a global rank, reducescatter gives the low ranks
 one extra row when dim 0 does not divide evenly, and ``join`` lets a rank that ran out of data
 keep serving the others' allreduces with zeros.
