@@ -47,255 +47,41 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import socket
 import statistics
 import sys
 import tempfile
 import time
 
-import numpy as np
 import torch
-from mpi4py import MPI
+from allreduce_common import (
+    COMM,
+    MPI,
+    RANK,
+    SIZE,
+    Horovodlite,
+    KiB,
+    MiB,
+    RawMPI,
+    busbw,
+    calibrate,
+    compare,
+    competitors,
+    controller_env,
+    fmt_bw,
+    fmt_time,
+    forget_gloo_port,
+    hosts_link_mbit,
+    link_bound,
+    log,
+    median_interval,
+    restart_horovodlite,
+    run_single_sizes,
+    size_label,
+)
+from allreduce_cuda import CUDA_SIZES, run_cuda  # noqa: F401  (CUDA_SIZES: the tests read it)
 
 import horovodlite.torch as hvd
-from horovodlite.runner.check_build import nccl_text
-
-COMM = MPI.COMM_WORLD
-RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
-KiB, MiB = 1024, 1024 * 1024
-
-
-def log(*args):
-    if RANK == 0:
-        print(*args, flush=True)
-
-
-def calibrate(fn, min_iters: int, min_seconds: float) -> int:
-    """Calls per measurement so that one takes about `min_seconds`; the same on every rank (so
-    collectives stay matched)."""
-    fn()
-    fn()
-    COMM.Barrier()
-    start = time.perf_counter()
-    for _ in range(3):
-        fn()
-    per_call = COMM.allreduce((time.perf_counter() - start) / 3, op=MPI.MAX)
-    return max(min_iters, int(min_seconds / max(per_call, 1e-9)) + 1)
-
-
-def compare(fns: dict, min_iters: int, min_seconds: float, rounds: int) -> dict:
-    """Per-call time of each function, the slowest rank's, median over `rounds` rounds. Each round
-    measures every function back to back, so slow drifts of this noisy machine hit all of them
-    alike and the ratios stay meaningful. The order reverses from round to round: a function
-    measured right after another pays for the state that one leaves behind (caches, the heap;
-    right after gloo's 200-tensor case, horovodlite's fusion case measured 1.40-1.73x of 200 MPI
-    calls, with gloo left out 1.17x), so the neighbours of each function change, and each timed
-    block starts after one untimed call (three runs: 1.13-1.17x with it, 1.19-1.27x without)."""
-    iters = {k: calibrate(f, min_iters, min_seconds) for k, f in fns.items()}
-    samples = {k: [] for k in fns}
-    for i in range(rounds):
-        for k in list(fns) if i % 2 == 0 else list(fns)[::-1]:
-            f = fns[k]
-            f()  # untimed: what the previous competitor left behind settles first
-            COMM.Barrier()
-            start = time.perf_counter()
-            for _ in range(iters[k]):
-                f()
-            elapsed = (time.perf_counter() - start) / iters[k]
-            samples[k].append(COMM.allreduce(elapsed, op=MPI.MAX))
-    return {k: statistics.median(v) for k, v in samples.items()}
-
-
-# ------------------------------------------------------------------------------- competitors
-
-
-class RawMPI:
-    name = "mpi4py"
-
-    def single(self, nbytes):
-        a = np.ones(max(nbytes // 4, 1), np.float32)
-        return lambda: COMM.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
-
-    def gather(self, nbytes):
-        """Allgather of `nbytes` in all (each rank's share of it)."""
-        a = np.ones(max(nbytes // 4 // SIZE, 1), np.float32)
-        out = np.empty(a.size * SIZE, np.float32)
-        return lambda: COMM.Allgather(a, out)
-
-    def scatter(self, nbytes):
-        """Reduce-scatter of `nbytes` in all (each rank gets its share of the sum)."""
-        a = np.ones(max(nbytes // 4 // SIZE, 1) * SIZE, np.float32)
-        out = np.empty(a.size // SIZE, np.float32)
-        return lambda: COMM.Reduce_scatter_block(a, out, op=MPI.SUM)
-
-    def many(self, count, nbytes):
-        bufs = [np.ones(nbytes // 4, np.float32) for _ in range(count)]
-
-        def run():
-            for b in bufs:
-                COMM.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)
-        return run
-
-
-class Gloo:
-    name = "gloo"
-
-    def __init__(self):
-        import torch.distributed as dist
-
-        # rank 0's address (on several hosts 127.0.0.1 would not do)
-        where = COMM.bcast((_rank0_address(), _free_port()) if RANK == 0 else None)
-        dist.init_process_group("gloo", init_method=f"tcp://{where[0]}:{where[1]}", rank=RANK,
-                                world_size=SIZE)
-        self.dist = dist
-
-    def single(self, nbytes):
-        t = torch.ones(max(nbytes // 4, 1))
-        return lambda: self.dist.all_reduce(t)
-
-    def gather(self, nbytes):
-        t = torch.ones(max(nbytes // 4 // SIZE, 1))
-        out = torch.empty(t.numel() * SIZE)
-        # torch 2.13 renamed all_gather_into_tensor (deprecated) to all_gather_single
-        gather = getattr(self.dist, "all_gather_single", None) or self.dist.all_gather_into_tensor
-        return lambda: gather(out, t)
-
-    def many(self, count, nbytes):
-        ts = [torch.ones(nbytes // 4) for _ in range(count)]
-
-        def run():
-            works = [self.dist.all_reduce(t, async_op=True) for t in ts]
-            for w in works:
-                w.wait()
-        return run
-
-
-class Horovodlite:
-    name = "horovodlite"
-
-    def single(self, nbytes):
-        t = torch.ones(max(nbytes // 4, 1))
-        name = f"single.{nbytes}"
-        return lambda: hvd.synchronize(hvd.allreduce_async_(t, name=name, op=hvd.Sum))
-
-    def gather(self, nbytes):
-        t = torch.ones(max(nbytes // 4 // SIZE, 1))
-        return lambda: hvd.allgather(t, name=f"gather.{nbytes}")
-
-    def scatter(self, nbytes):
-        t = torch.ones(max(nbytes // 4 // SIZE, 1) * SIZE)
-        return lambda: hvd.reducescatter(t, name=f"scatter.{nbytes}", op=hvd.Sum)
-
-    def many(self, count, nbytes):
-        ts = [torch.ones(nbytes // 4) for _ in range(count)]
-        names = [f"many.{i}" for i in range(count)]
-
-        def run():
-            handles = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(ts, names)]
-            for h in handles:
-                hvd.synchronize(h)
-        return run
-
-
-class Horovod(Horovodlite):
-    name = "horovod"
-
-    def __init__(self):
-        import horovod.torch as horovod  # noqa: F401  (only when installed)
-
-        self.hvd = horovod
-        horovod.init()
-
-    def single(self, nbytes):
-        t = torch.ones(max(nbytes // 4, 1))
-        name = f"single.{nbytes}"
-        return lambda: self.hvd.synchronize(self.hvd.allreduce_async_(t, name=name,
-                                                                      op=self.hvd.Sum))
-
-    def gather(self, nbytes):
-        t = torch.ones(max(nbytes // 4 // SIZE, 1))
-        return lambda: self.hvd.allgather(t, name=f"gather.{nbytes}")
-
-    def scatter(self, nbytes):
-        t = torch.ones(max(nbytes // 4 // SIZE, 1) * SIZE)
-        return lambda: self.hvd.reducescatter(t, name=f"scatter.{nbytes}", op=self.hvd.Sum)
-
-    def many(self, count, nbytes):
-        ts = [torch.ones(nbytes // 4) for _ in range(count)]
-
-        def run():
-            hs = [self.hvd.allreduce_async_(t, name=f"many.{i}", op=self.hvd.Sum)
-                  for i, t in enumerate(ts)]
-            for h in hs:
-                self.hvd.synchronize(h)
-        return run
-
-
-def _rank0_address() -> str:
-    """An address of this machine that other hosts reach: its first non-loopback IPv4 address
-    (a test host's name resolves to 127.0.0.1 on that host itself)."""
-    from horovodlite.runner.report import interface_addresses
-
-    found = interface_addresses()
-    return found[0] if found else socket.gethostbyname(socket.gethostname())
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def competitors(gloo: bool = True):
-    out = [RawMPI(), Gloo(), Horovodlite()] if gloo else [RawMPI(), Horovodlite()]
-    try:
-        out.insert(2, Horovod())
-    except Exception as exc:  # noqa: BLE001 - any import/init failure means "not available"
-        log(f"horovod: not installed ({type(exc).__name__}: {exc})")
-    return out
-
-
-# ------------------------------------------------------------------------------------ report
-
-
-def busbw(nbytes: float, seconds: float) -> float:
-    return nbytes / seconds * 2 * (SIZE - 1) / SIZE if seconds > 0 else 0.0
-
-
-def fmt_time(s: float) -> str:
-    return f"{s * 1e6:9.1f} us" if s < 1e-3 else f"{s * 1e3:9.3f} ms"
-
-
-def fmt_bw(b: float) -> str:
-    return f"{b / 1e9:7.2f} GB/s"
-
-
-def size_label(n: int) -> str:
-    return f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB" if n >= KiB else f"{n} B"
-
-
-def run_single_sizes(comps, sizes, quick, base="mpi4py", label="raw MPI", key="ratio_to_mpi",
-                     where=""):
-    """Each size, every competitor; ratios against ``base`` (raw MPI on the CPU)."""
-    rows = []
-    log(f"\n== single tensor, float32 Sum, in place, np={SIZE}{where} ==")
-    log(f"{'size':>8} {'library':>12} {'time':>12} {'algbw':>12} {'busbw':>12} "
-        f"{'x ' + label:>10}")
-    for n in sizes:
-        times = compare({c.name: c.single(n) for c in comps}, 5, 0.03 if quick else 0.1,
-                        3 if quick else 7)
-        for c in comps:
-            t = times[c.name]
-            ratio = t / times[base]
-            log(f"{size_label(n):>8} {c.name:>12} {fmt_time(t):>12} {fmt_bw(n / t):>12} "
-                f"{fmt_bw(busbw(n, t)):>12} {ratio:10.2f}")
-            rows.append(dict(case="single", bytes=n, library=c.name, seconds=t,
-                             busbw=busbw(n, t), **{key: ratio}))
-    return rows
 
 
 def run_fusion(comps, count, nbytes, quick):
@@ -320,13 +106,6 @@ def run_fusion(comps, count, nbytes, quick):
     log("horovodlite's ring moved the fused batch by "
         + ("single copy (process_vm_readv)" if single_copy else "MPI messages"))
     return rows
-
-
-def restart_horovodlite(**env) -> None:
-    """hvd.shutdown() and hvd.init() again with these HOROVOD_* variables (read at init)."""
-    os.environ.update({k: str(v) for k, v in env.items()})
-    hvd.shutdown()
-    hvd.init()
 
 
 # Across hosts, per collective: the knob that switches the hierarchical form, the stat that proves
@@ -384,55 +163,6 @@ def run_across_hosts(comps, sizes, quick, collective):
     return rows
 
 
-_GLOO_PORT = None
-
-
-def hosts_link_mbit() -> float | None:
-    """The test hosts' link rate (tests/hosts/hostctl.sh keeps it, in tc units, in its state
-    folder), in Mbit/s; None elsewhere."""
-    path = os.path.join(os.environ.get("HVDL_HOSTS_STATE", "/run/hvdl-hosts"), "rate")
-    try:
-        with open(path) as f:
-            text = f.read().strip().lower()
-    except OSError:
-        return None
-    units = {"kbit": 1e-3, "mbit": 1.0, "gbit": 1e3, "tbit": 1e6}
-    for unit, scale in units.items():
-        if text.endswith(unit):
-            try:
-                return float(text[:-len(unit)]) * scale
-            except ValueError:
-                return None
-    return None
-
-
-def controller_env(controller: str) -> dict:
-    """What makes the next hvd.init() start on `controller`: the Gloo controller gets the
-    variables torchrun would give (rank 0 hosts the store; the address other hosts reach it at)."""
-    global _GLOO_PORT
-    if controller == "mpi":
-        return {"HOROVOD_CONTROLLER": "mpi"}
-    if _GLOO_PORT is None:
-        _GLOO_PORT = COMM.bcast(_free_port() if RANK == 0 else None)
-    addr = COMM.bcast(_rank0_address() if RANK == 0 else None)
-    hosts = COMM.allgather(socket.gethostname())  # hosts by name, as the Gloo controller sees them
-    local = [r for r, h in enumerate(hosts) if h == hosts[RANK]]
-    return {"HOROVOD_CONTROLLER": "gloo", "RANK": RANK, "WORLD_SIZE": SIZE,
-            "LOCAL_RANK": local.index(RANK), "LOCAL_WORLD_SIZE": len(local),
-            "MASTER_ADDR": addr if len(set(hosts)) > 1 else "127.0.0.1",
-            "MASTER_PORT": _GLOO_PORT - 1}  # rank 0 hosts the store at MASTER_PORT + 1
-
-
-def link_bound(nbytes: int, link_mbit: float | None) -> float | None:
-    """The least time an allreduce of `nbytes` can take when every host has one link of
-    `link_mbit` each way: each host must send 2(H-1)/H of the data (reduce-scatter and allgather
-    of the hosts' shares), whichever algorithm runs. None on one host or without a rate."""
-    hosts = hvd.cross_size()
-    if not link_mbit or hosts < 2:
-        return None
-    return 2 * (hosts - 1) / hosts * nbytes / (link_mbit * 1e6 / 8)
-
-
 def run_controllers(comps, sizes, quick, fusion=(200, 64 * KiB), link_mbit=None):
     """horovodlite on MPI and on the Gloo controller (restarted between the two, in alternation,
     every round), against raw MPI and torch gloo: single sizes, then the fusion case. Across
@@ -481,7 +211,6 @@ def run_connections(sizes, quick, counts=(1, 2, 4), link_mbit=None):
     """The Gloo controller with HOROVOD_GLOO_CONNECTIONS set to each of `counts` (restarted in
     alternation, every round): allreduce times, their ratio to one connection and their share
     of the link's bound."""
-    global _GLOO_PORT
     rounds = 3 if quick else 5
     rows = []
     log(f"\n== the Gloo controller's connections per pair of ranks, np={SIZE}, "
@@ -491,7 +220,7 @@ def run_connections(sizes, quick, counts=(1, 2, 4), link_mbit=None):
         samples = {k: [] for k in counts}
         for _ in range(rounds):
             for k in counts:
-                _GLOO_PORT = None  # a fresh rendezvous port for every start
+                forget_gloo_port()  # a fresh rendezvous port for every start
                 restart_horovodlite(**controller_env("gloo"), HOROVOD_GLOO_CONNECTIONS=k)
                 t = compare({k: Horovodlite().single(nbytes)}, 2, 0.05 if quick else 0.2, 1)
                 samples[k].append(t[k])
@@ -554,14 +283,6 @@ def run_rss(steps: int, count: int, nbytes: int):
     return dict(case="rss", steps=steps, growth_mib=growth)
 
 
-def median_interval(values):
-    """A distribution-free 95% confidence interval for the median: the order statistics
-    n/2 -+ 0.98 sqrt(n) (normal approximation of the binomial; fine for n >= 20)."""
-    xs = sorted(values)
-    k = max(0, int(len(xs) / 2 - 0.98 * math.sqrt(len(xs))))
-    return xs[k], xs[min(len(xs) - 1, len(xs) - 1 - k)]
-
-
 def run_timeline_overhead(count, nbytes, quick, rounds):
     """The fusion case with the timeline recording vs not. Each round runs both, in alternating
     order (off/on, then on/off: the second run of a pair is favoured by a few percent, measured
@@ -599,135 +320,6 @@ def run_timeline_overhead(count, nbytes, quick, rounds):
         f"{100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%), CPU time {100 * c:+.1f}% (median of "
         f"{len(wall)} paired rounds) ==")
     return dict(case="timeline", wall_overhead=w, wall_interval=(lo - 1, hi - 1), cpu_overhead=c)
-
-
-# --------------------------------------------------------------------- CUDA (--device cuda)
-
-
-def _sync_after(fn, plan):
-    """``fn`` followed by torch.cuda.synchronize(): a collective's whole latency on a GPU."""
-    def run():
-        fn()
-        plan.synchronize()
-    return run
-
-
-class TorchDistCuda:
-    """torch.distributed on CUDA tensors: NCCL (one GPU per rank) or gloo (ranks share one)."""
-
-    def __init__(self, plan):
-        import torch.distributed as dist
-
-        where = COMM.bcast((socket.gethostbyname(socket.gethostname()), _free_port())
-                           if RANK == 0 else None)
-        dist.init_process_group(plan.peer_backend, init_method=f"tcp://{where[0]}:{where[1]}",
-                                rank=RANK, world_size=SIZE)
-        self.dist, self.plan, self.name = dist, plan, f"torch {plan.peer_backend}"
-
-    def single(self, nbytes):
-        t = torch.ones(max(nbytes // 4, 1), device=self.plan.torch_device)
-        return _sync_after(lambda: self.dist.all_reduce(t), self.plan)
-
-    def many(self, count, nbytes):
-        ts = [torch.ones(nbytes // 4, device=self.plan.torch_device) for _ in range(count)]
-
-        def run():
-            works = [self.dist.all_reduce(t, async_op=True) for t in ts]
-            for w in works:
-                w.wait()
-        return _sync_after(run, self.plan)
-
-
-class HorovodliteCuda:
-    """horovodlite on the plan's CUDA tensors, or (``plan`` None) on CPU tensors for reference."""
-
-    def __init__(self, plan):
-        self.plan = plan
-        self.device = plan.torch_device if plan is not None else None
-        self.name = "horovodlite" if plan is not None else "hvdl on CPU"
-
-    def _tensor(self, elements):
-        return torch.ones(elements, device=self.device or "cpu")
-
-    def single(self, nbytes):
-        t = self._tensor(max(nbytes // 4, 1))
-        name = f"single.{self.device}.{nbytes}"
-        fn = lambda: hvd.synchronize(hvd.allreduce_async_(t, name=name, op=hvd.Sum))
-        return _sync_after(fn, self.plan) if self.plan is not None else fn
-
-    def many(self, count, nbytes):
-        ts = [self._tensor(nbytes // 4) for _ in range(count)]
-        names = [f"many.{self.device}.{i}" for i in range(count)]
-
-        def run():
-            handles = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(ts, names)]
-            for h in handles:
-                hvd.synchronize(h)
-        return _sync_after(run, self.plan) if self.plan is not None else run
-
-
-def run_cuda_fusion(comps, peer, count, nbytes, quick):
-    """The fusion case on the GPU: against one call of the peer on the same total bytes and
-    against ``count`` separate calls of the peer."""
-    log(f"\n== {count} tensors of {size_label(nbytes)} submitted together, np={SIZE}, CUDA ==")
-    total = count * nbytes
-    fns = {"one call": peer.single(total)}
-    fns.update({c.name: c.many(count, nbytes) for c in comps})
-    times = compare(fns, 3, 0.1 if quick else 0.3, 3 if quick else 9)
-    one = times.pop("one call")
-    rows = []
-    log(f"{'library':>26} {'time':>12} {'busbw':>12} {'x one ' + peer.name + ' call':>22} "
-        f"{f'x {count} calls':>14}")
-    for name, t in [(f"{peer.name} (one call)", one)] + [
-            (k if k != peer.name else f"{peer.name} ({count} calls)", v)
-            for k, v in times.items()]:
-        log(f"{name:>26} {fmt_time(t):>12} {fmt_bw(busbw(total, t)):>12} {t / one:22.2f} "
-            f"{t / times[peer.name]:14.2f}")
-        rows.append(dict(case="fusion", library=name, seconds=t, busbw=busbw(total, t),
-                         ratio_to_one_call=t / one, ratio_to_separate_calls=t / times[peer.name]))
-    return rows
-
-
-CUDA_SIZES = [4, 64, 1 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB,
-              64 * MiB, 256 * MiB]
-CUDA_SIZES_QUICK = [4, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
-
-
-def run_cuda(args) -> int:
-    """``--device cuda``: single sizes and the fusion case on CUDA tensors (see the top)."""
-    import gpu_setup  # noqa: PLC0415  (benchmarks/, beside this file)
-
-    plan = gpu_setup.setup("benchmarks/allreduce.py", hvd)
-    peer = TorchDistCuda(plan)
-    comps = [peer, HorovodliteCuda(plan)]
-    if not args.no_cpu_reference:
-        comps.append(HorovodliteCuda(None))
-    nccl = hvd.nccl_built()
-    try:
-        torch_nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    except (AttributeError, RuntimeError):
-        torch_nccl = "none"
-    log(f"allreduce benchmark on CUDA: np={SIZE}, {plan.name()}, "
-        f"{plan.describe()}; torch {torch.__version__} (CUDA {torch.version.cuda}, NCCL "
-        f"{torch_nccl}), horovodlite NCCL {nccl_text(nccl) if nccl else 'not built'}, "
-        f"HOROVOD_GPU_OPERATIONS={os.environ.get('HOROVOD_GPU_OPERATIONS', 'nccl')}")
-    skip = set(filter(None, args.skip.split(",")))
-    if args.only:
-        skip |= {"single", "fusion"} - set(args.only.split(","))
-    rows = []
-    if "single" not in skip:
-        sizes = args.sizes or (CUDA_SIZES_QUICK if args.quick else CUDA_SIZES)
-        rows += run_single_sizes(comps, sizes, args.quick, base=peer.name, label=peer.name,
-                                 key="ratio_to_peer", where=f", CUDA, peer {peer.name}")
-    if "fusion" not in skip:
-        rows += run_cuda_fusion(comps, peer, 200, 64 * KiB, args.quick)
-    if args.json and RANK == 0:
-        with open(args.json, "w") as f:
-            json.dump(dict(np=SIZE, device="cuda", gpu=plan.name(),
-                           shared_gpu=plan.shared, peer=peer.name, rows=rows), f, indent=1)
-    peer.dist.destroy_process_group()
-    hvd.shutdown()
-    return 0
 
 
 def parse_args(argv=None):
