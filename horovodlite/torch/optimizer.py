@@ -25,6 +25,8 @@ from horovodlite.torch.adasum_optimizer import _AdasumDeltaOptimizer
 from horovodlite.torch.compression import Compression
 from horovodlite.torch.distributed_optimizer import _C, _check_passes, _DistributedOptimizer
 from horovodlite.torch.in_flight import InFlight, hook_site
+from horovodlite.torch.shard_layout import check_elementwise
+from horovodlite.torch.sharded_optimizer import _ShardedOptimizer, check_sharding_args
 
 # Per process set: how many DistributedOptimizers this process has created. Part of every
 # collective's name, so two optimizers never share names (and ranks agree on them).
@@ -196,7 +198,7 @@ def _share_dict(optimizer, cls):
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set):
+                         process_set=global_process_set, shard=None):
     """Wraps ``optimizer`` so that every ``step()`` uses gradients reduced across ranks.
 
     Args:
@@ -220,11 +222,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         process_set: the ranks that train together. On a rank outside it the optimizer steps on
             this rank's own gradients without communication (as in Horovod), so one script can
             train several groups of ranks separately.
+        shard: None (default), ``"optimizer_state"`` or ``"gradients"``: each rank keeps the
+            optimizer state (and, with ``"gradients"``, the reduced gradients) of 1/N of the
+            parameters; see docs/sharded_optimizer.md and ``sharded_optimizer.py``.
 
     Returns an instance of ``type(optimizer)`` sharing its param groups and state.
     """
     _check_args(optimizer, compression, op, gradient_predivide_factor, process_set)
     _check_passes(backward_passes_per_step)
+    if shard is not None:
+        return _sharded(optimizer, named_parameters, compression, backward_passes_per_step, op,
+                        gradient_predivide_factor, num_groups, groups, sparse_as_dense,
+                        process_set, shard)
     cls = _dynamic_class(type(optimizer),
                          _AdasumDeltaOptimizer if op == Adasum else _DistributedOptimizer)
     if op == Adasum:
@@ -279,6 +288,27 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     )
     obj.__dict__.update(state)
     obj._hvd_refresh()
+    return obj
+
+
+def _sharded(optimizer, named_parameters, compression, passes, op, predivide, num_groups,
+             groups, sparse_as_dense, process_set, shard):
+    """``shard=...``: the sharded optimizer (sharded_optimizer.py), built as above."""
+    check_sharding_args(shard, compression, op, groups, num_groups, sparse_as_dense)
+    check_elementwise(optimizer)
+    if not process_set.included():
+        raise HorovodArgumentError(
+            f"DistributedOptimizer(shard={shard!r}): this rank is not in the process set")
+    params = _DistributedOptimizer._hvd_params(optimizer)
+    named = None if named_parameters is None else _check_named_parameters(named_parameters, params)
+    base = type(optimizer)
+    obj = _share_dict(optimizer, _dynamic_class(base, _ShardedOptimizer))
+    ps_id = _id_of(process_set)
+    prefix = f"shard.opt{next(_optimizer_counts[ps_id])}" + (f".ps{ps_id}" if ps_id else "")
+    prescale = 1.0 / predivide if op == Average else 1.0
+    postscale = predivide if op == Average else 1.0
+    obj._shard_setup(base, shard, op, prescale, postscale, process_set, prefix, int(passes),
+                     named)
     return obj
 
 

@@ -1,0 +1,414 @@
+"""``hvd.DistributedOptimizer(opt, shard="optimizer_state" | "gradients")``: each rank keeps the
+optimizer state of 1/N of the parameters (ZeRO stages 1 and 2), with the results of the unsharded
+optimizer.
+
+Layout. The parameters that require a gradient are put in *buckets*, one per param group, dtype,
+device and state signature (``sharded_state.signature``: parameters whose scalar state differs,
+e.g. a layer unfrozen later with a smaller Adam ``step``, cannot share one copy of it). Each
+bucket is one flat vector split into N equal contiguous ranges (``shard_layout.ShardLayout``);
+rank r owns range r of every bucket. The *inner optimizer* is a fresh instance of the wrapped
+optimizer's class whose parameters are this rank's flat shards, one param group per bucket with
+the hyperparameters of the bucket's param group; ``opt.state`` is its state, so it holds only
+this rank's shards.
+
+Step protocol (collective; every rank calls it in the same order):
+
+1. ``synchronize()`` (``step()`` calls it unless it already ran since ``zero_grad()``): the
+   gradients of each bucket are laid into a flat vector (zeros for a parameter without a
+   gradient on this rank, as the unsharded optimizer does) and one grouped reducescatter
+   averages them; rank r receives the reduced range r. With ``shard="optimizer_state"`` the flat
+   vector is kept and the parameters' ``.grad`` become views into it: this rank's range holds
+   the reduced gradient, the rest zeros. With ``shard="gradients"`` it is freed and ``.grad`` is
+   None: only the reduced range stays. An explicit ``synchronize()`` also agrees across ranks
+   whether any reduced gradient is inf/nan (one scalar allreduce); if so, every rank writes a
+   NaN into its range, so ``GradScaler``'s check, which only sees this rank's range, finds it on
+   every rank and all ranks skip the step and back off alike.
+2. ``step()``: copies this rank's range of the current parameters into the shard (so edits to
+   the parameters since the last step, e.g. a broadcast, are honoured), mirrors each param
+   group's current hyperparameters into its buckets' inner groups (LR schedulers edit
+   ``param_groups``), runs the inner optimizer on the shards, and allgathers the updated shards
+   into the parameters in one grouped allgather.
+
+When the set of parameters requiring a gradient changes (freezing, ``add_param_group``), the
+next ``synchronize()`` or ``step()`` gathers the state (one allgather) and rebuilds the buckets;
+the state of frozen parameters is kept whole on every rank until they train again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+
+import torch
+
+from horovodlite._extension import load
+from horovodlite.common.exceptions import HorovodArgumentError
+from horovodlite.common.process_sets import _id_of
+from horovodlite.common.reduce_ops import Average, Max, Sum
+from horovodlite.torch import summary
+from horovodlite.torch.collectives import grouped_allgather_async, grouped_reducescatter_async
+from horovodlite.torch.functions import allgather_object
+from horovodlite.torch.mpi_ops import allreduce, synchronize
+from horovodlite.torch.shard_layout import ShardLayout
+from horovodlite.torch.sharded_state import (
+    SHARD_KEY,
+    assemble,
+    clone,
+    elementwise_keys,
+    from_full_flats,
+    from_torch,
+    groups_to_torch,
+    index_params,
+    signature,
+    to_shard,
+    to_torch,
+)
+
+_C = load()
+
+MODES = ("optimizer_state", "gradients")
+
+
+@dataclasses.dataclass(eq=False)
+class _Bucket:
+    group: int  # index into param_groups
+    params: list
+    layout: ShardLayout
+    shard: torch.Tensor  # this rank's flat range of the parameters: the inner optimizer's param
+    flat: torch.Tensor | None = None  # shard="optimizer_state": the kept flat gradient
+    grad: torch.Tensor | None = None  # this rank's reduced range of the gradient
+
+
+class _ShardedOptimizer:
+    """Mixin in front of the wrapped optimizer's class (built as in ``optimizer.py``: the
+    instance shares the wrapped optimizer's ``__dict__``). ``setup`` fills the ``_shard_*``
+    attributes."""
+
+    _step_supports_amp_scaling = False
+
+    def _shard_setup(self, base, mode, op, prescale, postscale, process_set, prefix,
+                     passes, names) -> None:
+        ps_id = _id_of(process_set)
+        self._shard_base = base
+        self._shard_mode = mode
+        self._shard_op = op
+        self._shard_scale = (prescale, postscale)
+        self.process_set = process_set
+        self._shard_size = process_set.size() if ps_id else _C.size()
+        self._shard_rank = process_set.rank() if ps_id else _C.rank()
+        self._shard_prefix = prefix
+        self.backward_passes_per_step = passes
+        self._shard_names = names or {}
+        self._shard_buckets = []
+        self._shard_inner = None
+        self._shard_parked = {}  # param -> full state, for parameters not in a bucket
+        self._shard_signature = None
+        self._shard_synced = False
+        states = from_torch(base.state_dict(self), self.param_groups) if self.state else {}
+        self._shard_build(states)
+
+    # ------------------------------------------------------------------------------ layout
+
+    def _shard_active_signature(self) -> tuple:
+        return tuple(tuple(id(p) for p in g["params"] if p.requires_grad)
+                     for g in self.param_groups)
+
+    def _shard_build(self, states: dict) -> None:
+        """Buckets and inner optimizer from per-parameter ``states`` (local: every rank builds
+        the same layout from the same parameters and states)."""
+        keyed: dict = {}
+        seen = set()
+        parked = {}
+        for g, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                state = states.get(p, {})
+                if not p.requires_grad:
+                    if state:
+                        parked[p] = state
+                    continue
+                keyed.setdefault((g, p.dtype, p.device, signature(state, p)), []).append(p)
+        size, rank = self._shard_size, self._shard_rank
+        buckets, inner_groups = [], []
+        for (g, dtype, device, _), params in keyed.items():
+            layout = ShardLayout([p.numel() for p in params], size)
+            shard = torch.empty(layout.shard, dtype=dtype, device=device)
+            with torch.no_grad():
+                layout.gather_shard([p.detach() for p in params], rank, shard)
+            buckets.append(_Bucket(g, params, layout, shard))
+            inner_groups.append({**self._shard_hyper(g), "params": [shard]})
+        inner = self._shard_base(inner_groups) if buckets else None
+        if inner is not None:
+            for b in buckets:
+                st = to_shard([states.get(p, {}) for p in b.params], b.params, b.layout, rank,
+                              b.shard)
+                if st:
+                    inner.state[b.shard] = st
+        self._shard_buckets, self._shard_inner, self._shard_parked = buckets, inner, parked
+        self.state = inner.state if inner is not None else {}
+        self._shard_signature = self._shard_active_signature()
+        self._shard_synced = False
+
+    def _shard_hyper(self, g: int) -> dict:
+        return {k: v for k, v in self.param_groups[g].items() if k != "params"}
+
+    def _shard_refresh(self) -> None:
+        """Rebuilds the layout (collective) when the parameters requiring a gradient changed."""
+        if self._shard_active_signature() != self._shard_signature:
+            self._shard_build(self._shard_collect())
+
+    def _shard_collect(self) -> dict:
+        """Every parameter's full state (collective: one grouped allgather of the shards)."""
+        states = {p: {k: clone(v) for k, v in s.items()} for p, s in self._shard_parked.items()}
+        if self._shard_inner is None:
+            return states
+        tensors, where = [], []
+        for i, b in enumerate(self._shard_buckets):
+            st = self._shard_inner.state.get(b.shard, {})
+            for key in elementwise_keys(st, b.shard):
+                tensors.append(st[key].detach().contiguous())
+                where.append((i, key))
+        fulls = []
+        if tensors:
+            fulls = synchronize(grouped_allgather_async(
+                tensors, name=f"{self._shard_prefix}.state", process_set=self.process_set))
+        flats: dict = {}
+        for (i, key), full in zip(where, fulls):
+            flats.setdefault(i, {})[key] = full
+        for i, b in enumerate(self._shard_buckets):
+            st = self._shard_inner.state.get(b.shard, {})
+            for p, s in zip(b.params, from_full_flats(st, flats.get(i, {}), b.params, b.layout)):
+                if s:
+                    states[p] = s
+        return states
+
+    # ----------------------------------------------------------------------- gradients
+
+    def _shard_reduce(self, agree: bool) -> None:
+        """Step 1 of the protocol: reducescatter every bucket's flat gradient."""
+        flats = []
+        keep = self._shard_mode == "optimizer_state"
+        for b in self._shard_buckets:
+            grads = []
+            for p in b.params:
+                if p.grad is not None and p.grad.is_sparse:
+                    name = self._shard_names.get(p, f"of shape {list(p.shape)}")
+                    raise HorovodArgumentError(
+                        f"DistributedOptimizer(shard=...): parameter {name} has a sparse "
+                        "gradient; sharding needs dense gradients (use shard=None)")
+                grads.append(p.grad)
+            flat = b.flat
+            if flat is None or not keep:
+                flat = torch.empty(b.layout.padded, dtype=b.shard.dtype, device=b.shard.device)
+            with torch.no_grad():
+                b.layout.flatten(grads, flat)
+            if not keep:
+                for p in b.params:
+                    p.grad = None  # shard="gradients": only the reduced range is kept
+            flats.append(flat)
+        if not flats:
+            self._shard_synced = True
+            return
+        prescale, postscale = self._shard_scale
+        outs = synchronize(grouped_reducescatter_async(
+            flats, name=f"{self._shard_prefix}.grads", op=self._shard_op,
+            process_set=self.process_set, prescale_factor=prescale, postscale_factor=postscale))
+        for b, flat, out in zip(self._shard_buckets, flats, outs):
+            if keep:
+                lo, hi = b.layout.range(self._shard_rank)
+                with torch.no_grad():
+                    flat[:lo].zero_()
+                    flat[hi:].zero_()
+                    flat[lo:hi].copy_(out)
+                b.flat, b.grad = flat, flat[lo:hi]
+                for p, view in zip(b.params, b.layout.split(flat, [p.shape for p in b.params])):
+                    p.grad = view
+            else:
+                b.grad = out
+        if agree:
+            self._shard_agree_nonfinite()
+        self._shard_synced = True
+
+    def _shard_agree_nonfinite(self) -> None:
+        local = any(not bool(torch.isfinite(b.grad).all()) for b in self._shard_buckets)
+        flag = allreduce(torch.tensor([float(local)]), op=Max,
+                         name=f"{self._shard_prefix}.nonfinite", process_set=self.process_set)
+        if flag.item() and not local:
+            with torch.no_grad():
+                for b in self._shard_buckets:
+                    b.grad[0] = math.nan
+
+    # -------------------------------------------------------------------------- public API
+
+    def synchronize(self) -> None:
+        """Reduces this step's gradients: afterwards this rank holds its range of the averaged
+        gradient (see the module docstring for where). Collective. Call it before
+        ``scaler.unscale_(opt)`` or ``opt.clip_grad_norm_``."""
+        self._shard_refresh()
+        self._shard_reduce(agree=True)
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """For code written for the unsharded optimizer: ``step()`` inside does not reduce
+        again; ``synchronize()`` must have run since ``zero_grad()``."""
+        if not self._shard_synced:
+            raise HorovodArgumentError(
+                "skip_synchronize(): call optimizer.synchronize() first; the sharded optimizer "
+                "has not reduced this step's gradients")
+        yield
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False) -> torch.Tensor:
+        """Clips the reduced gradient by its norm over all ranks' shards, as
+        ``torch.nn.utils.clip_grad_norm_`` does on the whole gradient (which, called on the
+        parameters, would only see this rank's range). Synchronizes first if needed; returns
+        the total norm (the same on every rank). Collective."""
+        if not self._shard_synced:
+            self.synchronize()
+        grads = [b.grad for b in self._shard_buckets]
+        norm_type = float(norm_type)
+        if norm_type == math.inf:
+            local = max((g.detach().abs().max().double() for g in grads),
+                        default=torch.zeros((), dtype=torch.float64))
+            total = allreduce(local.reshape(1), op=Max, process_set=self.process_set,
+                              name=f"{self._shard_prefix}.norm")[0]
+        else:
+            local = sum((g.detach().double().abs().pow(norm_type).sum() for g in grads),
+                        torch.zeros((), dtype=torch.float64))
+            total = allreduce(local.reshape(1), op=Sum, process_set=self.process_set,
+                              name=f"{self._shard_prefix}.norm")[0] ** (1.0 / norm_type)
+        if error_if_nonfinite and not torch.isfinite(total):
+            raise RuntimeError(f"The total norm of order {norm_type} of the gradients is "
+                               "non-finite, so it cannot be clipped")
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        with torch.no_grad():
+            for g in grads:
+                g.mul_(coef.to(g.dtype))
+        dtype = grads[0].dtype if grads else torch.float32
+        return total.to(dtype)
+
+    def step(self, closure=None):
+        """Reduces (unless done since ``zero_grad()``), steps this rank's shards, allgathers the
+        parameters. Collective."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self._shard_synced:
+            self._shard_refresh()
+            self._shard_reduce(agree=False)
+        self._shard_synced = False
+        inner = self._shard_inner
+        if inner is not None:
+            with torch.no_grad():
+                for b, group in zip(self._shard_buckets, inner.param_groups):
+                    group.update(self._shard_hyper(b.group))
+                    b.layout.gather_shard([p.detach() for p in b.params], self._shard_rank,
+                                          b.shard)
+                    b.shard.grad = b.grad
+                inner.step()
+                for b in self._shard_buckets:
+                    b.shard.grad = None
+                    if self._shard_mode == "gradients":
+                        b.grad = None
+                fulls = synchronize(grouped_allgather_async(
+                    [b.shard for b in self._shard_buckets],
+                    name=f"{self._shard_prefix}.params", process_set=self.process_set))
+                for b, full in zip(self._shard_buckets, fulls):
+                    for p, view in zip(b.params, b.layout.split(full, [p.shape
+                                                                       for p in b.params])):
+                        p.copy_(view)
+        summary.step_completed()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._shard_synced = False
+        super().zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group) -> None:
+        """Adds a param group; its parameters join the layout at the next step."""
+        super().add_param_group(param_group)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = int(passes)
+
+    # ------------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict:
+        """The full state in torch's format (loadable by the plain optimizer, at any number of
+        ranks). Collective: the shards are allgathered."""
+        return to_torch(self.param_groups, self._shard_collect())
+
+    def shard_state_dict(self) -> dict:
+        """This rank's shard and the layout it belongs to (local, no communication). The shard
+        checkpoints of all ranks, passed as a list to ``load_state_dict``, load at any number
+        of ranks."""
+        params = index_params(self.param_groups)
+        index = {id(p): i for i, p in enumerate(params)}
+        buckets = []
+        for b in self._shard_buckets:
+            st = self._shard_inner.state.get(b.shard, {}) if self._shard_inner else {}
+            buckets.append({
+                "params": [index[id(p)] for p in b.params],
+                "numels": list(b.layout.numels),
+                "shapes": [tuple(p.shape) for p in b.params],
+                "elementwise": elementwise_keys(st, b.shard),
+                "state": {k: clone(v) for k, v in st.items()},
+            })
+        return {
+            "param_groups": groups_to_torch(self.param_groups, params),
+            SHARD_KEY: {"rank": self._shard_rank, "size": self._shard_size, "buckets": buckets,
+                        "parked": {index[id(p)]: {k: clone(v) for k, v in s.items()}
+                                   for p, s in self._shard_parked.items()}},
+        }
+
+    def load_state_dict(self, state_dict) -> None:
+        """Loads torch's format (from ``state_dict()`` or a plain optimizer), this rank's shard
+        checkpoint (collective: the ranks exchange their shards; saved at the same number of
+        ranks), or the list of shard checkpoints of every rank of a run (any number)."""
+        if isinstance(state_dict, (list, tuple)):
+            state_dict = assemble(list(state_dict))
+        elif isinstance(state_dict, dict) and SHARD_KEY in state_dict:
+            saved = state_dict[SHARD_KEY]["size"]
+            if saved != self._shard_size:
+                raise HorovodArgumentError(
+                    f"load_state_dict: this shard checkpoint was saved by rank "
+                    f"{state_dict[SHARD_KEY]['rank']} of {saved} ranks and this job has "
+                    f"{self._shard_size}; pass the list of all {saved} shard checkpoints, or a "
+                    "full state_dict()")
+            state_dict = assemble(allgather_object(state_dict, process_set=self.process_set))
+        states = from_torch(state_dict, self.param_groups, self._shard_names)
+        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        self._shard_build(states)
+
+
+def check_sharding_args(shard, compression, op, groups, num_groups, sparse_as_dense) -> None:
+    """Raises for an option the sharded optimizer does not combine with."""
+    from horovodlite.torch.compression import Compression
+    if shard not in MODES:
+        raise HorovodArgumentError(
+            f"DistributedOptimizer: shard must be None, 'optimizer_state' or 'gradients', got "
+            f"{shard!r}")
+    if op not in (Average, Sum):
+        raise HorovodArgumentError(
+            f"DistributedOptimizer(shard={shard!r}) supports op=hvd.Average or hvd.Sum, got "
+            f"{op!r}")
+    if compression is not Compression.none:
+        raise HorovodArgumentError(
+            f"DistributedOptimizer(shard={shard!r}) does not compress gradients; use "
+            "compression=hvd.Compression.none")
+    if groups or num_groups:
+        raise HorovodArgumentError(
+            f"DistributedOptimizer(shard={shard!r}) buckets the parameters itself; groups= "
+            "does not apply")
+    if sparse_as_dense:
+        raise HorovodArgumentError(
+            f"DistributedOptimizer(shard={shard!r}) needs dense gradients; sparse_as_dense "
+            "does not apply")
+
+
+__all__ = ["MODES", "check_sharding_args"]
