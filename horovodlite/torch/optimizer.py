@@ -25,7 +25,6 @@ from horovodlite.torch.adasum_optimizer import _AdasumDeltaOptimizer
 from horovodlite.torch.compression import Compression
 from horovodlite.torch.distributed_optimizer import _C, _check_passes, _DistributedOptimizer
 from horovodlite.torch.in_flight import InFlight, hook_site
-from horovodlite.torch.shard_layout import check_elementwise
 from horovodlite.torch.sharded_optimizer import _ShardedOptimizer, check_sharding_args
 
 # Per process set: how many DistributedOptimizers this process has created. Part of every
@@ -294,8 +293,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 def _sharded(optimizer, named_parameters, compression, passes, op, predivide, num_groups,
              groups, sparse_as_dense, process_set, shard):
     """``shard=...``: the sharded optimizer (sharded_optimizer.py), built as above."""
-    check_sharding_args(shard, compression, op, groups, num_groups, sparse_as_dense)
-    check_elementwise(optimizer)
+    check_sharding_args(optimizer, shard, compression, op, groups, num_groups, sparse_as_dense)
     if not process_set.included():
         raise HorovodArgumentError(
             f"DistributedOptimizer(shard={shard!r}): this rank is not in the process set")

@@ -50,7 +50,7 @@ from horovodlite.torch import summary
 from horovodlite.torch.collectives import grouped_allgather_async, grouped_reducescatter_async
 from horovodlite.torch.functions import allgather_object
 from horovodlite.torch.mpi_ops import allreduce, synchronize
-from horovodlite.torch.shard_layout import ShardLayout
+from horovodlite.torch.shard_layout import ShardLayout, check_elementwise
 from horovodlite.torch.sharded_state import (
     SHARD_KEY,
     assemble,
@@ -386,8 +386,9 @@ class _ShardedOptimizer:
         self._shard_build(states)
 
 
-def check_sharding_args(shard, compression, op, groups, num_groups, sparse_as_dense) -> None:
-    """Raises for an option the sharded optimizer does not combine with."""
+def check_sharding_args(optimizer, shard, compression, op, groups, num_groups,
+                        sparse_as_dense) -> None:
+    """Raises for an optimizer or option the sharded optimizer does not combine with."""
     from horovodlite.torch.compression import Compression
     if shard not in MODES:
         raise HorovodArgumentError(
@@ -409,6 +410,10 @@ def check_sharding_args(shard, compression, op, groups, num_groups, sparse_as_de
         raise HorovodArgumentError(
             f"DistributedOptimizer(shard={shard!r}) needs dense gradients; sparse_as_dense "
             "does not apply")
+    try:
+        check_elementwise(optimizer)
+    except ValueError as exc:
+        raise HorovodArgumentError(str(exc)) from None
 
 
 __all__ = ["MODES", "check_sharding_args"]
