@@ -1,6 +1,6 @@
 """Elastic jobs without MPI (``horovodliterun --elastic``: the launcher is the job's driver,
 runner/elastic_driver.py), on this machine. Workers are killed (SIGKILL) mid-training, the job
-grows and is ended; across test hosts (a whole host lost or cut off): test_multihost.py.
+grows and is ended; across test hosts (a whole host lost or cut off): test_multihost_elastic.py.
 
 Each job runs tests/scripts/elastic_train.py: every survivor compares its final weights with a
 one-process reference that trained with every rank up to the commit the job continued from and

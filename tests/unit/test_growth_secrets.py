@@ -2,7 +2,7 @@
 (horovodlite/torch/elastic/runner.py, growth_command): the job's environment goes on it through
 env(1), the job's secrets never do (a command line is shown by ps on the new host and travels in
 the spawn request); they go to MPI_Comm_spawn's "env" info key instead. The real growth on the
-test hosts: tests/test_multihost.py::test_elastic_grows_onto_a_host_outside_h."""
+test hosts: tests/test_multihost_elastic.py::test_elastic_grows_onto_a_host_outside_h."""
 
 from __future__ import annotations
 
