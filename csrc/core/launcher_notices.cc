@@ -8,6 +8,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
 
 namespace hvdl {
 namespace {
@@ -45,6 +49,80 @@ bool Current(std::string* line) {
   return round >= g_round.load();
 }
 
+// The process's one reader of the pipe and its subscribers (see the header for why one).
+// Callbacks run under the mutex: Unsubscribe returning means none runs, as joining a reader
+// thread did. They must not subscribe or unsubscribe (Context::Abort does neither).
+class NoticeHub {
+ public:
+  static NoticeHub& Get() {
+    static NoticeHub* hub = new NoticeHub();  // never destroyed: its reader may outlive main
+    return *hub;
+  }
+
+  uint64_t Subscribe(int fd, LauncherNotices::Callback cb) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_) {
+      std::thread([this, fd] { Read(fd); }).detach();  // blocks in poll/read for ever
+      started_ = true;
+    }
+    const uint64_t id = ++last_id_;
+    LauncherNotices::Callback& mine = subscribers_[id] = std::move(cb);
+    std::deque<std::string> held;
+    held.swap(held_);
+    for (std::string& line : held) {
+      if (Current(&line)) mine(line);
+    }
+    return id;
+  }
+
+  void Unsubscribe(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    subscribers_.erase(id);
+  }
+
+ private:
+  static constexpr size_t kHeld = 64;  // lines kept while nobody listens (the newest)
+
+  // Until the wrapper closes the pipe; a line may arrive in pieces.
+  void Read(int fd) {
+    std::string pending;
+    char buf[4096];
+    while (true) {
+      pollfd p{fd, POLLIN, 0};  // (the descriptor may be non-blocking)
+      if (::poll(&p, 1, -1) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      const ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) return;  // the wrapper is gone; the launcher watch handles that
+      pending.append(buf, static_cast<size_t>(n));
+      for (size_t eol; (eol = pending.find('\n')) != std::string::npos;) {
+        std::string line = pending.substr(0, eol);
+        pending.erase(0, eol + 1);
+        if (!line.empty()) Deliver(std::move(line));
+      }
+    }
+  }
+
+  void Deliver(std::string line) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (subscribers_.empty()) {  // between two inits: the next Context gets it
+      held_.push_back(std::move(line));
+      if (held_.size() > kHeld) held_.pop_front();
+      return;
+    }
+    if (!Current(&line)) return;
+    for (auto& kv : subscribers_) kv.second(line);
+  }
+
+  std::mutex mu_;
+  bool started_ = false;
+  uint64_t last_id_ = 0;
+  std::map<uint64_t, LauncherNotices::Callback> subscribers_;
+  std::deque<std::string> held_;
+};
+
 }  // namespace
 
 void LauncherNotices::SetRound(int round) { g_round.store(round); }
@@ -54,43 +132,13 @@ int LauncherNotices::DescriptorFromEnv() {
   return fd;
 }
 
-LauncherNotices::LauncherNotices(Callback on_notice) : on_notice_(std::move(on_notice)) {
+LauncherNotices::LauncherNotices(Callback on_notice) {
   const int fd = DescriptorFromEnv();
-  if (fd < 0 || ::pipe2(wake_, O_CLOEXEC) != 0) return;
-  thread_ = std::thread([this, fd] { Read(fd); });
+  if (fd >= 0) id_ = NoticeHub::Get().Subscribe(fd, std::move(on_notice));
 }
 
 LauncherNotices::~LauncherNotices() {
-  if (thread_.joinable()) {
-    const char stop = 0;
-    while (::write(wake_[1], &stop, 1) < 0 && errno == EINTR) {
-    }
-    thread_.join();
-  }
-  for (int fd : wake_) {
-    if (fd >= 0) ::close(fd);
-  }
-}
-
-// Until the destructor wakes us; a line may arrive in pieces.
-void LauncherNotices::Read(int fd) {
-  std::string pending;
-  char buf[4096];
-  while (true) {
-    pollfd p[2] = {{fd, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-    const int ready = ::poll(p, 2, -1);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0 || p[1].revents != 0) return;
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) return;  // the wrapper is gone; the launcher watch handles that
-    pending.append(buf, static_cast<size_t>(n));
-    for (size_t eol; (eol = pending.find('\n')) != std::string::npos;) {
-      std::string line = pending.substr(0, eol);
-      pending.erase(0, eol + 1);
-      if (!line.empty() && Current(&line)) on_notice_(line);
-    }
-  }
+  if (id_ != 0) NoticeHub::Get().Unsubscribe(id_);
 }
 
 }  // namespace hvdl

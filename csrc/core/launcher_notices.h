@@ -12,24 +12,35 @@
 // round it concerns, "@<round> lost ...": a rank that has moved on to a later round (SetRound)
 // drops it - it reached the pipe after this rank had already recovered from that loss.
 //
-// A thread owned by the Context reads the pipe and hands each line to a callback, which fails
-// the runtime (Context::Abort): every pending handle and every later submission raises
-// HorovodInternalError with the line. Without HVDL_NOTICE_FD (plain mpirun) nothing starts.
+// The pipe has ONE reader per process, a thread started by the first LauncherNotices and kept
+// for the life of the process; each LauncherNotices (one per Context) subscribes to it and gets
+// every line, on that thread, while it exists. The callback fails the runtime (Context::Abort):
+// every pending handle and every later submission raises HorovodInternalError with the line.
+// One reader because a process may hold several Contexts at once: an aborted one is never
+// destroyed (core/context.cc), and neither is one left after a recovery. With a reader each,
+// a line woke every reader's poll but only one read it - the one of a context left behind,
+// often - and the others blocked in read(): the live context missed the notice, and its
+// destructor then joined a thread that never returned (an elastic worker hung in hvd.shutdown
+// at a reset; scripts/elastic_chaos.py's long run stalled on it). Lines read while no context
+// listens wait for the next one (they stayed in the pipe before). Without HVDL_NOTICE_FD
+// (plain mpirun) nothing starts.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
-#include <thread>
 
 namespace hvdl {
 
 class LauncherNotices {
  public:
   using Callback = std::function<void(const std::string& line)>;
-  // Starts reading the descriptor named by HVDL_NOTICE_FD, if it is a pipe; `on_notice` runs on
-  // the reader thread, once per line. The descriptor is not closed (a later Context reads it).
+  // Subscribes `on_notice` to the descriptor named by HVDL_NOTICE_FD, if it is a pipe (starting
+  // the process's reader the first time); `on_notice` runs on the reader thread, once per line.
+  // Lines that arrived while nobody listened run it on this thread, before the constructor
+  // returns. The descriptor is never closed.
   explicit LauncherNotices(Callback on_notice);
-  // Stops and joins the reader at once (it also waits on a pipe of its own for this).
+  // Unsubscribes: once it returns, `on_notice` is not running and never runs again.
   ~LauncherNotices();
   LauncherNotices(const LauncherNotices&) = delete;
   LauncherNotices& operator=(const LauncherNotices&) = delete;
@@ -41,11 +52,7 @@ class LauncherNotices {
   static void SetRound(int round);
 
  private:
-  void Read(int fd);
-
-  Callback on_notice_;
-  int wake_[2] = {-1, -1};  // the destructor writes a byte to stop the reader
-  std::thread thread_;
+  uint64_t id_ = 0;  // the subscription (0: none, no descriptor)
 };
 
 }  // namespace hvdl

@@ -32,6 +32,7 @@ void RegisterShmTesting(py::module_& m);     // testing/testing_shm.cc
 void RegisterHandleTesting(py::module_& m);  // testing/testing_handles.cc
 void RegisterScaleTesting(py::module_& m);   // testing/testing_scale.cc
 void RegisterFaultTesting(py::module_& m);   // testing/testing_faults.cc
+void RegisterNoticeTesting(py::module_& m);  // testing/testing_notices.cc
 namespace {
 
 template <typename T>
@@ -436,6 +437,7 @@ void RegisterTesting(py::module_& m) {
   RegisterHandleTesting(m);
   RegisterScaleTesting(m);
   RegisterFaultTesting(m);
+  RegisterNoticeTesting(m);
 }
 
 }  // namespace hvdl
