@@ -1,16 +1,19 @@
 """horovodlite.lightning in real jobs (tests/scripts/lightning_job.py; every rank asserts and
 prints each check it passed):
 
-- under horovodliterun (MPI) at np 2: 20 steps with accumulate_grad_batches=2 end with the
-  weights of one process on the global batch and of Lightning's DDPStrategy in the same job;
-  sync_dist metrics; a checkpoint by rank 0; validate, test, predict; then a fit in which rank 1
-  raises ends the job with rank 1's error named on rank 0;
-- the checkpoint resumed under horovodliterun --gloo at np 3: 40 steps equal to one process;
-- under torchrun at np 2: the fit's checks again (equal to one process and to DDP, sync_dist,
-  the checkpoint); the other stages' do not depend on the launcher.
+- pytorch_lightning under horovodliterun (MPI controller) at np 2: 20 steps with
+  accumulate_grad_batches=2 end with the weights of one process on the global batch and of
+  Lightning's DDPStrategy in the same job; sync_dist metrics; a checkpoint by rank 0; validate,
+  test, predict, torchmetrics, manual optimization; then a fit in which rank 1 raises ends the
+  job with rank 1's error named on rank 0;
+- the unified ``lightning`` package (lightning.pytorch, horovodlite.lightning.pytorch) under
+  torchrun (the Gloo controller, as horovodliterun --gloo) at np 2: the fit's checks again
+  (equal to one process and to DDP, sync_dist, the checkpoint), then a checkpoint saved by a
+  one-rank run resumed at np 2 equals 40 single-process steps. The other stages do not depend
+  on the launcher or the namespace: the strategy's code is one (horovodlite.lightning.logic).
 
-Lightning's import costs seconds per process, so each job runs many checks. Time on the 2-core
-development machine, quiet: ~20 s for the MPI job, ~15 s for the np 3 resume, ~20 s for torchrun.
+Lightning's import costs seconds per process (~5 s of CPU), and that is nearly all of these
+jobs' time, so there are few processes, each running many checks: 2 + 1 + 2 in all.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import runpy
 import sys
 from pathlib import Path
 
@@ -52,9 +56,9 @@ def clean_env() -> dict:
     return env
 
 
-def horovodliterun(np_: int, *args, gloo: bool = False) -> tuple:
-    cmd = [sys.executable, "-m", "horovodlite.runner.launch", *(["--gloo"] if gloo else []),
-           "-np", str(np_), sys.executable, str(SCRIPT), *map(str, args)]
+def horovodliterun(np_: int, *args) -> tuple:
+    cmd = [sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_), sys.executable,
+           str(SCRIPT), *map(str, args)]
     rc, out, _ = retry_if_launcher_did_not_start(
         lambda: run_job(cmd, cwd=HERE.parent, env=clean_env(), timeout=300,
                         what=f"horovodliterun np={np_} lightning_job.py {args[0]}"))
@@ -69,12 +73,19 @@ def assert_checks(out: str, ranks: int, checks: list) -> None:
 
 
 def test_installed_versions_are_within_the_declared_ranges():
-    assert_installed_within("lightning")
+    versions = assert_installed_within("lightning")
+    assert set(versions) == {"pytorch-lightning", "lightning"}, versions
 
 
-def test_strategy_under_horovodliterun_then_resumed_at_np3_under_gloo(tmp_path):
-    ckpt = tmp_path / "two_ranks.ckpt"
-    rc, out = horovodliterun(2, "fit", ckpt, "--raise")
+def test_the_lightning_namespace_module_without_lightning_names_the_extra(monkeypatch):
+    # the module's guard runs before anything else it imports: cheap to run here
+    monkeypatch.setitem(sys.modules, "lightning", None)  # "not installed" for the import system
+    with pytest.raises(ImportError, match=r"pip install 'horovodlite\[lightning\]'"):
+        runpy.run_path(str(HERE.parent / "horovodlite" / "lightning" / "pytorch.py"))
+
+
+def test_pytorch_lightning_under_horovodliterun(tmp_path):
+    rc, out = horovodliterun(2, "fit", tmp_path / "two_ranks.ckpt", "--raise")
     assert_checks(out, 2, FIT_CHECKS)
     # the last fit: rank 1 raises at its 4th batch; the job ends, rank 0 naming rank 1's error
     assert rc != 0, out[-4000:]
@@ -82,15 +93,23 @@ def test_strategy_under_horovodliterun_then_resumed_at_np3_under_gloo(tmp_path):
     assert re.search(r"HorovodInternalError: .*rank 1: raised ValueError: bad batch 3 on rank 1 "
                      r"\(at .*lightning_job\.py:\d+\)", out), out[-6000:]
 
-    rc, out = horovodliterun(3, "resume", ckpt, gloo=True)
+
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
+                    reason="the lightning package is not installed (horovodlite[lightning] and "
+                           "scripts/install.sh --test install it)")
+def test_lightning_pytorch_under_torchrun_resuming_a_one_rank_checkpoint(tmp_path):
+    one_rank = tmp_path / "one_rank.ckpt"
+    # one process, no launcher: horovodlite at size 1
+    rc, out, _ = run_job([sys.executable, str(SCRIPT), "save", str(one_rank), "--lightning"],
+                         cwd=HERE.parent, env=clean_env(), timeout=300,
+                         what="lightning_job.py save (one rank)")
     assert rc == 0, out[-8000:]
-    assert_checks(out, 3, ["resumed_steps", "resume_at_np3_equals_one_process"])
+    assert_checks(out, 1, ["saved_steps", "save_at_np1_equals_one_process", "checkpoint_written"])
 
-
-def test_strategy_under_torchrun(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(SCRIPT), "fit", str(tmp_path / "torchrun.ckpt"), "--core"]
+           str(SCRIPT), "fit", str(tmp_path / "torchrun.ckpt"), "--core", "--lightning",
+           "--resume", str(one_rank)]
     rc, out, _ = run_job(cmd, cwd=HERE.parent, env=clean_env(), timeout=300,
                          what="torchrun np=2 lightning_job.py fit")
     assert rc == 0, out[-8000:]
-    assert_checks(out, 2, CORE_CHECKS)
+    assert_checks(out, 2, CORE_CHECKS + ["resumed_steps", "resume_at_np2_equals_one_process"])

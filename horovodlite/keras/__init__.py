@@ -9,9 +9,9 @@ for Keras 3 on its torch backend.
                                hvd.callbacks.MetricAverageCallback()])
 
 run under a launcher: ``horovodliterun -np 4 python train.py``, ``torchrun``, ``srun``. Needs
-``pip install 'horovodlite[keras]'`` (keras 3.0-3.15). Keras must run on the torch backend:
-importing this module before Keras selects it unless ``KERAS_BACKEND`` names another one, and
-on any other backend the import fails saying so.
+``pip install 'horovodlite[keras]'`` (keras 3.15, the release the tests ran with). Keras must
+run on the torch backend: importing this module before Keras selects it unless
+``KERAS_BACKEND`` names another one, and on any other backend the import fails saying so.
 """
 
 import os
@@ -30,7 +30,7 @@ try:
     import keras  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("horovodlite.keras needs Keras 3: pip install 'horovodlite[keras]' "
-                      f"(keras>=3.0,<3.16); importing it failed: {exc}") from exc
+                      f"(keras>=3.15,<3.16); importing it failed: {exc}") from exc
 
 from horovodlite.keras import callbacks  # noqa: E402
 from horovodlite.keras.functions import (  # noqa: E402

@@ -5,7 +5,9 @@
     # or, after `import horovodlite.lightning`: pl.Trainer(strategy="horovodlite", ...)
 
 run under a launcher: ``horovodliterun -np 4 python train.py`` (or ``--gloo``), ``torchrun``,
-``srun``. Needs ``pip install 'horovodlite[lightning]'`` (pytorch-lightning 2.1-2.6).
+``srun``. These classes are ``pytorch_lightning``'s; for the unified ``lightning`` package
+(``lightning.pytorch.Trainer``) import them from ``horovodlite.lightning.pytorch``. Needs
+``pip install 'horovodlite[lightning]'`` (pytorch-lightning and lightning 2.6).
 """
 
 try:
@@ -13,7 +15,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "horovodlite.lightning needs PyTorch Lightning: pip install 'horovodlite[lightning]' "
-        "(pytorch-lightning>=2.1,<2.7)"
+        "(pytorch-lightning>=2.6,<2.7)"
     ) from exc
 
 from pytorch_lightning.strategies import StrategyRegistry

@@ -1,13 +1,18 @@
 """One multi-rank job checking horovodlite.lightning (tests/test_lightning.py runs it). Every rank
 asserts and prints ``CHECK <name> ok`` per check, so the test sees that each rank got there.
 
-    python lightning_job.py fit CKPT [--raise] [--core]   at np 2: HorovodLiteStrategy fit
-        (20 steps, accumulate_grad_batches=2) equal to one process on the global batch and to
-        DDPStrategy in the same job; sync_dist metrics; a checkpoint written by rank 0 to CKPT;
-        validate, test, predict, torchmetrics, manual optimization (not with --core). --raise:
-        then a fit in which rank 1 raises at its 4th batch.
-    python lightning_job.py resume CKPT          at any np dividing 12: resume CKPT for a second
-        epoch; the weights equal 40 single-process steps.
+    python lightning_job.py fit CKPT [--raise] [--core] [--resume FROM]   at np 2:
+        HorovodLiteStrategy fit (20 steps, accumulate_grad_batches=2) equal to one process on
+        the global batch and to DDPStrategy in the same job; sync_dist metrics; a checkpoint
+        written by rank 0 to CKPT; validate, test, predict, torchmetrics, manual optimization
+        (not with --core). --resume: FROM, a checkpoint saved at another number of ranks,
+        resumed for a second epoch equals 40 single-process steps. --raise: then a fit in
+        which rank 1 raises at its 4th batch.
+    python lightning_job.py save CKPT            at any np dividing 12: 20 steps equal to one
+        process, the checkpoint written to CKPT (for another job's --resume).
+
+--lightning: the unified ``lightning`` package's namespace (``lightning.pytorch`` and
+``horovodlite.lightning.pytorch``) instead of ``pytorch_lightning``.
 
 The model is float64, so "equal" is to rounding (relative 1e-6 is asserted, the error printed).
 """
@@ -18,13 +23,20 @@ import os
 import sys
 import warnings
 
-import pytorch_lightning as pl
 import torch
 import torchmetrics
 from torch.utils.data import DataLoader, Dataset
 
-import horovodlite.lightning as hl
 import horovodlite.torch as hvd
+
+if "--lightning" in sys.argv:
+    import lightning.pytorch as pl
+
+    import horovodlite.lightning.pytorch as hl
+else:
+    import pytorch_lightning as pl
+
+    import horovodlite.lightning as hl
 
 sys.stdout.reconfigure(line_buffering=True)
 warnings.filterwarnings("ignore")  # Lightning's advice (num_workers, logging intervals)
@@ -213,7 +225,7 @@ def other_stages(t: pl.Trainer, model: Model, want: dict) -> None:
                  reference(STEPS, lr=LR * n))
 
 
-def fit_job(ckpt: str, then_raise: bool, core_only: bool) -> None:
+def fit_job(ckpt: str, then_raise: bool, core_only: bool, resume_from: str | None) -> None:
     n = hvd.size()
     per_rank = GLOBAL_BATCH // n
     model = Model()
@@ -245,12 +257,26 @@ def fit_job(ckpt: str, then_raise: bool, core_only: bool) -> None:
     td.fit(ddp_model, loader(SAMPLES, 0, per_rank // 2))
     assert_close("fit_equals_ddp", net_state(model), net_state(ddp_model))
 
+    if resume_from:
+        resume(resume_from)
     check("all_phases", True, "")
     if then_raise:
         trainer("horovodlite").fit(Model(fail_at=3), loader(SAMPLES, 0, per_rank))
 
 
-def resume_job(ckpt: str) -> None:
+def save_job(ckpt: str) -> None:
+    """20 steps at this job's number of ranks, then the checkpoint another job resumes."""
+    model = Model()
+    t = trainer("horovodlite")
+    t.fit(model, loader(SAMPLES, 0, GLOBAL_BATCH // hvd.size()))
+    check("saved_steps", t.global_step == STEPS, t.global_step)
+    assert_close(f"save_at_np{hvd.size()}_equals_one_process", net_state(model), reference(STEPS))
+    t.save_checkpoint(ckpt)
+    check("checkpoint_written", os.path.exists(ckpt), ckpt)
+
+
+def resume(ckpt: str) -> None:
+    """A second epoch from ``ckpt`` (saved at another number of ranks): 40 steps in all."""
     model = Model()
     t = trainer(HorovodLiteStrategy(), max_epochs=2)
     t.fit(model, loader(SAMPLES, 0, GLOBAL_BATCH // hvd.size()), ckpt_path=ckpt)
@@ -265,7 +291,8 @@ if __name__ == "__main__":
     mode, path = sys.argv[1], sys.argv[2]
     hvd.init()
     if mode == "fit":
-        fit_job(path, "--raise" in sys.argv, "--core" in sys.argv)
+        resume_from = sys.argv[sys.argv.index("--resume") + 1] if "--resume" in sys.argv else None
+        fit_job(path, "--raise" in sys.argv, "--core" in sys.argv, resume_from)
     else:
-        resume_job(path)
+        save_job(path)
     print(f"rank {hvd.rank()}: DONE", flush=True)
