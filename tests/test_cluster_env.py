@@ -20,7 +20,12 @@ from pathlib import Path
 
 import pytest
 from hosts.fixture import HOSTCTL, MPIRUN, hosts_fixture
-from launching import communicate_all, retry_if_launcher_did_not_start, run_job
+from launching import (
+    LAUNCHER_DID_NOT_START,
+    communicate_all,
+    retry_if_launcher_did_not_start,
+    run_job,
+)
 
 from horovodlite.runner import mpi_launch
 from horovodlite.runner.launch import build_parser as launch_parser
@@ -178,8 +183,8 @@ SRUN_TASK = """
 import os, sys, torch, horovodlite.torch as hvd
 try:
     hvd.init()
-except ValueError as e:
-    print("STOPPED", e, flush=True)
+except Exception as e:  # ValueError before MPI starts, HorovodInternalError after
+    print("STOPPED", type(e).__name__, e, flush=True)
     sys.exit(3)
 total = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
 print("RAN", hvd.rank(), hvd.size(), hvd.mpi_enabled(), total, flush=True)
@@ -194,23 +199,58 @@ SLURM = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM
          "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": "2"}
 
 
-def test_srun_under_pmix_runs_on_mpi_and_under_pmi2_stops_naming_the_gloo_controller():
-    """This build's MPI is Open MPI: it speaks PMIx (tasks started with a PMIx server run on
-    MPI, 2 ranks) but not PMI-2 (tasks started with PMI_FD stop, each with the message)."""
+def srun_tasks(np: int) -> list:
+    """mpirun -np NP starting SRUN_TASK as srun's tasks (AS_SRUN_TASK)."""
+    return [MPIRUN, "-np", str(np), "--oversubscribe", "sh", "-c", AS_SRUN_TASK, "task",
+            sys.executable, "-c", SRUN_TASK]
+
+
+def assert_each_task_stopped(out: str, ranks: range, pmi: str, size: int = 2) -> None:
+    """One message per task, naming its rank and HOROVOD_CONTROLLER=gloo; no task ran."""
+    assert not re.search(r"(?m)^RAN ", out), out[-4000:]
+    stopped = re.findall(r"(?m)^STOPPED (.*)", out)
+    assert len(stopped) == len(ranks), out[-4000:]
+    for rank in ranks:
+        said = [m for m in stopped if re.search(
+            rf"srun started this task (as rank {rank} of {size} |\(SLURM_PROCID={rank}\) )"
+            rf"with {pmi}", m)]
+        assert len(said) == 1 and "HOROVOD_CONTROLLER=gloo" in said[0], (rank, stopped)
+
+
+def test_srun_with_pmi_runs_on_mpi_or_stops_each_task_naming_the_gloo_controller():
+    """Plain srun with PMI never gives N jobs of one rank, whichever MPI the build has:
+    - PMIx (a PMIx server of mpirun's): both tasks run on MPI as ranks 0 and 1 of 2 where the
+      build's MPI joins that server (this environment's Open MPI 5), else each stops with the
+      message (Debian's Open MPI 4.1, whose PMIx client starts it alone as rank 0 of 1);
+    - a task that MPI certainly starts alone (mpirun -np 1, srun said 2) stops with it, on any
+      MPI: the check after MPI starts;
+    - PMI-1/2 (PMI_FD), which no Open MPI build here speaks: each task stops before MPI starts.
+    """
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_COMM", "PMI", "SLURM_", "HOROVOD_", "HVDL_"))}
     env.update(SLURM, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    pmi2 = [subprocess.Popen([sys.executable, "-c", SRUN_TASK], cwd=ROOT, env=dict(
+    piped = dict(cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pmi2 = [subprocess.Popen([sys.executable, "-c", SRUN_TASK], env=dict(
         env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r), PMI_FD="9", PMI_RANK=str(r),
-        PMI_SIZE="2", PMI_JOBID="77.0"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True) for r in range(2)]
+        PMI_SIZE="2", PMI_JOBID="77.0"), **piped) for r in range(2)]
+    alone = subprocess.Popen(srun_tasks(1), env=env, **piped)
     rc, out, _ = retry_if_launcher_did_not_start(lambda: run_job(
-        [MPIRUN, "-np", "2", "--oversubscribe", "sh", "-c", AS_SRUN_TASK, "task",
-         sys.executable, "-c", SRUN_TASK], cwd=ROOT, env=env, timeout=120))
-    assert rc == 0, out[-4000:]
-    assert sorted(re.findall(r"RAN (\d) 2 True 2.0", out)) == ["0", "1"], out[-4000:]
-    for returncode, task_out in communicate_all(pmi2, 120, "srun task"):
+        srun_tasks(2), cwd=ROOT, env=env, timeout=120))
+    ran = sorted(re.findall(r"(?m)^RAN (\d+) (\d+) (\w+) (\S+)$", out))
+    if ran:
+        assert rc == 0 and ran == [("0", "2", "True", "2.0"), ("1", "2", "True", "2.0")], \
+            out[-4000:]
+        assert not re.search(r"(?m)^STOPPED", out), out[-4000:]
+    else:
+        assert rc != 0, out[-4000:]
+        assert_each_task_stopped(out, range(2), "PMIx")
+    (alone_rc, alone_out), *pmi2_results = communicate_all([alone, *pmi2], 120, "srun task")
+    if alone_rc != 0 and LAUNCHER_DID_NOT_START in alone_out:
+        alone_rc, alone_out, _ = run_job(srun_tasks(1), cwd=ROOT, env=env, timeout=120)
+    assert alone_rc != 0, alone_out[-4000:]
+    assert_each_task_stopped(alone_out, range(1), "PMIx")
+    assert "but MPI started it alone, as rank 0 of 1" in alone_out, alone_out[-4000:]
+    for r, (returncode, task_out) in enumerate(pmi2_results):
         assert returncode == 3, task_out[-3000:]
-        assert task_out.count("STOPPED") == 1, task_out
-        assert "with PMI-1/2" in task_out and "HOROVOD_CONTROLLER=gloo" in task_out, task_out
+        assert_each_task_stopped(task_out, range(r, r + 1), "PMI-1/2")

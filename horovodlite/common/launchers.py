@@ -39,10 +39,15 @@ failure (N jobs of one rank each); ``check_size`` turns it into an error naming 
 
 Plain ``srun python train.py`` on a cluster whose Slurm has ``MpiDefault=pmix`` (or ``pmi2``)
 sets PMIx (or PMI-1/2) variables: the MPI controller is used when the build's MPI speaks that
-interface (Open MPI 4 and 5: PMIx; MPICH, Intel MPI, MVAPICH: PMI-1/2). Otherwise MPI would
-start every task as a job of its own, so ``detect`` stops each task, before MPI starts, with one
-message naming ``HOROVOD_CONTROLLER=gloo`` (the tasks then meet over TCP, from the SLURM_*
-variables) and ``srun --mpi=...`` (``srun_pmi_mismatch``); ``HOROVOD_CONTROLLER=mpi`` overrides.
+interface. An MPI that does not starts every task as a job of its own (rank 0 of 1), so two
+checks stop each task with one message naming ``HOROVOD_CONTROLLER=gloo`` (the tasks then meet
+over TCP, from the SLURM_* variables) and ``srun --mpi=...``: before MPI starts, where the
+build's MPI cannot speak the PMI offered (``srun_pmi_mismatch``: Open MPI 5 has no PMI-1/2,
+MPICH's family no PMIx unless built for it); and after MPI starts, whatever the MPI, where srun
+said N > 1 tasks (``SLURM_STEP_NUM_TASKS``/``SLURM_NTASKS``; PMI's own size when it states one)
+and MPI's world has 1 rank (``check_size``). The second check is the one that does not rest on
+what an MPI's version suggests: an Open MPI 4 whose PMIx client cannot reach the server it is
+handed, for one, starts alone. ``HOROVOD_CONTROLLER=mpi`` overrides the first check only.
 A torchrun worker (``TORCHELASTIC_RUN_ID``) is torchrun's even where MPI's or srun's variables
 are set: they are its agent's (``srun torchrun ...``), inherited.
 """
@@ -85,6 +90,7 @@ class Launch:
     secret: str | None = None  # a per-job secret: a worker of another job is refused
     job: str = "job"  # names the job's keys in the store and its shared memory
     worker: str = ""  # an elastic Gloo job's worker number: rank and size come from its rounds
+    pmi: str = ""  # srun with PMI (PMIX or PMI2): the interface srun offered this task
     why: str = ""  # one line: what in the environment decided this
 
     def describe(self) -> str:
@@ -105,9 +111,30 @@ def _mpi(env) -> Launch | None:
     for size_var, rank_var in (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
                                ("PMI_SIZE", "PMI_RANK"), ("PMIX_SIZE", "PMIX_RANK")):
         if size_var in env or rank_var in env:
-            return Launch("mpirun", "mpi", rank=_int(env, rank_var), size=_int(env, size_var),
-                          why=f"{rank_var if rank_var in env else size_var} is set")
+            launch = Launch("mpirun", "mpi", rank=_int(env, rank_var), size=_int(env, size_var),
+                            why=f"{rank_var if rank_var in env else size_var} is set")
+            return _srun_with_pmi(env, launch)
     return None
+
+
+def _srun_with_pmi(env, launch: Launch) -> Launch:
+    """``launch`` as srun's when srun started this task with PMI (SLURM_PROCID, a PMI, none of
+    mpirun's own variables): the size srun gave the step, where PMI states none (Slurm's pmix
+    plugin sets no size variable), so that ``check_size`` can tell a task MPI started alone."""
+    pmi = offered_pmi(env)
+    # mpirun's ranks (OMPI_*), Hydra's (MPI_LOCALRANKID) and torchrun's workers inherit the
+    # SLURM_* variables of the srun task that started their launcher: not srun's tasks
+    if ("SLURM_PROCID" not in env or pmi is None
+            or any(v in env for v in ("OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID",
+                                      "TORCHELASTIC_RUN_ID"))):
+        return launch
+    size_var = next((v for v in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+                     if _int(env, v) is not None), None)
+    size = launch.size if launch.size is not None or size_var is None else _int(env, size_var)
+    rank = launch.rank if launch.rank is not None else _int(env, "SLURM_PROCID")
+    said = f"{size_var}={size}" if launch.size is None and size_var else "its PMI's size"
+    return dataclasses.replace(launch, launcher="srun", rank=rank, size=size, pmi=pmi,
+                               why=f"srun with {pmi}: {launch.why}, {said}")
 
 
 PMIX = "PMIx"
@@ -318,8 +345,25 @@ def detect(env=None, mpi_built: bool = True, gloo_built: bool = True,
     return _single(mpi_built)
 
 
+def srun_started_alone(launch: Launch, seen_size: int) -> str | None:
+    """The message for a task srun started with PMI as one of N > 1 whose MPI started as a job
+    of 1 rank (its MPI did not join srun's PMI), else None."""
+    if not launch.pmi or launch.size is None or launch.size <= 1 or seen_size != 1:
+        return None
+    other = "pmi2" if launch.pmi == PMIX else "pmix"
+    return (f"srun started this task as rank {launch.rank} of {launch.size} with {launch.pmi} "
+            f"({launch.why}), but MPI started it alone, as rank 0 of 1: this build's MPI did "
+            f"not join srun's {launch.pmi}, and every task would train by itself. Set "
+            "HOROVOD_CONTROLLER=gloo for the job (`export HOROVOD_CONTROLLER=gloo` before srun: "
+            f"the tasks then meet over TCP), or run `srun --mpi={other}` if this MPI speaks "
+            "that (`srun --mpi=list` names what the cluster offers).")
+
+
 def check_size(launch: Launch, seen_size: int, seen_rank: int) -> None:
     """Raises when the launcher said another size (or rank) than the controller found."""
+    alone = srun_started_alone(launch, seen_size)
+    if alone:
+        raise RuntimeError(alone)
     if launch.size is not None and launch.size != seen_size:
         raise RuntimeError(
             f"{launch.launcher} started this process as rank {launch.rank} of {launch.size} "

@@ -81,3 +81,31 @@ def test_torchrun_under_srun_is_torchrun_whatever_pmi_srun_gave_the_agent(pmi, m
             launch.local_rank) == ("torchrun", "gloo", 5, 8, 1)
     forced = detect({**SRUN, **pmi, **TORCHRUN_WORKER, "HOROVOD_CONTROLLER": "mpi"}, mpi)
     assert forced.launcher == "mpirun" and forced.controller == "mpi"
+
+
+@pytest.mark.parametrize("pmi, mpi, offered", [
+    (PMIX, OPEN_MPI_4, "PMIx"), ({k: v for k, v in PMIX.items() if not k.startswith("PMI_")},
+                                 OPEN_MPI_5, "PMIx"), (PMI2, MPICH, "PMI-1/2")],
+    ids=["pmix-ompi4", "pmix-no-size-ompi5", "pmi2-mpich"])
+def test_a_task_that_mpi_started_alone_stops_naming_the_gloo_controller(pmi, mpi, offered):
+    """The check after MPI starts, which no version rule replaces: srun said 2 tasks (PMI's
+    size, or SLURM_NTASKS where PMI states none, as Slurm's pmix plugin), MPI's world has 1."""
+    launch = detect({**SRUN, **pmi}, mpi)
+    assert (launch.launcher, launch.pmi, launch.rank, launch.size) == ("srun", offered, 1, 2)
+    with pytest.raises(RuntimeError) as e:
+        launchers.check_size(launch, 1, 0)
+    message = str(e.value)
+    assert f"srun started this task as rank 1 of 2 with {offered}" in message, message
+    assert "rank 0 of 1" in message and "HOROVOD_CONTROLLER=gloo" in message, message
+    launchers.check_size(launch, 2, 1)  # MPI joined srun's PMI: the job runs
+    # the step's own task count first (an sbatch's SLURM_NTASKS is the job's)
+    step = detect({**SRUN, **pmi, "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "2"}, mpi)
+    assert step.size == 2, step
+
+
+def test_one_task_or_ranks_of_another_launcher_are_not_taken_for_srun_tasks():
+    alone = detect({**SRUN, **PMIX, "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "PMIX_RANK": "0",
+                    "PMI_RANK": "0", "PMI_SIZE": "1"}, OPEN_MPI_5)
+    launchers.check_size(alone, 1, 0)
+    hydra = detect({**SRUN, **PMI2, "MPI_LOCALRANKID": "0", "PMI_SIZE": "4"}, MPICH)
+    assert (hydra.launcher, hydra.pmi, hydra.size) == ("mpirun", "", 4)
