@@ -1,0 +1,279 @@
+"""DistributedOptimizer(shard=...) (issue 47) against the unsharded DistributedOptimizer, on every
+rank, in the same process: the same model, data and steps through both, then the parameters and
+the full optimizer state compared.
+
+Every step has a global batch of 24 rows; rank r trains on its contiguous 24/size rows. Models
+are float64 unless a case needs float32 (GradScaler). The sharded run's arithmetic per element is
+the unsharded run's, so parameters agree to rounding of the reductions (checked to 1e-12
+relative in float64); clipping computes the global norm in a different order, so it agrees to
+1e-9.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import horovodlite.torch as hvd
+
+GLOBAL_BATCH = 24
+STEPS = 4
+MODES = ["optimizer_state", "gradients"]
+OPTIMIZERS = {
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3,
+                                               nesterov=True),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01, amsgrad=True),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1),
+}
+
+
+def make_model(seed=0, dtype=torch.float64):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 6),
+                               torch.nn.Tanh(), torch.nn.Linear(6, 3)).to(dtype)
+
+
+def make_data(seed=1, steps=STEPS, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(steps, GLOBAL_BATCH, 5, generator=g, dtype=dtype)
+    y = torch.randn(steps, GLOBAL_BATCH, 3, generator=g, dtype=dtype)
+    return x, y
+
+
+def shard(t):
+    per = GLOBAL_BATCH // hvd.size()
+    return t[hvd.rank() * per:(hvd.rank() + 1) * per]
+
+
+def wrap(opt, model, shard_mode, **kwargs):
+    return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                    shard=shard_mode, **kwargs)
+
+
+def assert_same(model, reference, rtol=1e-12, atol=1e-14, what=""):
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(
+            p, q, rtol=rtol, atol=atol,
+            msg=lambda m, name=name: f"rank {hvd.rank()} {what} {name}: {m}")
+
+
+def assert_same_state(a, b, rtol=1e-12, atol=1e-14):
+    assert a["param_groups"] == b["param_groups"], f"rank {hvd.rank()}"
+    assert sorted(a["state"]) == sorted(b["state"]), f"rank {hvd.rank()}"
+    for i in a["state"]:
+        assert sorted(a["state"][i]) == sorted(b["state"][i])
+        for key, value in a["state"][i].items():
+            torch.testing.assert_close(value, b["state"][i][key], rtol=rtol, atol=atol,
+                                       msg=lambda m, i=i, key=key: f"rank {hvd.rank()} "
+                                       f"state[{i}][{key}]: {m}")
+
+
+def train_pair(opt_name, mode, steps=STEPS, clip=None, passes=1, each_step=None):
+    """The same training through the unsharded and the sharded optimizer; returns both
+    (model, optimizer) pairs."""
+    x, y = make_data(steps=steps)
+    runs = []
+    for shard_mode in (None, mode):
+        model = make_model()
+        opt = wrap(OPTIMIZERS[opt_name](model.parameters()), model, shard_mode,
+                   backward_passes_per_step=passes)
+        for s in range(steps):
+            if each_step is not None:
+                each_step(s, model, opt)
+            opt.zero_grad()
+            for xm, ym in zip(shard(x[s]).chunk(passes), shard(y[s]).chunk(passes)):
+                (F.mse_loss(model(xm), ym) / passes).backward()
+            if clip is None:
+                opt.step()
+            elif shard_mode is None:
+                opt.synchronize()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
+                opt.synchronize()
+                opt.clip_grad_norm_(clip)
+                opt.step()
+        runs.append((model, opt))
+    return runs
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+def test_equals_unsharded(opt_name, mode):
+    (ref, ref_opt), (model, opt) = train_pair(opt_name, mode)
+    assert_same(model, ref, what=f"{opt_name}/{mode}")
+    # The full state is torch's format, equal to the unsharded optimizer's.
+    assert_same_state(opt.state_dict(), ref_opt.state_dict())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_clipping_and_accumulation(mode):
+    (ref, _), (model, _) = train_pair("adam", mode, clip=0.05, passes=2)
+    assert_same(model, ref, rtol=1e-9, atol=1e-11, what="clip+passes")
+
+
+def test_grad_scaler_skips_on_every_rank():
+    """An inf in one element of one rank's gradient: only the rank owning that element's range
+    sees it after the reducescatter; synchronize() agrees, so every rank skips the step and
+    backs off the scale alike, as with the unsharded optimizer."""
+    x, y = make_data(dtype=torch.float32)
+    results = []
+    for shard_mode in (None, "optimizer_state"):
+        model = make_model(dtype=torch.float32)
+        opt = wrap(torch.optim.Adam(model.parameters(), lr=0.01), model, shard_mode)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1)
+        scales = []
+        for s in range(STEPS):
+            opt.zero_grad()
+            scaler.scale(F.mse_loss(model(shard(x[s])), shard(y[s]))).backward()
+            if s == 1 and hvd.rank() == hvd.size() - 1:
+                model[0].weight.grad[0, 0] = float("inf")
+            opt.synchronize()
+            scaler.unscale_(opt)
+            if shard_mode is None:
+                with opt.skip_synchronize():
+                    scaler.step(opt)
+            else:
+                scaler.step(opt)
+            scaler.update()
+            scales.append(scaler.get_scale())
+        results.append((model, scales))
+    (ref, ref_scales), (model, scales) = results
+    assert scales == ref_scales, f"rank {hvd.rank()}: {scales} != {ref_scales}"
+    assert scales[1] < scales[0], f"rank {hvd.rank()}: step 1 was not skipped: {scales}"
+    gathered = hvd.allgather(torch.tensor([scales], dtype=torch.float64), name="shard.scales")
+    assert (gathered == gathered[0]).all(), f"rank {hvd.rank()}: scales differ {gathered}"
+    assert_same(model, ref, rtol=1e-6, atol=1e-7, what="GradScaler")
+
+
+def train_with_changes(shard_mode, steps=5):
+    """Per-group hyperparameters, an LR scheduler, a layer frozen and unfrozen, a parameter
+    used on rank 0 only, one used nowhere, and a param group added at step 2."""
+    x, y = make_data(steps=steps)
+    model = make_model()
+    torch.manual_seed(5)
+    extra = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
+    unused = torch.nn.Parameter(torch.randn(4, dtype=torch.float64))
+    named = [*model.named_parameters(), ("extra", extra), ("unused", unused)]
+    base = torch.optim.Adam([{"params": [*model[0].parameters(), unused], "lr": 0.02},
+                             {"params": [*model[2].parameters(), extra], "lr": 0.005,
+                              "betas": (0.8, 0.99)}], lr=0.01, weight_decay=1e-2)
+    opt = hvd.DistributedOptimizer(base, named_parameters=named, shard=shard_mode)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    for s in range(steps):
+        if s == 1:
+            model[2].weight.requires_grad_(False)
+        if s == 3:
+            model[2].weight.requires_grad_(True)
+        if s == 2:
+            opt.add_param_group({"params": list(model[4].parameters()), "lr": 0.03})
+        opt.zero_grad()
+        out = model(shard(x[s]))
+        loss = F.mse_loss(out, shard(y[s]))
+        if hvd.rank() == 0:
+            loss = loss + (extra * out.mean()).sum()
+        loss.backward()
+        opt.step()
+        sched.step()
+    return [*model.parameters(), extra, unused], opt
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_training_changes(mode):
+    ref_params, ref_opt = train_with_changes(None)
+    params, opt = train_with_changes(mode)
+    for i, (p, q) in enumerate(zip(params, ref_params)):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14,
+                                   msg=lambda m, i=i: f"rank {hvd.rank()} param {i}: {m}")
+    assert_same_state(opt.state_dict(), ref_opt.state_dict())
+
+
+def state_bytes(opt):
+    return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
+               if isinstance(v, torch.Tensor) and v.dim() > 0)
+
+
+def test_state_bytes_divided_by_ranks():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 33))
+    x = torch.randn(4, 64)
+    opts = []
+    for shard_mode in (None, "optimizer_state"):
+        opt = wrap(torch.optim.Adam(model.parameters()), model, shard_mode)
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+        opts.append(opt)
+    full, mine = state_bytes(opts[0]), state_bytes(opts[1])
+    n = hvd.size()
+    assert mine <= 1.05 * full / n, f"rank {hvd.rank()}: {mine} bytes of {full} at np {n}"
+    total = hvd.allreduce(torch.tensor([mine], dtype=torch.int64), op=hvd.Sum, name="shard.b")
+    # All ranks together hold the state once, plus the padding of one bucket (< n elements).
+    assert full <= total.item() < full + 2 * 4 * n, f"rank {hvd.rank()}: {total} vs {full}"
+
+
+def fresh_sharded(mode="optimizer_state"):
+    model = make_model()
+    return model, wrap(torch.optim.Adam(model.parameters(), lr=0.01), model, mode)
+
+
+def continue_training(model, opt, steps=2):
+    x, y = make_data(seed=7, steps=steps)
+    for s in range(steps):
+        opt.zero_grad()
+        F.mse_loss(model(shard(x[s])), shard(y[s])).backward()
+        opt.step()
+
+
+def test_checkpoints_round_trip():
+    (ref, ref_opt), (model, opt) = train_pair("adam", "gradients")
+    full, mine = opt.state_dict(), opt.shard_state_dict()
+    # torch's own format: the plain optimizer loads it.
+    plain = torch.optim.Adam(make_model().parameters(), lr=0.01)
+    plain.load_state_dict(full)
+    assert_same_state(plain.state_dict(), ref_opt.state_dict())
+    # Each form (ours, this rank's shard, the unsharded optimizer's) loads into a fresh sharded
+    # optimizer, which then trains on as the reference does.
+    forms = (full, mine, copy.deepcopy(ref_opt.state_dict()))  # torch's does not copy
+    continue_training(ref, ref_opt)
+    for form in forms:
+        m2, o2 = fresh_sharded()
+        m2.load_state_dict(model.state_dict())
+        o2.load_state_dict(form)
+        continue_training(m2, o2)
+        assert_same(m2, ref, what="after loading")
+    # The shards of all ranks, as a list, load too (the same forms at any number of ranks:
+    # test_shard_checkpoints_across_rank_counts).
+    shards = hvd.allgather_object(mine, name="shard.ckpt")
+    m3, o3 = fresh_sharded()
+    m3.load_state_dict(model.state_dict())
+    o3.load_state_dict(shards)
+    continue_training(m3, o3)
+    assert_same(m3, ref, what="after loading all shards")
+
+
+def test_bad_input_named_on_every_rank():
+    model = make_model()
+
+    class MyAdam(torch.optim.Adam):
+        pass
+
+    for bad in (torch.optim.Adafactor(model.parameters()), MyAdam(model.parameters()),
+                torch.optim.LBFGS(model.parameters())):
+        with pytest.raises(ValueError, match=type(bad).__qualname__):
+            wrap(bad, model, "optimizer_state")
+    with pytest.raises(ValueError, match="shard must be None"):
+        wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, "zero3")
+    (_, _), (model, opt) = train_pair("adam", "optimizer_state", steps=1)
+    state = opt.state_dict()
+    state["state"][2]["exp_avg"] = torch.zeros(7, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"exp_avg' of parameter 2\.weight has shape \[7, 8\]"):
+        opt.load_state_dict(state)
+    if hvd.size() > 1:
+        m2, o2 = fresh_sharded()
+        alien = dict(opt.shard_state_dict())
+        alien["horovodlite_shard"] = {**alien["horovodlite_shard"], "size": hvd.size() + 1}
+        with pytest.raises(ValueError, match=f"of {hvd.size() + 1} ranks and this job has"):
+            o2.load_state_dict(alien)
