@@ -36,7 +36,8 @@ hosts = hosts_fixture(2)
 CALLER_ONLY = {"MY_SETTING": "hello", "NCCL_SOCKET_IFNAME": "eth0",
                "TORCH_DISTRIBUTED_DEBUG": "INFO", "MY_QUOTED": "a b \"c\" 'd' $HOME `x` ;",
                "MY_MULTI": "first line\nsecond ünïcødé ✓"}
-NAMES = ",".join([*CALLER_ONLY, "CUDA_VISIBLE_DEVICES", "MY_EXCLUDED"])
+# LS_JOBPID: a scheduler's identity of the launcher's own task (LSF's), which no rank gets
+NAMES = ",".join([*CALLER_ONLY, "CUDA_VISIBLE_DEVICES", "MY_EXCLUDED", "LS_JOBPID"])
 JOB = [sys.executable, "tests/scripts/cluster_env_job.py", NAMES]
 TWO_BY_TWO = {0: "hvdl-host0", 1: "hvdl-host0", 2: "hvdl-host1", 3: "hvdl-host1"}
 SCHEDULERS = ("SLURM_", "PBS_", "LSB_", "OMPI_MCA_orte_default", "PRTE_MCA_prte_default")
@@ -46,8 +47,8 @@ def launch(args: list, extra_env: dict, timeout: float = 120) -> tuple:
     """horovodliterun ARGS JOB... on hvdl-host0, from an environment with the caller-only
     variables; (exit status, output)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(SCHEDULERS)}
-    env.update(CALLER_ONLY, CUDA_VISIBLE_DEVICES="0", MY_EXCLUDED="x", OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1", **extra_env)
+    env.update(CALLER_ONLY, CUDA_VISIBLE_DEVICES="0", MY_EXCLUDED="x", LS_JOBPID="4321",
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra_env)
     cmd = [HOSTCTL, "run", "hvdl-host0", sys.executable, "-m", "horovodlite.runner.launch",
            "--env-exclude", "MY_EXCL*", *args]
     return retry_if_launcher_did_not_start(
@@ -56,14 +57,16 @@ def launch(args: list, extra_env: dict, timeout: float = 120) -> tuple:
 
 def check_ranks(out: str, placed: dict) -> None:
     """Every rank ran where ``placed`` says and saw the caller's variables exactly; the
-    caller's CUDA_VISIBLE_DEVICES only on its own host; --env-exclude's nowhere."""
+    caller's CUDA_VISIBLE_DEVICES only on its own host; --env-exclude's and the scheduler's
+    identity (LS_JOBPID) nowhere, the launcher's host included (under --mpi: mpirun's ranks
+    there inherit mpirun's environment)."""
     seen = {}
     for m in re.finditer(r"ENV (\{.*\})$", out, re.M):
         report = json.loads(m.group(1))
         seen[report["rank"]] = report
     assert {r: s["host"] for r, s in seen.items()} == placed, out[-6000:]
     for rank, report in seen.items():
-        want = dict(CALLER_ONLY, MY_EXCLUDED=None,
+        want = dict(CALLER_ONLY, MY_EXCLUDED=None, LS_JOBPID=None,
                     CUDA_VISIBLE_DEVICES="0" if report["host"] == "hvdl-host0" else None)
         assert report["env"] == want, (rank, report, out[-4000:])
 
@@ -129,11 +132,15 @@ def test_elastic_a_worker_added_later_on_another_host_gets_the_environment(hosts
 
 
 def test_lsf_allocation_mpi(hosts):
-    rc, out = launch(["--mpi", "-np", "4", "--ssh-agent", HOSTCTL, "--mpi-args",
+    rc, out = launch(["--mpi", "-np", "4", "--ssh-agent", HOSTCTL, "--verbose", "--mpi-args",
                          "--mca mpi_yield_when_idle 1", *JOB, "--kill", "3"],
                         {"LSB_JOBID": "555", "LSB_MCPU_HOSTS": "hvdl-host0 2 hvdl-host1 2"})
     assert "horovodliterun: hosts from LSF (LSB_MCPU_HOSTS): hvdl-host0:2,hvdl-host1:2" in out, \
         out[-6000:]
+    # what --verbose says is left out is left out of the ranks mpirun starts here too
+    assert "not given to any rank - --env-exclude: MY_EXCLUDED" in out, out[-6000:]
+    assert re.search(r"not given to any rank - the scheduler's identity [^\n]*: [^\n]*LS_JOBPID",
+                     out), out[-6000:]
     check_ranks(out, TWO_BY_TWO)
     check_killed(rc, out, r"rank 3 on hvdl-host1 exited with signal 9")
 

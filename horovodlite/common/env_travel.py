@@ -43,12 +43,14 @@ REMOTE = "remote"
 # MPI's settings: they travel (mpirun hands them to every rank by itself: Open MPI 4 and 5)
 MPI_SETTINGS = ("OMPI_MCA_*", "PRTE_MCA_*", "PMIX_MCA_*")
 
+MPI_IDENTITY = ("MPI's identity of the process running horovodliterun; MPI gives each rank "
+                "its own")
+
 # (where, patterns, why) - the one list of what does not travel (see the top).
 RULES = (
     (EVERYWHERE, MPI_SETTINGS, None),  # (the first match decides: these travel)
     (EVERYWHERE, ("OMPI_*", "PMIX_*", "PMI_*", "PRTE_*", "HYDRA_*", "MPI_LOCALRANKID",
-                  "MPI_LOCALNRANKS", "MPIR_*"),
-     "MPI's identity of the process running horovodliterun; MPI gives each rank its own"),
+                  "MPI_LOCALNRANKS", "MPIR_*"), MPI_IDENTITY),
     (EVERYWHERE, ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_TASK_PID",
                   "SLURM_GTIDS", "SLURM_STEPID", "SLURM_STEP_*", "SLURM_SRUN_COMM_*",
                   "SLURM_LAUNCH_NODE_IPADDR", "SLURM_CPU_BIND*", "SLURMD_NODENAME",
@@ -122,6 +124,22 @@ class Policy:
         other hosts, but MPI's own settings, which mpirun forwards by itself."""
         return [k for k in self.remote(env) if not _matches(k, MPI_SETTINGS)]
 
+    def mpirun_env(self, env: dict) -> dict:
+        """mpirun's own environment under ``--mpi``: all but ``--env-exclude``'s names. mpirun
+        reads its settings there (``OMPI_ALLOW_RUN_AS_ROOT``, ``HYDRA_*``; the scheduler's
+        launch interfaces read the task's identity: PBS's TM ``PBS_TASKNUM``/``PBS_NODENUM``)
+        and sets each rank's MPI identity over it; what else the ranks it starts here must not
+        inherit, ``mpirun_unset`` names."""
+        return {k: v for k, v in env.items() if not self.user_excluded(k)}
+
+    def mpirun_unset(self, env: dict) -> list:
+        """The names of ``env`` a rank that mpirun starts must not keep from mpirun's
+        environment (``env -u NAME`` before the rank's command): what a rule leaves out of every
+        rank - the scheduler's identity of the launcher's task, its notice pipe - but MPI's
+        variables, which mpirun replaces with each rank's own."""
+        return sorted(k for k in env
+                      if self.why_not(k, remote=False) not in (None, MPI_IDENTITY, "--env-exclude"))
+
     def local(self, env: dict) -> dict:
         """The environment of a rank started on this host."""
         return self.select(env, remote=False)[0]
@@ -137,13 +155,20 @@ def from_args(args) -> Policy:
                   tuple(getattr(args, "env_include", None) or ()))
 
 
-def describe_left_out(policy: Policy, env: dict) -> list:
-    """``--verbose``'s lines: what does not reach the ranks, here and on other hosts."""
+def describe_left_out(policy: Policy, env: dict, mpirun: bool = False) -> list:
+    """``--verbose``'s lines: what does not reach the ranks, here and on other hosts. Under
+    ``--mpi`` (``mpirun``) MPI's variables stay in mpirun's environment (``Policy.mpirun_env``):
+    said on a line of their own."""
     everywhere = dict(policy.select(env, remote=False)[1])
     elsewhere = [(n, w) for n, w in policy.select(env, remote=True)[1] if n not in everywhere]
+    to_mpirun = sorted((n, w) for n, w in everywhere.items() if mpirun and w == MPI_IDENTITY)
+    everywhere = {n: w for n, w in everywhere.items() if (n, w) not in to_mpirun}
     lines = []
     for title, items in (("not given to any rank", sorted(everywhere.items())),
-                         ("not given to ranks on other hosts", elsewhere)):
+                         ("not given to ranks on other hosts", elsewhere),
+                         ("given to mpirun only, which reads its settings there and sets each "
+                          "rank's own identity over them (the ranks it starts here inherit "
+                          "the others)", to_mpirun)):
         by_why: dict = {}
         for name, why in items:
             by_why.setdefault(why, []).append(name)

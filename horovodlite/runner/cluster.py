@@ -50,7 +50,8 @@ def prepare(args, controller: str, error, env=os.environ) -> None:
                       f"scheduler for {args.num_proc} tasks, or name the hosts with -H (e.g. "
                       f"-H {first}:{args.num_proc})")
     if args.verbose:
-        for line in env_travel.describe_left_out(env_travel.from_args(args), env):
+        for line in env_travel.describe_left_out(env_travel.from_args(args), env,
+                                                 mpirun=controller == "mpi"):
             print(f"horovodliterun: environment: {line}", flush=True)
 
 

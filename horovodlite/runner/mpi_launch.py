@@ -197,9 +197,13 @@ def run(args, env: dict, error) -> int:
         env.update(launch_env.report_settings([addr], reports.port, reports.token))
         env[rank_output.PREFIX_VAR] = "1"  # each line as under --gloo: [rank]<stdout>:
         args.command = [sys.executable, "-m", "horovodlite.runner.task", "--", *args.command]
+    policy = env_travel.from_args(args)
+    unset = policy.mpirun_unset(env)  # the ranks mpirun starts here inherit its environment
+    if unset:
+        args.command = [shutil.which("env") or "/usr/bin/env",
+                        *[w for name in unset for w in ("-u", name)], *args.command]
     cmd = build_command(args, mpirun, flavor, env, major)
-    policy = env_travel.from_args(args)  # --env-exclude: not even to the ranks mpirun starts here
-    env = {k: v for k, v in env.items() if not policy.user_excluded(k)}
+    env = policy.mpirun_env(env)  # --env-exclude: not even to the ranks mpirun starts here
     if args.verbose:
         print("horovodliterun: " + " ".join(cmd), flush=True)
     return _mpi_outcome(args, cmd, env, reports)

@@ -135,3 +135,21 @@ def test_verbose_lists_what_was_left_out(capsys):
     assert ("not given to ranks on other hosts - this host's GPU numbering (--env-include "
             "CUDA_VISIBLE_DEVICES sends it): CUDA_VISIBLE_DEVICES") in text
     assert "NCCL_SOCKET_IFNAME" not in text
+
+
+def test_the_ranks_mpirun_starts_here_lose_what_every_rank_loses():
+    """Under --mpi the ranks on this host inherit mpirun's environment: --env-exclude's names
+    are not in it; the scheduler's identity and the notice pipe stay there for mpirun (PBS's TM
+    interface reads PBS_TASKNUM) and each rank's command unsets them; MPI's variables stay,
+    mpirun replaces them with each rank's own; --verbose says so."""
+    policy = env_travel.Policy(exclude=("MY_QUOTES",))
+    mpirun_env = policy.mpirun_env(ENV)
+    assert "MY_QUOTES" not in mpirun_env and mpirun_env["SLURM_PROCID"] == "0"
+    assert policy.mpirun_unset(ENV) == sorted(["SLURM_PROCID", "SLURM_STEP_ID", "SLURMD_NODENAME",
+                                               le.NOTICE_FD])
+    lines = "\n".join(env_travel.describe_left_out(policy, ENV, mpirun=True))
+    assert "not given to any rank - --env-exclude: MY_QUOTES" in lines
+    assert "SLURM_PROCID" in lines.split("not given to any rank - the scheduler's")[1]
+    mpi_line = next(ln for ln in lines.splitlines() if ln.startswith("given to mpirun only"))
+    assert "PMIX_RANK" in mpi_line and "OMPI_COMM_WORLD_RANK" in mpi_line, lines
+    assert not any(ln.startswith("not given to any rank - MPI's") for ln in lines.splitlines())
