@@ -28,6 +28,7 @@ hosts = hosts_fixture(3)
 # ------------------------------------------------------------------- elastic (MPI with ULFM)
 
 ELASTIC = [sys.executable, "tests/scripts/elastic_train.py"]
+ODD_SETTING = "a b \"c\" 'd' $HOME ;\nsecond ünïcødé ✓"  # spaces, quotes, a newline, non-ASCII
 
 
 def _ulfm() -> bool:
@@ -107,9 +108,14 @@ def test_elastic_grows_onto_a_host_outside_h(hosts, tmp_path):
            *ELASTIC, "--compare", "ranks", "--step-seconds", "0.1", "--epochs", "6"]
     rc, out, _ = run_with_event(cmd, tmp_path / "job.log", 2,
                                 lambda: listing.write_text("hvdl-host0:2\nhvdl-host1:1\n"), 180,
-                                cwd=ROOT, env={"HVDL_DISCOVERY_INTERVAL": "0.2"})
+                                cwd=ROOT, env={"HVDL_DISCOVERY_INTERVAL": "0.2",
+                                               "MY_ODD_SETTING": ODD_SETTING})
     assert rc == 0, out
     assert sorted(re.findall(r"FINAL rank (\d) size 3 epochs 6 agree", out)) == ["0", "1", "2"]
+    # a caller's value reaches the rank added on the new host exactly, as the others (its
+    # wrapper gets the job's environment from the launcher: nothing on a command line)
+    assert sorted(re.findall(r"ODD rank (\d) (.*)$", out, re.M)) == [
+        (r, ascii(ODD_SETTING)) for r in "012"], out
     assert ("hvd.elastic: started 1 new rank on hvdl-host1, added to the job (host discovery): "
             "ranks 2..2") in out, out
     assert re.search(r"continuing from commit \d+ with 2 -> 3 ranks", out), out

@@ -203,6 +203,11 @@ def run(args, env: dict, error) -> int:
         args.command = [shutil.which("env") or "/usr/bin/env",
                         *[w for name in unset for w in ("-u", name)], *args.command]
     cmd = build_command(args, mpirun, flavor, env, major)
+    if reports is not None:
+        # ranks an elastic job adds on a new host get what -x gives the others, from the report
+        # server (task.py), but the secrets: those the spawn itself sets (elastic/runner.py)
+        reports.added_env = {k: v for k, v in policy.remote(env).items()
+                             if k not in launch_env.SECRETS}
     env = policy.mpirun_env(env)  # --env-exclude: not even to the ranks mpirun starts here
     if args.verbose:
         print("horovodliterun: " + " ".join(cmd), flush=True)

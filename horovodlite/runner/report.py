@@ -103,6 +103,9 @@ class ReportServer:
         # the survivors names it, so that a rank already in a later round ignores it.
         self.round: int | None = None
         self.on_lost = on_lost or (lambda host, ranks, why: None)
+        # What a rank added while the job runs (an elastic MPI job's growth) gets of the job's
+        # environment, over its host's (``report_channel.env_parts``); the launcher sets it.
+        self.added_env: dict = {}
         self.ranks: list[Rank] = []
         self.lost_hosts: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -283,6 +286,9 @@ class ReportServer:
                 conn.setblocking(True)
                 with self._send_lock:
                     conn.sendall(state[2].seal({"event": "ok"}))
+                    if rank.added:
+                        for part in report_channel.env_parts(self.added_env):
+                            conn.sendall(state[2].seal(part))
                 conn.setblocking(False)
             except OSError:
                 return False

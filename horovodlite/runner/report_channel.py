@@ -10,8 +10,12 @@ report token, which never crosses the network.
    launcher, and a line recorded from one connection (or earlier on this one) cannot be played
    again.
 3. The rank's line 0 is its hello (``started``); the launcher's line 0 is ``{"event": "ok"}``,
-   which tells the rank it reached its own launcher. Then the rank's heartbeats and exit, the
-   launcher's notices (a lost host, a failed rank).
+   which tells the rank it reached its own launcher. To a rank added while the job runs (hello
+   ``"added": true``: an elastic MPI job's growth, whose ranks MPI starts without the job's
+   environment on a host added to it) the launcher then sends the job's environment
+   (``env_parts``), which the rank wrapper lays over its own before it starts the rank: no
+   value goes on a command line. Then the rank's heartbeats and exit, the launcher's notices (a
+   lost host, a failed rank).
 
 The launcher's heartbeats are empty lines, unsigned: they carry nothing but "this connection
 lives", which an attacker could only fake by taking over the TCP connection itself.
@@ -27,6 +31,42 @@ import secrets
 RANK = "rank"
 LAUNCHER = "launcher"
 MAX_LINE = 65536  # a longer line (or unended garbage) is refused
+ENV_PART = 60000  # bytes of variables' JSON in one "env" line: a line stays under MAX_LINE
+
+
+def env_parts(env: dict) -> list:
+    """The launcher's messages that hand ``env`` to an added rank: ``{"event": "env", "env":
+    {...}}`` with at most ``ENV_PART`` bytes of JSON each, then ``{"event": "env", "end": true,
+    "too_long": [names]}``: a variable whose own JSON exceeds ``ENV_PART`` stays behind, named
+    there. The JSON escapes every non-ASCII character, newlines included: a value arrives
+    exactly (``read_env_parts``)."""
+    parts, part, size, too_long = [], {}, 0, []
+    for name, value in sorted(env.items()):
+        item = len(json.dumps({name: value}))
+        if item > ENV_PART:
+            too_long.append(name)
+            continue
+        if part and size + item > ENV_PART:
+            parts.append({"event": "env", "env": part})
+            part, size = {}, 0
+        part[name], size = value, size + item
+    if part:
+        parts.append({"event": "env", "env": part})
+    return parts + [{"event": "env", "end": True, "too_long": too_long}]
+
+
+def read_env_part(message: dict, env: dict) -> list | None:
+    """Adds one of ``env_parts``' messages to ``env``; the names left behind once it is the
+    last, else None. ValueError for anything else."""
+    if message.get("event") != "env":
+        raise ValueError("the launcher sent no environment")
+    if message.get("end"):
+        return [str(n) for n in message.get("too_long", [])]
+    part = message.get("env")
+    if not isinstance(part, dict) or not all(isinstance(v, str) for v in part.values()):
+        raise ValueError("the launcher's environment is not an object of strings")
+    env.update(part)
+    return None
 
 
 def challenge() -> str:

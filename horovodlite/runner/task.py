@@ -77,6 +77,8 @@ class Link:
         self.sock = sock
         self.channel = channel
         self.pending = pending  # bytes the launcher sent after its "ok"
+        self.env: dict = {}  # an added rank's: the job's environment (report_channel.env_parts)
+        self.env_left: list = []  # ... and the names the launcher could not send
 
     def send(self, message: dict) -> None:
         """Raises OSError; the caller serialises its sends."""
@@ -99,6 +101,17 @@ def _line(sock: socket.socket, buffer: bytes) -> tuple:
     return line, rest
 
 
+def _read_env(link: Link) -> list:
+    """An added rank's: the job's environment, which the launcher sends after its "ok"
+    (``report_channel.env_parts``), into ``link.env``; the names it left behind."""
+    while True:
+        line, link.pending = _line(link.sock, link.pending)
+        if line.strip():  # (heartbeats are empty lines)
+            left = report_channel.read_env_part(json.loads(link.channel.open(line)), link.env)
+            if left is not None:
+                return left
+
+
 def connect(addresses: list, token: str, hello: dict) -> Link | None:
     """The first launcher address that answers our signed hello with its signed "ok"; None if
     none does (see ``report_channel.py``)."""
@@ -116,7 +129,10 @@ def connect(addresses: list, token: str, hello: dict) -> Link | None:
                     break
             if json.loads(channel.open(line)).get("event") == "ok":
                 s.settimeout(CONNECT_TIMEOUT)
-                return Link(s, channel, rest)
+                link = Link(s, channel, rest)
+                if hello.get("added"):
+                    link.env_left = _read_env(link)
+                return link
         except (OSError, ValueError):
             pass
         if s is not None:
@@ -310,6 +326,11 @@ def main(argv: list | None = None) -> int:
         if link is None:
             sys.stderr.write(f"horovodlite: rank {rank} on {host} cannot reach "
                              f"horovodliterun at {report_to}; running without exit reports\n")
+        else:  # an added rank: the job's environment over its host's
+            os.environ.update(link.env)
+            if link.env_left:
+                sys.stderr.write(f"horovodlite: rank {rank} on {host}: too long to send to a "
+                                 f"rank added later, not set: {', '.join(link.env_left)}\n")
     # The runtime in the rank reads the launcher's notices (a lost host) from this pipe.
     notice_read, notices = os.pipe() if link is not None else (None, None)
     env = {k: v for k, v in os.environ.items() if k != launch_env.NOTICE_FD}

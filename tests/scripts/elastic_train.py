@@ -227,6 +227,8 @@ def main():
     train(state)
     print(f"LOSSES rank {hvd.rank()} {losses}", flush=True)
     print(f"SECRETS rank {hvd.rank()} {secrets_seen()}", flush=True)
+    if "MY_ODD_SETTING" in os.environ:  # a caller's value, as this rank got it (ASCII escaped)
+        print(f"ODD rank {hvd.rank()} {os.environ['MY_ODD_SETTING']!a}", flush=True)
     if args.compare == "ranks":
         flat = torch.cat([p.detach().flatten() for p in model.parameters()]).unsqueeze(0)
         rows = hvd.allgather(flat, name="final.weights")

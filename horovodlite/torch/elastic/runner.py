@@ -167,15 +167,22 @@ def _reinit(error: BaseException) -> None:
 def growth_command(command: str, argv: list, env=os.environ) -> tuple:
     """(command, argv, secret) of ranks spawned on a host added to the job: its MPI daemon has
     no copy of the job's environment (the daemons mpirun started hand it to the ranks spawned on
-    their hosts, the added host's daemon does not), so the command goes through env(1) with the
-    variables that reach other hosts - all but the job's secrets (the report token): a command
-    line is shown by ps and travels in the spawn request. Those are ``secret``, for
-    MPI_Comm_spawn's "env" info key (MPI sets them in the new processes' environment, as
-    mpirun's -x does for the others); the whole environment would not fit there (an info value
-    holds 255 bytes)."""
+    their hosts, the added host's daemon does not). The job's secrets (the report token) are
+    ``secret``, for MPI_Comm_spawn's environment info key (MPI sets them in the new processes'
+    environment, as mpirun's -x does for the others). The rest of the environment: under
+    horovodliterun's rank wrapper (``argv`` runs ``horovodlite.runner.task``, which reaches the
+    launcher with the token), the launcher sends it to the wrapper (``report_channel.env_parts``):
+    only the launcher's address goes on the command line (env(1)), which ps shows and the spawn
+    request carries, and every value arrives exactly. Without the wrapper
+    (``--no-rank-reports``, plain mpirun) the command goes through env(1) with the variables
+    that reach other hosts, but values with a newline."""
     travel = env_travel.job_environment(env)
     secret = [kv for kv in travel if kv.split("=", 1)[0] in launch_env.SECRETS]
     public = [kv for kv in travel if kv.split("=", 1)[0] not in launch_env.SECRETS]
+    report_to = launch_env.reports_to(env)
+    if report_to and argv[:2] == ["-m", "horovodlite.runner.task"]:
+        # only where the launcher is (an address): the wrapper gets the rest from it
+        public = [f"{launch_env.REPORT_TO}={report_to}"]
     return shutil.which("env") or "/usr/bin/env", [*public, command, *argv], secret
 
 
