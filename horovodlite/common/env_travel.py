@@ -25,7 +25,10 @@ wrapper with ``read_block``), which no shell parses and ``ps`` does not show; th
 name only (Open MPI ``-x NAME``, MPICH ``-genvlist``: the value is taken from mpirun's own
 environment; checked with Open MPI 4 and 5 and MPICH across test hosts). MPI's own settings
 (``OMPI_MCA_*``, ``PRTE_MCA_*``, ``PMIX_MCA_*``) travel as any variable does; mpirun hands them
-to its ranks by itself, so they are not in its ``-x`` list.
+to its ranks by itself, so they are not in its ``-x`` list. The ranks mpirun starts on its own
+host inherit its environment (``Policy.mpirun_env``, ``Policy.mpirun_unset``). To the ranks an
+elastic MPI job spawns on a host added to it, from the launcher over the report channel
+(``runner/report_channel.env_parts``), read by their wrapper: no value on their command line.
 """
 
 from __future__ import annotations
@@ -200,12 +203,11 @@ def read_block(stream) -> dict:
 
 def job_environment(env=os.environ) -> list:
     """``VAR=value`` of what this rank passes on to the ranks an elastic MPI job starts on a
-    host added to it (that host's MPI daemon has no copy of the job's environment; they are
-    started through env(1)): the variables that reach other hosts, as chosen for this rank.
-    MPI_Comm_spawn passes no environment, so these go on that command line, but for the job's
-    secrets (``launch_env.SECRETS``: the report token the added ranks' wrappers need), which
-    ``torch/elastic/runner.growth_command`` hands to the spawn's environment info instead; a
-    value with a newline stays behind."""
+    host added to it (that host's MPI daemon has no copy of the job's environment, and
+    MPI_Comm_spawn passes none), as chosen for this rank: the variables that reach other hosts,
+    but values with a newline (``torch/elastic/runner.growth_command`` sets the job's secrets
+    among them through the spawn's environment info; the rest through env(1) only where the
+    rank wrapper cannot get them from the launcher: ``--no-rank-reports``)."""
     return [f"{k}={v}" for k, v in Policy().remote(env).items() if "\n" not in v]
 
 
