@@ -14,6 +14,8 @@ Run:  horovodliterun -np 2 python examples/lightning_digits.py
       torchrun --nproc_per_node=2 examples/lightning_digits.py
       horovodliterun -np 2 python examples/lightning_digits.py --cuda --epochs 20
 Needs: pip install 'horovodlite[lightning]' scikit-learn
+With the unified lightning package, the same script imports lightning.pytorch as pl and the
+strategy from horovodlite.lightning.pytorch.
 """
 
 import argparse
