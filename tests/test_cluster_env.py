@@ -27,6 +27,7 @@ from launching import (
     run_job,
 )
 
+from horovodlite import _mpi_check
 from horovodlite.runner import mpi_launch
 from horovodlite.runner.launch import build_parser as launch_parser
 
@@ -206,9 +207,15 @@ SLURM = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM
          "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": "2"}
 
 
+# the build's own mpirun (Debian's mpirun.openmpi for a build against its Open MPI 4.1: another
+# MPI's launcher would load its own libmpi into the tasks)
+_RECORD = _mpi_check.read_record()
+PMIX_SERVER = (_RECORD and _mpi_check.matching_launcher(_RECORD)) or MPIRUN
+
+
 def srun_tasks(np: int) -> list:
     """mpirun -np NP starting SRUN_TASK as srun's tasks (AS_SRUN_TASK)."""
-    return [MPIRUN, "-np", str(np), "--oversubscribe", "sh", "-c", AS_SRUN_TASK, "task",
+    return [PMIX_SERVER, "-np", str(np), "--oversubscribe", "sh", "-c", AS_SRUN_TASK, "task",
             sys.executable, "-c", SRUN_TASK]
 
 
@@ -228,7 +235,8 @@ def test_srun_with_pmi_runs_on_mpi_or_stops_each_task_naming_the_gloo_controller
     """Plain srun with PMI never gives N jobs of one rank, whichever MPI the build has:
     - PMIx (a PMIx server of mpirun's): both tasks run on MPI as ranks 0 and 1 of 2 where the
       build's MPI joins that server (this environment's Open MPI 5), else each stops with the
-      message (Debian's Open MPI 4.1, whose PMIx client starts it alone as rank 0 of 1);
+      message (Debian's Open MPI 4.1 under its mpirun.openmpi, which starts alone as rank 0
+      of 1);
     - a task that MPI certainly starts alone (mpirun -np 1, srun said 2) stops with it, on any
       MPI: the check after MPI starts;
     - PMI-1/2 (PMI_FD), which no Open MPI build here speaks: each task stops before MPI starts.

@@ -91,6 +91,7 @@ class Launch:
     job: str = "job"  # names the job's keys in the store and its shared memory
     worker: str = ""  # an elastic Gloo job's worker number: rank and size come from its rounds
     pmi: str = ""  # srun with PMI (PMIX or PMI2): the interface srun offered this task
+    tasks: int | None = None  # ... and the tasks srun said the step has (check_size)
     why: str = ""  # one line: what in the environment decided this
 
     def describe(self) -> str:
@@ -119,8 +120,10 @@ def _mpi(env) -> Launch | None:
 
 def _srun_with_pmi(env, launch: Launch) -> Launch:
     """``launch`` as srun's when srun started this task with PMI (SLURM_PROCID, a PMI, none of
-    mpirun's own variables): the size srun gave the step, where PMI states none (Slurm's pmix
-    plugin sets no size variable), so that ``check_size`` can tell a task MPI started alone."""
+    mpirun's own variables), with the step's task count: PMI's size where it states one, else
+    srun's (Slurm's pmix plugin sets no size variable), so that ``check_size`` can tell a task
+    MPI started alone. srun's count is not taken for the job's size: a heterogeneous step's
+    SLURM_NTASKS is its component's, while MPI's world spans them all."""
     pmi = offered_pmi(env)
     # mpirun's ranks (OMPI_*), Hydra's (MPI_LOCALRANKID) and torchrun's workers inherit the
     # SLURM_* variables of the srun task that started their launcher: not srun's tasks
@@ -130,10 +133,10 @@ def _srun_with_pmi(env, launch: Launch) -> Launch:
         return launch
     size_var = next((v for v in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
                      if _int(env, v) is not None), None)
-    size = launch.size if launch.size is not None or size_var is None else _int(env, size_var)
+    tasks = launch.size if launch.size is not None or size_var is None else _int(env, size_var)
     rank = launch.rank if launch.rank is not None else _int(env, "SLURM_PROCID")
-    said = f"{size_var}={size}" if launch.size is None and size_var else "its PMI's size"
-    return dataclasses.replace(launch, launcher="srun", rank=rank, size=size, pmi=pmi,
+    said = f"{size_var}={tasks}" if launch.size is None and size_var else "its PMI's size"
+    return dataclasses.replace(launch, launcher="srun", rank=rank, pmi=pmi, tasks=tasks,
                                why=f"srun with {pmi}: {launch.why}, {said}")
 
 
@@ -348,10 +351,10 @@ def detect(env=None, mpi_built: bool = True, gloo_built: bool = True,
 def srun_started_alone(launch: Launch, seen_size: int) -> str | None:
     """The message for a task srun started with PMI as one of N > 1 whose MPI started as a job
     of 1 rank (its MPI did not join srun's PMI), else None."""
-    if not launch.pmi or launch.size is None or launch.size <= 1 or seen_size != 1:
+    if not launch.pmi or launch.tasks is None or launch.tasks <= 1 or seen_size != 1:
         return None
     other = "pmi2" if launch.pmi == PMIX else "pmix"
-    return (f"srun started this task as rank {launch.rank} of {launch.size} with {launch.pmi} "
+    return (f"srun started this task as rank {launch.rank} of {launch.tasks} with {launch.pmi} "
             f"({launch.why}), but MPI started it alone, as rank 0 of 1: this build's MPI did "
             f"not join srun's {launch.pmi}, and every task would train by itself. Set "
             "HOROVOD_CONTROLLER=gloo for the job (`export HOROVOD_CONTROLLER=gloo` before srun: "

@@ -91,7 +91,7 @@ def test_a_task_that_mpi_started_alone_stops_naming_the_gloo_controller(pmi, mpi
     """The check after MPI starts, which no version rule replaces: srun said 2 tasks (PMI's
     size, or SLURM_NTASKS where PMI states none, as Slurm's pmix plugin), MPI's world has 1."""
     launch = detect({**SRUN, **pmi}, mpi)
-    assert (launch.launcher, launch.pmi, launch.rank, launch.size) == ("srun", offered, 1, 2)
+    assert (launch.launcher, launch.pmi, launch.rank, launch.tasks) == ("srun", offered, 1, 2)
     with pytest.raises(RuntimeError) as e:
         launchers.check_size(launch, 1, 0)
     message = str(e.value)
@@ -100,7 +100,11 @@ def test_a_task_that_mpi_started_alone_stops_naming_the_gloo_controller(pmi, mpi
     launchers.check_size(launch, 2, 1)  # MPI joined srun's PMI: the job runs
     # the step's own task count first (an sbatch's SLURM_NTASKS is the job's)
     step = detect({**SRUN, **pmi, "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "2"}, mpi)
-    assert step.size == 2, step
+    assert step.tasks == 2, step
+    # srun's count is not the job's size: a heterogeneous step's SLURM_NTASKS is its
+    # component's, MPI's world spans them all
+    if "PMI_SIZE" not in pmi:
+        launchers.check_size(detect({**SRUN, **pmi}, mpi), 5, 1)
 
 
 def test_one_task_or_ranks_of_another_launcher_are_not_taken_for_srun_tasks():
@@ -108,4 +112,4 @@ def test_one_task_or_ranks_of_another_launcher_are_not_taken_for_srun_tasks():
                     "PMI_RANK": "0", "PMI_SIZE": "1"}, OPEN_MPI_5)
     launchers.check_size(alone, 1, 0)
     hydra = detect({**SRUN, **PMI2, "MPI_LOCALRANKID": "0", "PMI_SIZE": "4"}, MPICH)
-    assert (hydra.launcher, hydra.pmi, hydra.size) == ("mpirun", "", 4)
+    assert (hydra.launcher, hydra.pmi, hydra.size, hydra.tasks) == ("mpirun", "", 4, None)
