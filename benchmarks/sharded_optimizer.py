@@ -1,0 +1,200 @@
+"""DistributedOptimizer(shard=...) against the unsharded path and torch's ZeroRedundancyOptimizer
+over DDP, side by side in one run (issue 47).
+
+Run under the launcher, e.g.::
+
+    horovodliterun -np 2 python benchmarks/sharded_optimizer.py            # memory and time
+    horovodliterun -np 2 python benchmarks/sharded_optimizer.py --equality  # 200-step equality
+
+Memory: per-rank bytes of the optimizer state (every tensor of ``opt.state``; for ZeRO its
+local optimizer's state) and, for ``shard="gradients"``, of the reduced gradient kept after
+synchronize. Time: the median of ``--steps`` measured steps (forward, backward, step) after
+warm-up steps; the ranks start each step together (a barrier) and rank 0 prints. ``--equality``
+trains a smaller float32 model for 200 steps through the unsharded and the sharded optimizer from
+the same start and prints the largest difference of the parameters relative to the largest
+parameter, and whether they are bit-identical, per optimizer and option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+import horovodlite.torch as hvd
+
+
+def make_model(width, layers, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+
+
+def state_bytes(state):
+    return sum(v.numel() * v.element_size() for s in state.values() for v in s.values()
+               if isinstance(v, torch.Tensor))
+
+
+def batch(width, rows, step):
+    g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+    return torch.randn(rows, width, generator=g), torch.randn(rows, width, generator=g)
+
+
+def timed(model, opt, args, step_fn=None):
+    times = []
+    for s in range(args.warmup + args.steps):
+        x, y = batch(args.width, args.rows, s)
+        hvd.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        (step_fn or opt.step)()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[args.warmup:])
+
+
+def run_hvd(args, shard):
+    model = make_model(args.width, args.layers)
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4),
+                                   named_parameters=model.named_parameters(), shard=shard)
+    seconds = timed(model, opt, args)
+    grads = 0
+    if shard == "gradients":
+        opt.zero_grad()
+        x, y = batch(args.width, args.rows, 0)
+        F.mse_loss(model(x), y).backward()
+        opt.synchronize()
+        grads = sum(b.grad.numel() * b.grad.element_size() for b in opt._shard_buckets)
+        opt.step()
+    return seconds, state_bytes(opt.state), grads
+
+
+def run_zero(args):
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+    if not dist.is_initialized():
+        path = hvd.broadcast_object(tempfile.mktemp(prefix="hvdl_zero_") if hvd.rank() == 0
+                                    else None)
+        dist.init_process_group("gloo", init_method=f"file://{path}", rank=hvd.rank(),
+                                world_size=hvd.size())
+    model = DistributedDataParallel(make_model(args.width, args.layers))
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4)
+    seconds = timed(model, opt, args)
+    return seconds, state_bytes(opt.optim.state), 0
+
+
+def memory_and_time(args):
+    params = sum(p.numel() for p in make_model(args.width, args.layers).parameters())
+    rows = {}
+    for name, fn in (("unsharded", lambda: run_hvd(args, None)),
+                     ("shard=optimizer_state", lambda: run_hvd(args, "optimizer_state")),
+                     ("shard=gradients", lambda: run_hvd(args, "gradients")),
+                     ("torch ZeRO over DDP", lambda: run_zero(args))):
+        if name.startswith("torch") and args.no_zero:
+            continue
+        seconds, state, grads = fn()
+        gathered = hvd.allgather(torch.tensor([[seconds, state, grads]], dtype=torch.float64))
+        rows[name] = gathered
+    if hvd.rank() == 0:
+        n = hvd.size()
+        full = rows["unsharded"][0, 1].item()
+        print(f"np {n}: {params * 4 / 2 ** 20:.1f} MiB of fp32 parameters, Adam, "
+              f"{args.rows} rows/rank, median of {args.steps} steps")
+        print("| optimizer | state MiB/rank (max) | x unsharded | x 1/N | grads kept MiB/rank "
+              "| step s (rank 0) |")
+        print("|---|---|---|---|---|---|")
+        for name, g in rows.items():
+            state = g[:, 1].max().item()
+            print(f"| {name} | {state / 2 ** 20:.1f} | {state / full:.3f} | "
+                  f"{state / full * n:.3f} | {g[:, 2].max().item() / 2 ** 20:.1f} | "
+                  f"{g[0, 0].item():.3f} |")
+
+
+EQUALITY = {
+    "SGD momentum": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
+    "Adam": lambda ps: torch.optim.Adam(ps, lr=1e-3),
+    "AdamW": lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01),
+}
+
+
+def train_for_equality(make_opt, shard, option, steps):
+    model = make_model(256, 4, seed=3)
+    opt = hvd.DistributedOptimizer(make_opt(model.parameters()),
+                                   named_parameters=model.named_parameters(), shard=shard)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8) if option == "GradScaler" else None
+    for s in range(steps):
+        x, y = batch(256, 8, s)
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        (scaler.scale(loss) if scaler else loss).backward()
+        if option == "plain":
+            opt.step()
+            continue
+        opt.synchronize()
+        if scaler:
+            scaler.unscale_(opt)
+        if option == "clip":
+            if shard:
+                opt.clip_grad_norm_(0.1)
+            else:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+        if shard:
+            scaler.step(opt) if scaler else opt.step()
+        else:
+            with opt.skip_synchronize():
+                scaler.step(opt) if scaler else opt.step()
+        if scaler:
+            scaler.update()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def equality(args):
+    for name, make_opt in EQUALITY.items():
+        for option in ("plain", "clip", "GradScaler"):
+            ref = train_for_equality(make_opt, None, option, args.equality_steps)
+            for shard in ("optimizer_state", "gradients"):
+                if shard == "gradients" and option == "GradScaler":
+                    continue  # not supported: see docs/sharded_optimizer.md
+                got = train_for_equality(make_opt, shard, option, args.equality_steps)
+                # Largest difference relative to the largest parameter (an element-wise ratio
+                # is dominated by parameters that pass near zero).
+                rel = ((got - ref).abs().max() / ref.abs().max()).item()
+                same = hvd.allreduce(torch.tensor([float(torch.equal(got, ref))]), op=hvd.Min)
+                worst = hvd.allreduce(torch.tensor([rel], dtype=torch.float64), op=hvd.Max)
+                if hvd.rank() == 0:
+                    print(f"| {name} | {option} | {shard} | {worst.item():.2e} | "
+                          f"{'yes' if same.item() else 'no'} |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=4, help="4 x 2048^2 fp32 = 64 MiB")
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--no-zero", action="store_true", help="skip torch's ZeRO")
+    parser.add_argument("--equality", action="store_true")
+    parser.add_argument("--equality-steps", type=int, default=200)
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    hvd.init()
+    if args.equality:
+        if hvd.rank() == 0:
+            print(f"np {hvd.size()}: {args.equality_steps} steps, max |sharded - unsharded| "
+                  "/ max |unsharded| over the parameters")
+            print("| optimizer | option | shard | max diff / max param | bit-identical |")
+            print("|---|---|---|---|---|")
+        equality(args)
+    else:
+        memory_and_time(args)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
