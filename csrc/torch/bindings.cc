@@ -286,7 +286,25 @@ void RegisterGradReducer(py::module_& m) {
       .def("abandon", &GradReducer::Abandon)
       .def("in_flight", &GradReducer::InFlight)
       .def("num_in_flight", &GradReducer::num_in_flight)
-      .def("fired", &GradReducer::fired);
+      .def("fired", &GradReducer::fired)
+      .def("set_buckets", &GradReducer::SetBuckets, py::arg("members"), py::arg("negotiated"),
+           py::arg("labels"))
+      .def("clear_buckets", &GradReducer::ClearBuckets)
+      .def("ready_order", &GradReducer::ReadyOrder)
+      .def("bucket_report", [](const GradReducer& r) {
+        py::list out;
+        for (const auto& b : r.BucketReport()) {
+          py::dict d;
+          d["name"] = b.name;
+          d["bytes"] = b.bytes;
+          d["members"] = b.members;
+          d["copies"] = b.copies;
+          d["fallback_steps"] = b.fallback_steps;
+          d["fallback"] = b.fallback;
+          out.append(d);
+        }
+        return out;
+      });
   m.def("too_many_passes_message", &TooManyPassesMessage, py::arg("name"), py::arg("passes"));
 }
 

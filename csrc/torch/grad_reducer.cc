@@ -7,28 +7,9 @@
 #include <utility>
 
 #include "common/errors.h"
+#include "torch/grad_reducer_state.h"
 
 namespace hvdl {
-namespace {
-
-// c10::intrusive_ptr<Node> from torch 2.10 on, std::shared_ptr<Node> before.
-using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<at::Tensor>()));
-
-}  // namespace
-
-struct GradReducer::Param {
-  at::Tensor tensor;
-  Accumulator accumulator;  // kept alive: autograd holds it weakly, and our hook lives on it
-  std::shared_ptr<AccumulatorSubscribers> subscribers;  // of our hook on `accumulator`
-  bool active = true;       // false once Remove()d
-  std::string name;        // the parameter's name, for errors
-  std::string negotiated;  // the allreduce's name
-  int remaining = 0;       // backward passes still to accumulate before the allreduce
-  int handle = 0;          // the allreduce in flight (0: none)
-  bool deferred = false;   // this step's gradient is Python's to launch
-  bool sparse_seen = false;  // had a sparse gradient: Python's from then on
-};
-
 std::string TooManyPassesMessage(const std::string& param_name, int passes) {
   return "DistributedOptimizer: parameter '" + param_name + "' received more than "
          "backward_passes_per_step=" + std::to_string(passes) + " gradients before "
@@ -49,6 +30,9 @@ GradReducer::~GradReducer() {
   Detach();
   for (Param& p : params_) {  // nobody will wait for these: forget them
     if (p.handle != 0 && hooks_.handles != nullptr) hooks_.handles->Release(p.handle);
+  }
+  for (Bucket& b : buckets_) {
+    if (b.handle != 0 && hooks_.handles != nullptr) hooks_.handles->Release(b.handle);
   }
 }
 
@@ -148,7 +132,16 @@ void GradReducer::ResetLocked() {
   for (Param& p : params_) {
     p.remaining = passes_;
     p.deferred = false;
+    p.bucket_ready = false;
   }
+  for (Bucket& b : buckets_) {
+    if (b.ready > 0 || b.broken || b.copies > 0) b.last_copies = b.copies;
+    b.ready = 0;
+    b.broken = false;
+    b.copies = 0;
+  }
+  if (!order_.empty()) last_order_ = std::move(order_);
+  order_.clear();
   fired_ = false;
   site_fetched_ = false;
   site_.clear();
@@ -204,7 +197,7 @@ void GradReducer::OnGradReady(int index) {
         lock.lock();
         if (detached_) return;
       }
-      LaunchLocked(params_[static_cast<size_t>(index)], &error);
+      ReadyLocked(index, &error);
     }
   }
   if (error) hooks_.raise(error);
@@ -215,9 +208,11 @@ std::vector<int> GradReducer::LaunchMissing() {
   std::vector<int> deferred;
   std::lock_guard<std::mutex> lock(mu_);
   if (detached_) return deferred;
+  LaunchMissingBucketsLocked();
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
     if (!p.active || p.handle != 0 || !p.tensor.requires_grad()) continue;
+    if (p.bucket >= 0 && !buckets_[static_cast<size_t>(p.bucket)].broken) continue;  // went out
     if (!p.deferred && !p.sparse_seen && !p.tensor.grad().defined()) {
       // Unused on this rank: the other ranks wait for its allreduce, so it sends zeros.
       p.tensor.mutable_grad() = at::zeros_like(p.tensor, at::MemoryFormat::Contiguous);
@@ -239,6 +234,9 @@ void GradReducer::WaitAll(const std::function<void(const std::function<void()>&)
     std::lock_guard<std::mutex> lock(mu_);
     for (Param& p : params_) {
       if (p.handle != 0) handles.push_back(std::exchange(p.handle, 0));
+    }
+    for (Bucket& b : buckets_) {
+      if (b.handle != 0) handles.push_back(std::exchange(b.handle, 0));
     }
     in_flight_ = 0;
     launch_error = std::exchange(launch_error_, nullptr);
@@ -262,6 +260,9 @@ void GradReducer::Abandon() {
   for (Param& p : params_) {
     if (p.handle != 0) hooks_.handles->Release(std::exchange(p.handle, 0));
   }
+  for (Bucket& b : buckets_) {
+    if (b.handle != 0) hooks_.handles->Release(std::exchange(b.handle, 0));
+  }
   in_flight_ = 0;
   launch_error_ = nullptr;
   ResetLocked();
@@ -271,7 +272,10 @@ std::vector<int> GradReducer::InFlight() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int> out;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (params_[i].handle != 0) out.push_back(static_cast<int>(i));
+    const Param& p = params_[i];
+    if (p.handle != 0 || (p.bucket >= 0 && buckets_[static_cast<size_t>(p.bucket)].handle != 0)) {
+      out.push_back(static_cast<int>(i));
+    }
   }
   return out;
 }

@@ -21,6 +21,16 @@
 //      replaced (`p.data = p.data.to(another dtype or device)` drops it) is hooked again on its
 //      new node; until then it goes out at synchronize.
 //
+//   6. Buckets (docs/bucket_views.md): once Python sets a layout (SetBuckets, agreed by every
+//      rank), each member's p.grad is a view into its bucket's flat tensor, so autograd
+//      accumulates straight into the bucket. On a member's last pass the hook checks that p.grad
+//      is still the view; a fresh gradient (zero_grad(set_to_none=True), `p.grad = t`) is copied
+//      in once and p.grad made the view again. When every member is ready the bucket goes out as
+//      one in-place allreduce of the flat tensor (alone it runs in place, no fusion copy). A
+//      member that cannot join (sparse gradient, another dtype/device/shape, frozen or removed
+//      at synchronize) breaks the bucket for this step: every member goes out alone as above,
+//      and the reason is kept for BucketReport.
+//
 // Lifetime: hooks hold the reducer weakly, and neither Detach nor the destructor touches a
 // node's hook list (only the subscriber list of our hook), so the reducer may be destroyed
 // inside its own hook or on another thread while backward runs.
@@ -95,6 +105,27 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
   int num_in_flight() const;
   bool fired() const;  // a hook counted a pass since the last reset
 
+  // Lays parameters out in buckets: `members[b]` (reducer indices: same dtype and device,
+  // dense and contiguous parameters) share one flat tensor, reduced as `negotiated[b]`
+  // (`labels[b]`: how errors name the bucket). A member's existing gradient is copied into its
+  // view; every member's p.grad becomes the view. Replaces any earlier layout. GIL held.
+  void SetBuckets(const std::vector<std::vector<int>>& members,
+                  const std::vector<std::string>& negotiated,
+                  const std::vector<std::string>& labels);
+  void ClearBuckets();  // back to one allreduce per gradient; gradients keep their values
+  struct BucketInfo {
+    std::string name;          // negotiated name
+    int64_t bytes = 0;
+    std::vector<int> members;  // reducer indices, in layout order
+    int copies = 0;            // gradients copied into the bucket during the last step
+    int fallback_steps = 0;    // steps in which the bucket went out member by member
+    std::string fallback;      // why, the last time ("" when it never fell back)
+  };
+  std::vector<BucketInfo> BucketReport() const;
+  // The order in which parameters became ready (last pass counted) in the last step that had
+  // any: what the layout is built from.
+  std::vector<int> ReadyOrder() const;
+
   // The hook (autograd's threads).
   void OnGradReady(int index) override;
   // Test inspection: how many reducers' parameters the hook on `param`'s node serves (0: no
@@ -103,6 +134,7 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
 
  private:
   struct Param;
+  struct Bucket;
   enum class Outcome { kLaunched, kDeferred, kFailed };
   // Under mu_: enqueues param `i`'s gradient or defers it; on failure, `*error` is set.
   Outcome LaunchLocked(Param& p, std::exception_ptr* error);
@@ -112,11 +144,22 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
   void RehookLocked();  // parameters whose AccumulateGrad node torch replaced
   void SubscribeLocked(Param& p, int index);
   void UnsubscribeLocked(Param& p);
+  // Buckets (under mu_). Adopt: p.grad is the view, or becomes it by one copy; false (and
+  // `*reason`) when it cannot. Ready: counts member `index` ready, launching the bucket when
+  // full. Break: this step the bucket's members go out one by one.
+  bool AdoptLocked(Param& p, Bucket& b, std::string* reason);
+  void ReadyLocked(int index, std::exception_ptr* error);
+  void BreakLocked(Bucket& b, const std::string& reason, std::exception_ptr* error);
+  void LaunchBucketLocked(Bucket& b, std::exception_ptr* error);
+  void LaunchMissingBucketsLocked();
 
   Hooks hooks_;
   OpSpec spec_;
   mutable std::mutex mu_;
   std::vector<Param> params_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> order_;       // this step's ready order
+  std::vector<int> last_order_;  // the last step's
   int passes_;
   int device_ = -1;
   int in_flight_ = 0;

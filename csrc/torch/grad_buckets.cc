@@ -1,0 +1,236 @@
+// GradReducer's buckets (grad_reducer.h, step 6; docs/bucket_views.md): gradients that live in
+// the flat tensor their allreduce runs on.
+//
+// Why a flat tensor per bucket instead of the core's fusion buffer: a batch of one tensor runs in
+// place on that tensor (core/batch_ops.cc), so a bucket goes on the wire from the memory autograd
+// accumulated into, with no copy into a fusion buffer and none back, and the gradients need no
+// second home. The layout comes from Python, agreed by every rank (horovodlite/torch/buckets.py),
+// so every rank negotiates the same bucket names and shapes.
+//
+// Per step: a member's hook (its last pass) adopts the gradient - it is the view already, or it
+// is copied in once and p.grad becomes the view - and counts it; the last member launches the
+// bucket. A member that cannot be adopted breaks the bucket for the step: its members go out one
+// by one on the per-gradient path, so the step still reduces every gradient, only with copies.
+#include <torch/csrc/autograd/variable.h>
+
+#include <string>
+#include <utility>
+
+#include "common/errors.h"
+#include "torch/grad_reducer.h"
+#include "torch/grad_reducer_state.h"
+
+namespace hvdl {
+
+void GradReducer::SetBuckets(const std::vector<std::vector<int>>& members,
+                             const std::vector<std::string>& negotiated,
+                             const std::vector<std::string>& labels) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (members.size() != negotiated.size() || members.size() != labels.size()) {
+    ThrowIfError(Status::InvalidArgument("GradReducer.set_buckets: members, names and labels "
+                                         "differ in length"));
+  }
+  for (const Bucket& b : buckets_) {
+    if (b.handle != 0) {
+      ThrowIfError(Status::InvalidArgument("GradReducer.set_buckets: bucket '" + b.label +
+                                           "' has an allreduce in flight; synchronize first"));
+    }
+  }
+  // Check everything before changing anything.
+  std::vector<int> seen(params_.size(), 0);
+  for (const auto& list : members) {
+    if (list.empty()) ThrowIfError(Status::InvalidArgument("GradReducer.set_buckets: empty bucket"));
+    const at::Tensor* first = nullptr;
+    for (int i : list) {
+      if (i < 0 || static_cast<size_t>(i) >= params_.size() || seen[static_cast<size_t>(i)]++) {
+        ThrowIfError(Status::InvalidArgument("GradReducer.set_buckets: parameter index " +
+                                             std::to_string(i) + " unknown or in two buckets"));
+      }
+      const Param& p = params_[static_cast<size_t>(i)];
+      if (!p.active || !p.tensor.is_contiguous() || p.tensor.is_sparse() ||
+          (first != nullptr && (first->scalar_type() != p.tensor.scalar_type() ||
+                                first->device() != p.tensor.device()))) {
+        ThrowIfError(Status::InvalidArgument(
+            "GradReducer.set_buckets: parameter '" + p.name +
+            "' cannot share a bucket (removed, not contiguous, or another dtype/device)"));
+      }
+      if (first == nullptr) first = &p.tensor;
+    }
+  }
+  for (Param& p : params_) {
+    p.bucket = -1;
+    p.view = at::Tensor();
+  }
+  buckets_.clear();
+  for (size_t k = 0; k < members.size(); ++k) {
+    Bucket b;
+    b.members = members[k];
+    b.negotiated = negotiated[k];
+    b.label = labels[k];
+    int64_t total = 0;
+    for (int i : b.members) total += params_[static_cast<size_t>(i)].tensor.numel();
+    const at::Tensor& first = params_[static_cast<size_t>(b.members.front())].tensor;
+    b.flat = at::zeros({total}, first.options().memory_format(at::MemoryFormat::Contiguous));
+    int64_t offset = 0;
+    for (int i : b.members) {
+      Param& p = params_[static_cast<size_t>(i)];
+      const int64_t n = p.tensor.numel();
+      p.view = b.flat.narrow(0, offset, n).view(p.tensor.sizes());
+      offset += n;
+      p.bucket = static_cast<int>(k);
+      at::Tensor grad = p.tensor.grad();
+      // A gradient of the layout's dtype/device/shape moves in (once, at the rebuild); anything
+      // else (none, sparse) stays as it is, and the step's hook or LaunchMissing decides.
+      if (grad.defined() && !grad.is_sparse() && grad.scalar_type() == p.view.scalar_type() &&
+          grad.device() == p.view.device() && grad.sizes() == p.view.sizes()) {
+        p.view.copy_(grad);
+        p.tensor.mutable_grad() = p.view;
+      }
+    }
+    buckets_.push_back(std::move(b));
+  }
+}
+
+void GradReducer::ClearBuckets() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Bucket& b : buckets_) {
+    if (b.handle != 0 && hooks_.handles != nullptr) hooks_.handles->Release(b.handle);
+  }
+  for (Param& p : params_) {
+    p.bucket = -1;
+    p.view = at::Tensor();  // p.grad keeps its value (and keeps the old flat tensor alive)
+    p.bucket_ready = false;
+  }
+  buckets_.clear();
+}
+
+std::vector<GradReducer::BucketInfo> GradReducer::BucketReport() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<BucketInfo> out;
+  for (const Bucket& b : buckets_) {
+    BucketInfo info;
+    info.name = b.negotiated;
+    info.bytes = static_cast<int64_t>(b.flat.numel() * b.flat.element_size());
+    info.members = b.members;
+    info.copies = b.last_copies;
+    info.fallback_steps = b.fallback_steps;
+    info.fallback = b.fallback;
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+std::vector<int> GradReducer::ReadyOrder() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return order_.empty() ? last_order_ : order_;
+}
+
+bool GradReducer::AdoptLocked(Param& p, Bucket& b, std::string* reason) {
+  const at::Tensor& grad = p.tensor.grad();
+  if (!grad.defined()) {
+    *reason = "parameter '" + p.name + "' has no gradient";
+    return false;
+  }
+  if (grad.is_sparse()) {
+    p.sparse_seen = true;
+    *reason = "parameter '" + p.name + "' has a sparse gradient";
+    return false;
+  }
+  if (grad.data_ptr() == p.view.data_ptr() && grad.sizes() == p.view.sizes() &&
+      grad.scalar_type() == p.view.scalar_type() && grad.device() == p.view.device()) {
+    return true;  // autograd accumulated into the view: nothing to do
+  }
+  if (grad.scalar_type() != p.view.scalar_type() || grad.device() != p.view.device() ||
+      grad.sizes() != p.view.sizes()) {
+    *reason = "parameter '" + p.name + "' has a gradient of another dtype, device or shape (" +
+              std::string(c10::toString(grad.scalar_type())) + " on " + grad.device().str() +
+              ") than its bucket";
+    return false;
+  }
+  // A fresh gradient (zero_grad(set_to_none=True), `p.grad = t`): copied in once; from now on
+  // autograd accumulates into the view.
+  p.view.copy_(grad);
+  p.tensor.mutable_grad() = p.view;
+  ++b.copies;
+  return true;
+}
+
+void GradReducer::ReadyLocked(int index, std::exception_ptr* error) {
+  order_.push_back(index);
+  Param& p = params_[static_cast<size_t>(index)];
+  if (p.bucket < 0 || buckets_[static_cast<size_t>(p.bucket)].broken) {
+    LaunchLocked(p, error);
+    return;
+  }
+  Bucket& b = buckets_[static_cast<size_t>(p.bucket)];
+  p.bucket_ready = true;
+  std::string reason;
+  if (!AdoptLocked(p, b, &reason)) {
+    BreakLocked(b, reason, error);
+    return;
+  }
+  if (++b.ready == static_cast<int>(b.members.size())) LaunchBucketLocked(b, error);
+}
+
+void GradReducer::BreakLocked(Bucket& b, const std::string& reason, std::exception_ptr* error) {
+  b.broken = true;
+  ++b.fallback_steps;
+  b.fallback = reason;
+  // Members ready so far go out now, one by one; the rest go out on their own hooks (or at
+  // LaunchMissing) the same way, since the bucket is broken.
+  for (int i : b.members) {
+    Param& m = params_[static_cast<size_t>(i)];
+    if (!m.bucket_ready || m.handle != 0 || m.deferred) continue;
+    std::exception_ptr failed;
+    LaunchLocked(m, &failed);
+    if (failed && !*error) *error = failed;
+  }
+}
+
+void GradReducer::LaunchBucketLocked(Bucket& b, std::exception_ptr* error) {
+  try {
+    Context& ctx = hooks_.context();
+    CheckMembership(ctx, spec_.process_set, OpType::kAllreduce, b.label);
+    b.handle = SubmitAllreduceInplace(ctx, spec_, b.flat, b.negotiated, site_);
+    in_flight_ += static_cast<int>(b.members.size());
+  } catch (...) {
+    *error = std::current_exception();
+  }
+}
+
+void GradReducer::LaunchMissingBucketsLocked() {
+  for (Bucket& b : buckets_) {
+    if (b.handle != 0 || b.broken) continue;
+    std::string reason;
+    for (int i : b.members) {  // a member frozen or removed since the layout: not this step
+      const Param& m = params_[static_cast<size_t>(i)];
+      if (!m.active) reason = "parameter '" + m.name + "' left the optimizer";
+      if (m.active && !m.tensor.requires_grad()) {
+        reason = "parameter '" + m.name + "' does not require grad";
+      }
+      if (!reason.empty()) break;
+    }
+    for (size_t k = 0; reason.empty() && k < b.members.size(); ++k) {
+      Param& m = params_[static_cast<size_t>(b.members[k])];
+      if (m.bucket_ready) continue;
+      if (!m.tensor.grad().defined() && !m.sparse_seen) {
+        // Unused on this rank: its slice goes out as zeros (the other ranks reduce theirs).
+        m.view.zero_();
+        m.tensor.mutable_grad() = m.view;
+      } else if (!AdoptLocked(m, b, &reason)) {  // a partial accumulation: adopted as it is
+        break;
+      }
+      m.bucket_ready = true;
+      ++b.ready;
+    }
+    std::exception_ptr failed;
+    if (!reason.empty()) {
+      BreakLocked(b, reason, &failed);
+    } else {
+      LaunchBucketLocked(b, &failed);
+    }
+    if (failed && !launch_error_) launch_error_ = failed;
+  }
+}
+
+}  // namespace hvdl

@@ -1,0 +1,49 @@
+// GradReducer's per-parameter and per-bucket state, shared by grad_reducer.cc (the per-gradient
+// path) and grad_buckets.cc (buckets). Private to those two files.
+#pragma once
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "torch/grad_reducer.h"
+
+namespace hvdl {
+
+// c10::intrusive_ptr<Node> from torch 2.10 on, std::shared_ptr<Node> before.
+using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<at::Tensor>()));
+
+struct GradReducer::Param {
+  at::Tensor tensor;
+  Accumulator accumulator;  // kept alive: autograd holds it weakly, and our hook lives on it
+  std::shared_ptr<AccumulatorSubscribers> subscribers;  // of our hook on `accumulator`
+  bool active = true;       // false once Remove()d
+  std::string name;        // the parameter's name, for errors
+  std::string negotiated;  // the allreduce's name
+  int remaining = 0;       // backward passes still to accumulate before the allreduce
+  int handle = 0;          // the allreduce in flight (0: none)
+  bool deferred = false;   // this step's gradient is Python's to launch
+  bool sparse_seen = false;  // had a sparse gradient: Python's from then on
+  int bucket = -1;           // its bucket (-1: none)
+  at::Tensor view;           // its slice of the bucket, shaped as the parameter
+  bool bucket_ready = false;  // counted ready in its bucket this step
+};
+
+struct GradReducer::Bucket {
+  at::Tensor flat;
+  std::vector<int> members;
+  std::string negotiated;
+  std::string label;    // the bucket and its parameters, for errors
+  int ready = 0;        // members ready this step
+  int handle = 0;       // its allreduce in flight (0: none)
+  bool broken = false;  // this step its members go out one by one
+  int copies = 0;       // gradients copied in this step
+  int last_copies = 0;  // ... in the last step
+  int fallback_steps = 0;
+  std::string fallback;
+};
+
+}  // namespace hvdl
