@@ -107,7 +107,14 @@ Status DeviceMemory::End(const Status& status, BatchItems& items, DataBackend* b
     for (BatchItem& it : items) {
       if (it.has_entry && it.entry.device_done) it.entry.device_done(finished);
     }
-    return in_flight_.Add(std::move(finished), be, Describe(items));
+    Status added = in_flight_.Add(finished, be, Describe(items));
+    if (!added.ok()) {
+      // An earlier batch's failure fails this batch's entries: its own work must have run
+      // before they complete (the user may free the tensors then), on this error path only.
+      Status waited = be != nullptr ? be->WaitForDevice(finished.get()) : finished->Synchronize();
+      if (!waited.ok()) ops_->Synchronize();  // best effort, as below
+    }
+    return added;
   }
   if (s.ok()) s = be != nullptr ? be->WaitForDevice(finished.get()) : finished->Synchronize();
   if (!s.ok()) {

@@ -20,7 +20,9 @@
 //      With stream completion (HOROVOD_GPU_COMPLETION=stream) End does not block: it passes the
 //      event to the entries at once and hands the batch to DeviceInFlight (core/device_inflight),
 //      which the executor polls each cycle; the host never waits for the device on the hot path,
-//      and a failure the device reports later reaches the next batch instead of this one.
+//      and a failure the device reports later reaches the next batch instead of this one
+//      (which then waits for its own queued work before its entries fail: the user may free
+//      the tensors of a failed op at once).
 // Host memory needs none of 1, 2 and 4. Background thread only.
 #pragma once
 

@@ -122,16 +122,17 @@ Status Executor::RunData(Items& items, DataBackend** be, std::vector<int64_t>* e
     memory = device_.get();
   }
   HVDL_RETURN_IF_ERROR(memory->Begin(items));
-  const Status s = ops_.Run(items, memory, [&](const char* activity) { Phase(items, activity); },
-                            be, extra);
-  Status end = memory->End(s, items, *be);
+  Status s = ops_.Run(items, memory, [&](const char* activity) { Phase(items, activity); }, be,
+                      extra);
   if (memory == device_.get() && !device_failure_.ok()) {
     // Found by PollDevice: the first device batch after it reports it. The batch itself ran
-    // (every rank runs it: skipping it here would leave the others waiting in its collective).
-    if (end.ok()) end = device_failure_;
+    // (every rank runs it: skipping it here would leave the others waiting in its collective),
+    // so it fails as a batch whose collective failed: End waits for its queued work before its
+    // entries complete with the error (the user may free the tensors as soon as they do).
+    if (s.ok()) s = device_failure_;
     device_failure_ = Status::Ok();
   }
-  return end;
+  return memory->End(s, items, *be);
 }
 
 void Executor::Finish(Items& items, const Status& status, const std::vector<int64_t>& extra) {

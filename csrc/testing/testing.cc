@@ -33,6 +33,7 @@ void RegisterHandleTesting(py::module_& m);  // testing/testing_handles.cc
 void RegisterScaleTesting(py::module_& m);   // testing/testing_scale.cc
 void RegisterFaultTesting(py::module_& m);   // testing/testing_faults.cc
 void RegisterNoticeTesting(py::module_& m);  // testing/testing_notices.cc
+void RegisterStreamFailureTesting(py::module_& m);  // testing/testing_stream_failure.cc
 namespace {
 
 template <typename T>
@@ -438,6 +439,7 @@ void RegisterTesting(py::module_& m) {
   RegisterScaleTesting(m);
   RegisterFaultTesting(m);
   RegisterNoticeTesting(m);
+  RegisterStreamFailureTesting(m);
 }
 
 }  // namespace hvdl

@@ -31,7 +31,8 @@ struct Received {
 // ("write", text) writes text to `write_fd`; ("wait", i, n) waits until subscriber i got n lines
 // or `wait_seconds` passed (a bound against a hang, not a timing check: the result says how many
 // came); ("round", r) is SetRound(r). Returns each subscriber's lines.
-std::vector<std::vector<std::string>> NoticesScript(int write_fd, const std::vector<py::tuple>& script,
+std::vector<std::vector<std::string>> NoticesScript(int write_fd,
+                                                    const std::vector<py::tuple>& script,
                                                     double wait_seconds) {
   auto got = std::make_shared<Received>();
   std::vector<std::unique_ptr<LauncherNotices>> subscribers;
