@@ -22,6 +22,7 @@ from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import ProcessSet, _id_of, global_process_set
 from horovodlite.common.reduce_ops import Adasum, Average, Sum
 from horovodlite.torch.adasum_optimizer import _AdasumDeltaOptimizer
+from horovodlite.torch.buckets import BucketLayout, bucket_view_enabled
 from horovodlite.torch.compression import Compression
 from horovodlite.torch.distributed_optimizer import _C, _check_passes, _DistributedOptimizer
 from horovodlite.torch.in_flight import InFlight, hook_site
@@ -197,7 +198,7 @@ def _share_dict(optimizer, cls):
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set, shard=None):
+                         process_set=global_process_set, shard=None, bucket_view=None):
     """Wraps ``optimizer`` so that every ``step()`` uses gradients reduced across ranks.
 
     Args:
@@ -224,11 +225,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         shard: None (default), ``"optimizer_state"`` or ``"gradients"``: each rank keeps the
             optimizer state (and, with ``"gradients"``, the reduced gradients) of 1/N of the
             parameters; see docs/sharded_optimizer.md and ``sharded_optimizer.py``.
+        bucket_view: gradients live in flat buckets their allreduce runs on in place
+            (docs/bucket_views.md). None (default): ``HOROVOD_BUCKET_VIEW`` (default on).
 
     Returns an instance of ``type(optimizer)`` sharing its param groups and state.
     """
     _check_args(optimizer, compression, op, gradient_predivide_factor, process_set)
     _check_passes(backward_passes_per_step)
+    bucket_view = bucket_view_enabled(bucket_view)
     if shard is not None:
         return _sharded(optimizer, named_parameters, compression, backward_passes_per_step, op,
                         gradient_predivide_factor, num_groups, groups, sparse_as_dense,
@@ -284,6 +288,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         _hvd_should_sync=True,
         _hvd_fresh_sync=False,
         _hvd_local=local,
+        # Bucket views (buckets.py): only on the C++ reducer's path.
+        _hvd_buckets=BucketLayout(bucket_view and reducer is not None,
+                                  f"grad.opt{count}" + (f".ps{ps_id}" if ps_id else ""),
+                                  process_set),
     )
     obj.__dict__.update(state)
     obj._hvd_refresh()

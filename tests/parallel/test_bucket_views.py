@@ -1,0 +1,216 @@
+"""Bucket views (docs/bucket_views.md) on every rank: a model trained with bucket views gives
+bit-identical parameters to the same model trained on the per-gradient path, in the same job, for
+each way users touch gradients; the layout is the same on every rank.
+
+tests/test_parallel.py runs this file at np 1, 2 and 3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import horovodlite.torch as hvd
+
+THRESHOLD = 1024  # bytes per bucket: several buckets for the small models here
+
+
+class Net(torch.nn.Module):
+    def __init__(self, sparse: bool = False):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4, sparse=sparse)
+        self.fc1 = torch.nn.Linear(4, 16)
+        self.fc2 = torch.nn.Linear(16, 8)
+        self.extra = torch.nn.Linear(8, 8)  # used on rank 0 only in the unused-parameter case
+
+    def forward(self, idx, use_extra: bool = False):
+        h = torch.relu(self.fc1(self.emb(idx).sum(1)))
+        out = self.fc2(h)
+        if use_extra:
+            out = out + self.extra(out)
+        return out
+
+
+def data(step: int):
+    g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+    return torch.randint(0, 10, (6, 3), generator=g), torch.randn(6, 8, generator=g)
+
+
+def pair(opt_cls, sparse=False, passes=1, late=False, **kwargs):
+    """Two identical models and their optimizers: bucket views on, then off. With ``late`` the
+    model has a parameter ``late`` the optimizer is given later (add_param_group)."""
+    out = []
+    for bucket_view in (True, False):
+        torch.manual_seed(7)
+        model = Net(sparse)
+        params = list(model.parameters())
+        if late:
+            model.late = torch.nn.Parameter(torch.ones(3))
+        opt = hvd.DistributedOptimizer(opt_cls(params, **kwargs),
+                                       named_parameters=model.named_parameters(),
+                                       backward_passes_per_step=passes, bucket_view=bucket_view)
+        opt._hvd_buckets.threshold = THRESHOLD
+        out.append((model, opt))
+    return out
+
+
+def train(runs, steps, *, set_to_none=True, passes=1, before_backward=None, after_step=None,
+          clip=False, use_extra=None):
+    for step in range(steps):
+        for model, opt in runs:
+            opt.zero_grad(set_to_none=set_to_none if isinstance(set_to_none, bool)
+                          else set_to_none(step))
+            if before_backward is not None:
+                before_backward(step, model)
+            for k in range(passes):
+                idx, y = data(step * passes + k)
+                extra = use_extra(step) if use_extra else False
+                torch.nn.functional.mse_loss(model(idx, extra), y).backward()
+            if clip:
+                opt.synchronize()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
+                opt.step()
+            if after_step is not None:
+                after_step(step, model, opt)
+
+
+def assert_same(runs):
+    (a, opt_a), (b, _) = runs
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q), f"rank {hvd.rank()}: parameter {name} differs"
+    report = opt_a.bucket_report()
+    assert report["state"] == "built", report
+    # The same layout on every rank.
+    layouts = hvd.allgather_object([(b["name"], b["bytes"], b["members"])
+                                    for b in report["buckets"]], name="bucket_views_layout")
+    assert all(layout == layouts[0] for layout in layouts), layouts
+    return report
+
+
+def bucketed(report) -> set:
+    return {m for b in report["buckets"] for m in b["members"]}
+
+
+@pytest.mark.parametrize("opt_cls, kwargs", [(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+                                             (torch.optim.Adam, {"lr": 0.01})],
+                         ids=["sgd", "adam"])
+def test_same_results_and_copies(opt_cls, kwargs):
+    runs = pair(opt_cls, **kwargs)
+    copies = []
+
+    def record(step, model, opt):
+        if opt is runs[0][1]:
+            copies.append(sum(b["copies"] for b in opt.bucket_report()["buckets"]))
+
+    # set_to_none=True (torch's default) for 3 steps, then False for 3.
+    train(runs, 6, set_to_none=lambda s: s < 3, after_step=record)
+    report = assert_same(runs)
+    # `extra` is unused here: its slice is zeroed in place, no copy.
+    n = sum(1 for name, _ in runs[0][0].named_parameters() if not name.startswith("extra"))
+    assert bucketed(report) == {name for name, _ in runs[0][0].named_parameters()}
+    assert len(report["buckets"]) > 1
+    assert all(b["bytes"] <= THRESHOLD or len(b["members"]) == 1 for b in report["buckets"])
+    # Step 0 observes; with set_to_none=True each gradient is copied in once, and never with
+    # set_to_none=False (autograd accumulates into the views).
+    assert copies[1:3] == [n, n] and copies[3:] == [0, 0, 0], copies
+    for name, p in runs[0][0].named_parameters():
+        view = [b for b in report["buckets"] if name in b["members"]]
+        assert len(view) == 1 and p.grad is not None
+    assert all(b["fallback_steps"] == 0 for b in report["buckets"])
+
+
+def test_accumulation_clipping_and_replaced_grads():
+    runs = pair(torch.optim.SGD, passes=2, lr=0.05)
+
+    def replace(step, model):
+        if step == 3:  # the user's own tensor: accumulated into, then copied into the bucket
+            model.fc1.weight.grad = torch.zeros_like(model.fc1.weight)
+
+    train(runs, 5, set_to_none=False, passes=2, clip=True, before_backward=replace)
+    report = assert_same(runs)
+    assert len(bucketed(report)) == 7
+
+
+def test_unused_sparse_frozen_and_added():
+    runs = pair(torch.optim.SGD, sparse=True, lr=0.1, late=True)
+
+    def change(step, model, opt):
+        if step == 2:  # frozen on every rank: the layout is rebuilt without it
+            model.fc2.bias.requires_grad_(False)
+        if step == 4:  # a parameter added later (named in named_parameters from the start)
+            opt.add_param_group({"params": [model.late]})
+
+    def before(step, model):
+        if step == 6:  # a sparse gradient in a bucket: the bucket falls back this step
+            model.late.grad = (torch.ones(3) * (hvd.rank() + 1)).to_sparse()
+        else:
+            (model.late * (hvd.rank() + 1)).sum().backward()
+
+    train(runs, 8, use_extra=lambda s: hvd.rank() == 0, before_backward=before,
+          after_step=change)
+    report = assert_same(runs)
+    members = bucketed(report)
+    assert "emb.weight" not in members and "emb.weight" in report["outside"]
+    assert "fc2.bias" not in members and "late" in members and "extra.weight" in members
+    sparse = [b for b in report["buckets"] if "late" in b["members"]]
+    assert sparse[0]["fallback_steps"] == 1 and "sparse" in sparse[0]["fallback"], sparse
+    assert torch.equal(runs[0][0].late, runs[1][0].late)
+
+
+def test_ready_order_differs_between_ranks():
+    torch.manual_seed(3)
+    a, b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    params = list(a.parameters()) + list(b.parameters())
+    names = [("a.weight", params[0]), ("a.bias", params[1]), ("b.weight", params[2]),
+             ("b.bias", params[3])]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), named_parameters=names)
+    opt._hvd_buckets.threshold = 1 << 20
+    for _ in range(3):
+        opt.zero_grad()
+        x = torch.ones(2, 8)
+        first, second = (a, b) if hvd.rank() % 2 == 0 else (b, a)
+        first(x).sum().backward()  # this rank's ready order: `first`'s parameters first
+        second(x).sum().backward()
+        opt.step()
+    report = opt.bucket_report()
+    layouts = hvd.allgather_object([bk["members"] for bk in report["buckets"]],
+                                   name="bucket_views_order")
+    assert all(layout == layouts[0] for layout in layouts)
+    assert len(layouts[0]) == 1 and layouts[0][0][0].startswith("a.")  # rank 0's order
+    assert params[0].grad.data_ptr() != 0
+
+
+def test_off_switch_and_fallback_reason():
+    torch.manual_seed(1)
+    model = torch.nn.Linear(4, 4)
+    off = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), bucket_view=False)
+    model(torch.ones(1, 4)).sum().backward()
+    off.step()
+    report = off.bucket_report()
+    assert report["state"] == "off" and report["buckets"] == []
+    assert "bucket_view" in report["reason"]
+
+    model = torch.nn.Linear(4, 4)  # `off` still hooks the first one
+    on = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters())
+    for _ in range(2):
+        on.zero_grad()
+        model(torch.ones(1, 4)).sum().backward()
+        on.step()
+    report = on.bucket_report()
+    assert report["state"] == "built" and report["reason"] == ""
+    assert [b["members"] for b in report["buckets"]] == [["bias", "weight"]]
+    # Frozen after zero_grad, before backward: this step goes out gradient by gradient (the
+    # reason says why), then the layout is rebuilt without it.
+    on.zero_grad()
+    model.bias.requires_grad_(False)
+    model(torch.ones(1, 4)).sum().backward()
+    on.synchronize()
+    after = on.bucket_report()
+    assert [b["members"] for b in after["buckets"]] == [["weight"]], after
+    assert after["outside"] == []
+    assert "does not require grad" in after["last_rebuild"], after
+    assert "'bias'" in after["last_rebuild"]
