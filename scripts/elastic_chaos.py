@@ -12,8 +12,10 @@ from the last one, the phase of the step and its target (tests/scripts/chaos_tra
 
 Checked, else the run fails naming the seed:
 - after every reset, every rank holds the same weights (the workers' ``AGREE``);
-- no deadlock: the job makes progress (a step or a reset) at least every ``--bound`` seconds,
-  or ends with an error;
+- no deadlock: the job makes progress at least every ``--bound`` seconds, or ends with an
+  error; progress is each effect an event waits for: a worker started, done importing,
+  initialised (after a rendezvous), a step, a reset - so a slow start on a loaded machine is
+  not taken for a deadlock, and a hang anywhere is;
 - the final weights equal a one-process reference given the commits and the data order
   (``FINAL ... match`` from every last worker);
 - every planned event fired.
@@ -81,7 +83,8 @@ class Watch:
         for line in self.proc.stdout:
             self.log.write(line)
             self.lines.append(line.rstrip("\n"))
-            if re.search(r"<stdout>:(STEP|AGREE) ", line):
+            # progress: a worker started, done importing, initialised; a step; a reset
+            if re.search(r"<stdout>:(START|READY|UP|STEP|AGREE) ", line):
                 self.last_progress = time.monotonic()
             m = re.search(r"<stdout>:EVENT (\d+) (\S+) .* host (\S+) step", line)
             if m:
@@ -118,7 +121,9 @@ def run(seed: int, events: int, hosts: bool, bound: float, timeout: float, log_p
     """Runs one chaos job; returns its summary, with "failure" set when a check failed."""
     plan = make_plan(seed, events, hosts)
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="hvdl-chaos-") as tmp, open(log_path, "w") as log:
+    # the log line by line: it is read at a stall
+    with tempfile.TemporaryDirectory(prefix="hvdl-chaos-") as tmp, \
+            open(log_path, "w", buffering=1) as log:
         folder = Path(tmp)
         folder.chmod(0o755)
         (folder / "plan.json").write_text(json.dumps(plan))
@@ -135,7 +140,8 @@ def run(seed: int, events: int, hosts: bool, bound: float, timeout: float, log_p
                 restore_links(watch)
                 now = time.monotonic()
                 if now - watch.last_progress > bound:
-                    failure = f"no progress (a step or a reset) for {bound:g} s: a deadlock"
+                    failure = (f"no progress (a worker starting or initialising, a step, a "
+                               f"reset) for {bound:g} s: a deadlock")
                 elif now - start > timeout:
                     failure = f"the run took more than {timeout:g} s"
                 if failure:

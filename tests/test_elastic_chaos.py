@@ -1,13 +1,16 @@
-"""Elastic training under chaos, the short run of the suite: scripts/elastic_chaos.py with 5
-random events (HVDL_CHAOS_EVENTS; each costs a worker start, 10-25 s on the 2-core VM): kill a
-rank, kill a host, against 4 Gloo elastic workers on two host names of this machine, each event
-at a random point of a step; the killed hosts come back through the discovery script once their
+"""Elastic training under chaos, the short run of the suite: scripts/elastic_chaos.py with 5 random
+events (HVDL_CHAOS_EVENTS; each costs a worker start, 10-25 s on the 2-core VM): kill a rank,
+kill a host, against 4 Gloo elastic workers on two host names of this machine, each event at a
+random point of a step; the killed hosts come back through the discovery script once their
 blacklist cooldown ends. Checked (by the script and its workers, tests/scripts/chaos_train.py):
 identical weights on every rank after every reset, progress or a named error within a bound
-after every event, the final weights equal to a one-process reference given the commits and the
-data order, every event fired. The seed is printed; a failing one replays with
-``python scripts/elastic_chaos.py --events 5 --seed S`` (or HVDL_CHAOS_SEED=S for this test).
-The long run (100+ events): docs/elastic.md, "Elastic under chaos"."""
+after every event (progress: each effect an event waits for - a worker started, done importing,
+initialised; a step; a reset: a slow start on a loaded machine is not a deadlock, a hang is),
+the final weights equal to a one-process reference given the commits and the data order, every
+event fired.
+The seed is printed; a failing one replays with ``python scripts/elastic_chaos.py --events 5
+--seed S`` (or HVDL_CHAOS_SEED=S for this test). The long run (100+ events): docs/elastic.md,
+"Elastic under chaos"."""
 
 from __future__ import annotations
 

@@ -33,12 +33,19 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+# The chaos script's stack dump at a stall (SIGUSR1), an import that hangs included; START and
+# READY (imports done) count as progress: a worker added on a loaded machine spends most of its
+# start importing torch, while the others wait for it at the rendezvous.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+sys.stdout.write(f"START pid {os.getpid()}\n")
+sys.stdout.flush()
 
-import horovodlite.torch as hvd
+import torch  # noqa: E402
+
+import horovodlite.torch as hvd  # noqa: E402
 
 sys.stdout.reconfigure(line_buffering=True, write_through=False)
-faulthandler.register(signal.SIGUSR1, all_threads=True)  # the chaos script's dump at a stall
+sys.stdout.write(f"READY pid {os.getpid()}\n")
 
 N, G, FEATURES, SEED, LR = 96, 12, 6, 11, 0.05
 TAIL = 8  # steps trained after the last event fired
