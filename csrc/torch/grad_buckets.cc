@@ -21,6 +21,14 @@
 #include "torch/grad_reducer_state.h"
 
 namespace hvdl {
+namespace {
+
+// What p.grad is set to: a tensor of its own aliasing the view. The view itself is never handed
+// out, so `p.grad.data = ...` (what module.double() does) or p.grad.set_() cannot turn the view
+// into something outside the bucket: the next hook then sees a gradient that is not the view.
+at::Tensor GradAlias(const at::Tensor& view) { return view.view(view.sizes()); }
+
+}  // namespace
 
 void GradReducer::SetBuckets(const std::vector<std::vector<int>>& members,
                              const std::vector<std::string>& negotiated,
@@ -84,7 +92,7 @@ void GradReducer::SetBuckets(const std::vector<std::vector<int>>& members,
       if (grad.defined() && !grad.is_sparse() && grad.scalar_type() == p.view.scalar_type() &&
           grad.device() == p.view.device() && grad.sizes() == p.view.sizes()) {
         p.view.copy_(grad);
-        p.tensor.mutable_grad() = p.view;
+        p.tensor.mutable_grad() = GradAlias(p.view);
       }
     }
     buckets_.push_back(std::move(b));
@@ -150,7 +158,7 @@ bool GradReducer::AdoptLocked(Param& p, Bucket& b, std::string* reason) {
   // A fresh gradient (zero_grad(set_to_none=True), `p.grad = t`): copied in once; from now on
   // autograd accumulates into the view.
   p.view.copy_(grad);
-  p.tensor.mutable_grad() = p.view;
+  p.tensor.mutable_grad() = GradAlias(p.view);
   ++b.copies;
   return true;
 }
@@ -216,7 +224,7 @@ void GradReducer::LaunchMissingBucketsLocked() {
       if (!m.tensor.grad().defined() && !m.sparse_seen) {
         // Unused on this rank: its slice goes out as zeros (the other ranks reduce theirs).
         m.view.zero_();
-        m.tensor.mutable_grad() = m.view;
+        m.tensor.mutable_grad() = GradAlias(m.view);
       } else if (!AdoptLocked(m, b, &reason)) {  // a partial accumulation: adopted as it is
         break;
       }

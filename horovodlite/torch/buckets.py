@@ -178,7 +178,9 @@ class BucketLayout:
                 if opt._hvd_native[i] in opt._hvd_hooks]
 
     def _signature(self, opt) -> tuple:
-        return tuple((i, id(p), p.requires_grad) for i, p in self._native_params(opt))
+        # dtype and device too: module.double() keeps the parameters, changes their data.
+        return tuple((i, id(p), p.requires_grad, p.dtype, p.device)
+                     for i, p in self._native_params(opt))
 
     def _eligible(self, opt, p) -> bool:
         g = p.grad
