@@ -9,10 +9,11 @@ Run under the launcher, e.g.::
 Memory: per-rank bytes of the optimizer state (every tensor of ``opt.state``; for ZeRO its
 local optimizer's state) and, for ``shard="gradients"``, of the reduced gradient kept after
 synchronize. Time: the median of ``--steps`` measured steps (forward, backward, step) after
-warm-up steps; the ranks start each step together (a barrier) and rank 0 prints. ``--equality``
-trains a smaller float32 model for 200 steps through the unsharded and the sharded optimizer from
-the same start and prints the largest difference of the parameters relative to the largest
-parameter, and whether they are bit-identical, per optimizer and option.
+warm-up steps; the ranks start each step together (a barrier), the competitors take turns step
+by step (in a rotating order) and rank 0 prints. ``--equality`` trains a smaller float32 model
+for 200 steps through the unsharded and the sharded optimizer from the same start and prints the
+largest difference of the parameters relative to the largest parameter, and whether they are
+bit-identical, per optimizer and option.
 """
 
 from __future__ import annotations
@@ -44,36 +45,39 @@ def batch(width, rows, step):
     return torch.randn(rows, width, generator=g), torch.randn(rows, width, generator=g)
 
 
-def timed(model, opt, args, step_fn=None):
-    times = []
-    for s in range(args.warmup + args.steps):
-        x, y = batch(args.width, args.rows, s)
-        hvd.barrier()
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        (step_fn or opt.step)()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[args.warmup:])
+def one_step(model, opt, args, step):
+    x, y = batch(args.width, args.rows, step)
+    hvd.barrier()
+    t0 = time.perf_counter()
+    opt.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    opt.step()
+    return time.perf_counter() - t0
 
 
-def run_hvd(args, shard):
+def build_hvd(args, shard):
     model = make_model(args.width, args.layers)
     opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4),
                                    named_parameters=model.named_parameters(), shard=shard)
-    seconds = timed(model, opt, args)
-    grads = 0
-    if shard == "gradients":
-        opt.zero_grad()
-        x, y = batch(args.width, args.rows, 0)
-        F.mse_loss(model(x), y).backward()
-        opt.synchronize()
-        grads = sum(b.grad.numel() * b.grad.element_size() for b in opt._shard_buckets)
-        opt.step()
-    return seconds, state_bytes(opt.state), grads
+    return model, opt, lambda: state_bytes(opt.state), lambda: kept_grads(model, opt, args)
 
 
-def run_zero(args):
+def kept_grads(model, opt, args):
+    """Bytes of reduced gradient kept after synchronize() with shard="gradients"."""
+    if getattr(opt, "_shard_mode", None) != "gradients":
+        return 0
+    opt.zero_grad()
+    x, y = batch(args.width, args.rows, 0)
+    F.mse_loss(model(x), y).backward()
+    opt.synchronize()
+    kept = sum(b.grad.numel() * b.grad.element_size() for b in opt._shard_buckets)
+    kept += sum(p.grad.numel() * p.grad.element_size() for p in model.parameters()
+                if p.grad is not None)
+    opt.step()
+    return kept
+
+
+def build_zero(args):
     import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
@@ -84,35 +88,46 @@ def run_zero(args):
                                 world_size=hvd.size())
     model = DistributedDataParallel(make_model(args.width, args.layers))
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4)
-    seconds = timed(model, opt, args)
-    return seconds, state_bytes(opt.optim.state), 0
+    return model, opt, lambda: state_bytes(opt.optim.state), lambda: 0
 
 
 def memory_and_time(args):
+    """Every competitor built first; then each round runs one step of each, in an order that
+    rotates, so load changes on the machine hit them alike."""
     params = sum(p.numel() for p in make_model(args.width, args.layers).parameters())
+    builders = {"unsharded": lambda: build_hvd(args, None),
+                "shard=optimizer_state": lambda: build_hvd(args, "optimizer_state"),
+                "shard=gradients": lambda: build_hvd(args, "gradients")}
+    if not args.no_zero:
+        builders["torch ZeRO over DDP"] = lambda: build_zero(args)
+    runs = {name: build() for name, build in builders.items()}
+    names = list(runs)
+    times = {name: [] for name in names}
+    for r in range(args.warmup + args.steps):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            model, opt, _, _ = runs[name]
+            t = one_step(model, opt, args, r)
+            if r >= args.warmup:
+                times[name].append(t)
     rows = {}
-    for name, fn in (("unsharded", lambda: run_hvd(args, None)),
-                     ("shard=optimizer_state", lambda: run_hvd(args, "optimizer_state")),
-                     ("shard=gradients", lambda: run_hvd(args, "gradients")),
-                     ("torch ZeRO over DDP", lambda: run_zero(args))):
-        if name.startswith("torch") and args.no_zero:
-            continue
-        seconds, state, grads = fn()
-        gathered = hvd.allgather(torch.tensor([[seconds, state, grads]], dtype=torch.float64))
-        rows[name] = gathered
+    for name in names:
+        _, _, state, grads = runs[name]
+        values = [statistics.median(times[name]), state(), grads()]
+        rows[name] = hvd.allgather(torch.tensor([values], dtype=torch.float64))
     if hvd.rank() == 0:
         n = hvd.size()
         full = rows["unsharded"][0, 1].item()
+        base = rows["unsharded"][0, 0].item()
         print(f"np {n}: {params * 4 / 2 ** 20:.1f} MiB of fp32 parameters, Adam, "
-              f"{args.rows} rows/rank, median of {args.steps} steps")
+              f"{args.rows} rows/rank, median of {args.steps} rounds")
         print("| optimizer | state MiB/rank (max) | x unsharded | x 1/N | grads kept MiB/rank "
-              "| step s (rank 0) |")
-        print("|---|---|---|---|---|---|")
+              "| step s (rank 0) | x unsharded |")
+        print("|---|---|---|---|---|---|---|")
         for name, g in rows.items():
             state = g[:, 1].max().item()
             print(f"| {name} | {state / 2 ** 20:.1f} | {state / full:.3f} | "
                   f"{state / full * n:.3f} | {g[:, 2].max().item() / 2 ** 20:.1f} | "
-                  f"{g[0, 0].item():.3f} |")
+                  f"{g[0, 0].item():.3f} | {g[0, 0].item() / base:.2f} |")
 
 
 EQUALITY = {
@@ -177,7 +192,7 @@ def main():
     parser.add_argument("--layers", type=int, default=4, help="4 x 2048^2 fp32 = 64 MiB")
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--no-zero", action="store_true", help="skip torch's ZeRO")
     parser.add_argument("--equality", action="store_true")
     parser.add_argument("--equality-steps", type=int, default=200)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 
 import torch
 
@@ -49,7 +50,7 @@ from horovodlite.common.reduce_ops import Average, Max, Sum
 from horovodlite.torch import summary
 from horovodlite.torch.collectives import grouped_allgather_async, grouped_reducescatter_async
 from horovodlite.torch.functions import allgather_object
-from horovodlite.torch.mpi_ops import allreduce, synchronize
+from horovodlite.torch.mpi_ops import allreduce, grouped_allreduce_async_, synchronize
 from horovodlite.torch.shard_layout import ShardLayout, check_elementwise
 from horovodlite.torch.sharded_state import (
     SHARD_KEY,
@@ -68,6 +69,13 @@ from horovodlite.torch.sharded_state import (
 _C = load()
 
 MODES = ("optimizer_state", "gradients")
+# How the flat vectors travel. "allreduce": the gradients are allreduced in place and each rank
+# keeps its range; the parameters travel as an allreduce (Sum) of a zeroed vector holding each
+# rank's range (adding zeros is exact, so this is an allgather). Twice the volume of
+# "reducescatter" (one reducescatter, one allgather), but this library's allreduce is much faster
+# than its reducescatter and allgather on one host (docs/sharded_optimizer.md), and the gradients
+# are then reduced exactly as the unsharded optimizer's fused allreduce reduces them.
+COLLECTIVES = ("allreduce", "reducescatter")
 
 
 @dataclasses.dataclass(eq=False)
@@ -98,6 +106,11 @@ class _ShardedOptimizer:
         self._shard_size = process_set.size() if ps_id else _C.size()
         self._shard_rank = process_set.rank() if ps_id else _C.rank()
         self._shard_prefix = prefix
+        self._shard_wire = os.environ.get("HOROVOD_SHARDED_COLLECTIVES", "allreduce")
+        if self._shard_wire not in COLLECTIVES:
+            raise HorovodArgumentError(
+                f"HOROVOD_SHARDED_COLLECTIVES must be one of {', '.join(COLLECTIVES)}, got "
+                f"{self._shard_wire!r}")
         self.backward_passes_per_step = passes
         self._shard_names = names or {}
         self._shard_buckets = []
@@ -213,16 +226,25 @@ class _ShardedOptimizer:
             self._shard_synced = True
             return
         prescale, postscale = self._shard_scale
-        outs = synchronize(grouped_reducescatter_async(
-            flats, name=f"{self._shard_prefix}.grads", op=self._shard_op,
-            process_set=self.process_set, prescale_factor=prescale, postscale_factor=postscale))
+        kwargs = dict(name=f"{self._shard_prefix}.grads", op=self._shard_op,
+                      process_set=self.process_set, prescale_factor=prescale,
+                      postscale_factor=postscale)
+        if self._shard_wire == "allreduce":
+            synchronize(grouped_allreduce_async_(flats, **kwargs))
+            outs = []
+            for b, flat in zip(self._shard_buckets, flats):
+                lo, hi = b.layout.range(self._shard_rank)
+                outs.append(flat[lo:hi] if keep else flat[lo:hi].clone())
+        else:
+            outs = synchronize(grouped_reducescatter_async(flats, **kwargs))
         for b, flat, out in zip(self._shard_buckets, flats, outs):
             if keep:
                 lo, hi = b.layout.range(self._shard_rank)
                 with torch.no_grad():
                     flat[:lo].zero_()
                     flat[hi:].zero_()
-                    flat[lo:hi].copy_(out)
+                    if out.data_ptr() != flat[lo:hi].data_ptr():
+                        flat[lo:hi].copy_(out)
                 b.flat, b.grad = flat, flat[lo:hi]
                 for p, view in zip(b.params, b.layout.split(flat, [p.shape for p in b.params])):
                     p.grad = view
@@ -314,15 +336,28 @@ class _ShardedOptimizer:
                     b.shard.grad = None
                     if self._shard_mode == "gradients":
                         b.grad = None
-                fulls = synchronize(grouped_allgather_async(
-                    [b.shard for b in self._shard_buckets],
-                    name=f"{self._shard_prefix}.params", process_set=self.process_set))
+                fulls = self._shard_gather_params()
                 for b, full in zip(self._shard_buckets, fulls):
                     for p, view in zip(b.params, b.layout.split(full, [p.shape
                                                                        for p in b.params])):
                         p.copy_(view)
         summary.step_completed()
         return loss
+
+    def _shard_gather_params(self) -> list:
+        """Every bucket's padded flat vector of updated parameters, from all ranks' shards."""
+        name = f"{self._shard_prefix}.params"
+        if self._shard_wire == "reducescatter":
+            return synchronize(grouped_allgather_async(
+                [b.shard for b in self._shard_buckets], name=name, process_set=self.process_set))
+        fulls = []
+        for b in self._shard_buckets:
+            full = torch.zeros(b.layout.padded, dtype=b.shard.dtype, device=b.shard.device)
+            lo, hi = b.layout.range(self._shard_rank)
+            full[lo:hi].copy_(b.shard)
+            fulls.append(full)
+        return synchronize(grouped_allreduce_async_(fulls, name=name, op=Sum,
+                                                    process_set=self.process_set))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._shard_synced = False
@@ -390,6 +425,9 @@ def check_sharding_args(optimizer, shard, compression, op, groups, num_groups,
                         sparse_as_dense) -> None:
     """Raises for an optimizer or option the sharded optimizer does not combine with."""
     from horovodlite.torch.compression import Compression
+    if isinstance(optimizer, _ShardedOptimizer):
+        raise HorovodArgumentError(
+            "this optimizer is already a sharded DistributedOptimizer; wrap the plain one")
     if shard not in MODES:
         raise HorovodArgumentError(
             f"DistributedOptimizer: shard must be None, 'optimizer_state' or 'gradients', got "

@@ -99,9 +99,11 @@ def train_pair(opt_name, mode, steps=STEPS, clip=None, passes=1, each_step=None)
     return runs
 
 
+@pytest.mark.parametrize("wire", ["allreduce", "reducescatter"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
-def test_equals_unsharded(opt_name, mode):
+def test_equals_unsharded(opt_name, mode, wire, monkeypatch):
+    monkeypatch.setenv("HOROVOD_SHARDED_COLLECTIVES", wire)
     (ref, ref_opt), (model, opt) = train_pair(opt_name, mode)
     assert_same(model, ref, what=f"{opt_name}/{mode}")
     # The full state is torch's format, equal to the unsharded optimizer's.
@@ -254,7 +256,7 @@ def test_checkpoints_round_trip():
     assert_same(m3, ref, what="after loading all shards")
 
 
-def test_bad_input_named_on_every_rank():
+def test_bad_input_named_on_every_rank(monkeypatch):
     model = make_model()
 
     class MyAdam(torch.optim.Adam):
@@ -266,6 +268,13 @@ def test_bad_input_named_on_every_rank():
             wrap(bad, model, "optimizer_state")
     with pytest.raises(ValueError, match="shard must be None"):
         wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, "zero3")
+    with monkeypatch.context() as m:
+        m.setenv("HOROVOD_SHARDED_COLLECTIVES", "ring")
+        with pytest.raises(ValueError, match="HOROVOD_SHARDED_COLLECTIVES must be one of"):
+            wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, "gradients")
+    with pytest.raises(ValueError, match="already a sharded DistributedOptimizer"):
+        wrap(wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, "gradients"), model,
+             "gradients")
     (_, _), (model, opt) = train_pair("adam", "optimizer_state", steps=1)
     state = opt.state_dict()
     state["state"][2]["exp_avg"] = torch.zeros(7, 8, dtype=torch.float64)
@@ -277,3 +286,29 @@ def test_bad_input_named_on_every_rank():
         alien["horovodlite_shard"] = {**alien["horovodlite_shard"], "size": hvd.size() + 1}
         with pytest.raises(ValueError, match=f"of {hvd.size() + 1} ranks and this job has"):
             o2.load_state_dict(alien)
+
+
+@pytest.mark.skipif(hvd.size() < 2, reason="needs a smaller set of ranks to load into")
+def test_shard_checkpoints_across_rank_counts():
+    """Saved at N ranks, loaded at N - 1 (a process set of the first N - 1 ranks), and back.
+    Last in this file: it restarts horovodlite with dynamic process sets."""
+    hvd.shutdown()
+    hvd.init(process_sets="dynamic")
+    n = hvd.size()
+    fewer = hvd.add_process_set(list(range(n - 1)))
+    (_, ref_opt), (_, opt) = train_pair("adam", "optimizer_state")
+    expected = copy.deepcopy(ref_opt.state_dict())
+    shards = hvd.allgather_object(opt.shard_state_dict(), name="shard.ckpt.n")
+    small = None
+    if fewer.included():
+        model = make_model()
+        o = wrap(torch.optim.Adam(model.parameters()), model, "gradients", process_set=fewer)
+        o.load_state_dict(shards)  # n shards into n - 1 ranks
+        assert_same_state(o.state_dict(), expected)
+        small = o.shard_state_dict()
+    small = [s for s in hvd.allgather_object(small, name="shard.ckpt.n1") if s is not None]
+    assert [s["horovodlite_shard"]["size"] for s in small] == [n - 1] * (n - 1)
+    model, o = fresh_sharded()
+    o.load_state_dict(small)  # n - 1 shards into n ranks
+    assert_same_state(o.state_dict(), expected)
+    hvd.remove_process_set(fewer)
