@@ -77,9 +77,11 @@ struct Outcome {
   bool queued_at_done = false;  // some of its batch's device work was still queued at `done`
 };
 
-// Batch "a" runs; its work then fails asynchronously and the executor's poll finds it; batch
-// "b" runs next and fails with a's error. Returns each batch's outcome.
-py::dict StreamFailureScript() {
+// Batch "a" runs; its work then fails asynchronously; batch "b" runs next and fails with a's
+// error, found by the executor's poll between the two (`poll`) or, without one, by b's own
+// hand-over to the in-flight list (DeviceInFlight::Add retires a first). Returns each batch's
+// outcome.
+py::dict StreamFailureScript(bool poll) {
   QueuedDeviceOps ops;
   BackendRegistry registry;
   registry.Add(std::make_unique<ThreadBackend>(std::make_shared<ThreadFabric>(1), 0, true));
@@ -135,7 +137,7 @@ py::dict StreamFailureScript() {
     py::gil_scoped_release nogil;
     run("a", &data_a, &a);
     ops.fail_first = true;
-    executor.PollDevice();  // finds a's failure: the next device batch reports it
+    if (poll) executor.PollDevice();  // finds a's failure: the next device batch reports it
     run("b", &data_b, &b);
   }
   py::dict result;
@@ -153,7 +155,7 @@ py::dict StreamFailureScript() {
 }  // namespace
 
 void RegisterStreamFailureTesting(py::module_& m) {
-  m.def("stream_failure_script", &StreamFailureScript);
+  m.def("stream_failure_script", &StreamFailureScript, py::arg("poll"));
 }
 
 }  // namespace hvdl

@@ -8,13 +8,15 @@ work on command (csrc/testing/testing_stream_failure.cc)."""
 
 from __future__ import annotations
 
+import pytest
 from cpp_testing import load_testing_module
 
 T = load_testing_module()
 
 
-def test_a_batch_failed_with_an_earlier_error_completes_after_its_device_work():
-    out = T.stream_failure_script()
+@pytest.mark.parametrize("poll", [True, False], ids=["found-by-poll", "found-at-hand-over"])
+def test_a_batch_failed_with_an_earlier_error_completes_after_its_device_work(poll):
+    out = T.stream_failure_script(poll)
     a, b = out["a"], out["b"]
     # a completed at once (its work still queued: the point of stream completion)
     assert a["done"] and a["error"] == "" and a["device_done"] and a["queued_at_done"]
