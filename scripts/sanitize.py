@@ -118,13 +118,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("build", "run"))
     parser.add_argument("--sanitize", default=DEFAULT)
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args()
+    parser.add_argument("command", nargs="*", help="run: the command, after --")
+    # the command is everything after "--": options before it are ours wherever they stand
+    # (argparse.REMAINDER took `build --sanitize thread`'s option for a command, silently
+    # building the default)
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    command = args.command + argv[split + 1:]
+    if args.what == "build" and command:
+        parser.error(f"build takes no command: {' '.join(command)}")
     build(args.sanitize)
     if args.what == "build":
         print(folder(args.sanitize) / "pkg")
         return 0
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     return subprocess.run(command, env=environment(args.sanitize)).returncode
 
 
