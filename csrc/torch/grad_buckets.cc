@@ -199,7 +199,28 @@ void GradReducer::LaunchBucketLocked(Bucket& b, std::exception_ptr* error) {
   try {
     Context& ctx = hooks_.context();
     CheckMembership(ctx, spec_.process_set, OpType::kAllreduce, b.label);
-    b.handle = SubmitAllreduceInplace(ctx, spec_, b.flat, b.negotiated, site_);
+    const size_t ranks = ctx.process_sets().Members(spec_.process_set).value_or(
+        std::vector<int>{}).size();
+    if (ranks <= 2) {
+      // One tensor, in place. With two ranks a + b == b + a, so the result is bit-identical to
+      // the per-gradient path's whatever the layout.
+      b.handle = SubmitAllreduceInplace(ctx, spec_, b.flat, b.negotiated, site_);
+    } else {
+      // From three ranks on the host ring reduces each tensor in chunks of its own, so where an
+      // element sits in its tensor decides the order ranks are added in (comm/allreduce_planner.h:
+      // results never depend on fusion). The members go out as the spans of one op, in place on
+      // their views (the ring takes spans without packing them), under their own names: the
+      // same rounding, and the same negotiation, as the per-gradient path.
+      std::vector<at::Tensor> views;
+      std::vector<std::string> names;
+      for (int i : b.members) {
+        const Param& m = params_[static_cast<size_t>(i)];
+        views.push_back(m.view);
+        names.push_back(m.negotiated);
+      }
+      b.handle = Submit(ctx, spec_, views, views, names,
+                        std::vector<std::string>(views.size(), site_));
+    }
     in_flight_ += static_cast<int>(b.members.size());
   } catch (...) {
     *error = std::current_exception();
