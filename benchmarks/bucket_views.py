@@ -1,0 +1,154 @@
+"""Bucket views (docs/bucket_views.md) against the per-gradient path and raw MPI, side by side in
+one run.
+
+The model is ``--params`` parameters of ``--kib`` KiB each (float32) with a cheap backward
+(gradient = a constant), so little communication overlaps with backward. Timed: from the end of
+``loss.backward()`` to the end of ``optimizer.synchronize()``, the slowest rank's. Each round runs,
+one after the other, ``--steps`` steps of: bucket views on (``zero_grad(set_to_none=False)``), on
+with ``set_to_none=True`` (one copy per gradient), off (``bucket_view=False``), and one raw
+``MPI_Allreduce`` (mpi4py) of the same total bytes, and ``hvd.allreduce_`` of one tensor of
+those bytes (the core's best case: negotiation plus one in-place MPI call); a round's figure is
+the median step. The table gives the median over rounds, the range, and the ratio to raw MPI
+of the same round.
+
+Memory: there are no allocator statistics for CPU tensors, so the report counts what holds
+gradient bytes - the parameters' gradients (distinct storages) and the core's fusion buffer -
+after bucket views alone have run (the fusion buffer only ever grows, so it is read before the
+per-gradient path runs).
+
+    horovodliterun -np 2 python benchmarks/bucket_views.py
+    horovodliterun -np 2 python benchmarks/bucket_views.py --rounds 7 --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from mpi4py import MPI
+
+import horovodlite.torch as hvd
+from horovodlite._extension import load
+
+_C = load()
+
+COMM = MPI.COMM_WORLD
+CONFIGS = ("on", "on-set_to_none", "off", "one-tensor", "mpi")
+
+
+class Model(torch.nn.Module):
+    def __init__(self, params: int, numel: int):
+        super().__init__()
+        self.ps = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(numel))
+                                         for _ in range(params))
+
+    def loss(self):
+        return sum(p.sum() for p in self.ps)  # d loss / d p = ones: a cheap backward
+
+
+def gradient_bytes(model) -> int:
+    """Bytes of the distinct storages the gradients live in."""
+    storages = {}
+    for p in model.parameters():
+        if p.grad is not None:
+            s = p.grad.untyped_storage()
+            storages[s.data_ptr()] = s.nbytes()
+    return sum(storages.values())
+
+
+def slowest(seconds: float) -> float:
+    return COMM.allreduce(seconds, op=MPI.MAX)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--params", type=int, default=200)
+    ap.add_argument("--kib", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    hvd.init()
+    numel = args.kib * 1024 // 4
+    total = args.params * numel * 4
+    models, opts = {}, {}
+    for name, view in (("on", True), ("off", False)):
+        models[name] = Model(args.params, numel)
+        opts[name] = hvd.DistributedOptimizer(
+            torch.optim.SGD(models[name].parameters(), lr=0.0),
+            named_parameters=models[name].named_parameters(), bucket_view=view)
+    raw = torch.ones(total // 4)
+
+    def step(name: str, set_to_none: bool) -> float:
+        model, opt = models[name], opts[name]
+        opt.zero_grad(set_to_none=set_to_none)
+        model.loss().backward()
+        t0 = time.perf_counter()
+        opt.synchronize()
+        elapsed = time.perf_counter() - t0
+        with opt.skip_synchronize():
+            opt.step()
+        return elapsed
+
+    def mpi_step() -> float:
+        t0 = time.perf_counter()
+        COMM.Allreduce(MPI.IN_PLACE, raw.numpy(), op=MPI.SUM)
+        return time.perf_counter() - t0
+
+    one = torch.ones(total // 4)
+
+    def one_tensor() -> float:  # the core's best case: one tensor of the same bytes, in place
+        t0 = time.perf_counter()
+        hvd.allreduce_(one, op=hvd.Sum, name="bucket_views.one_tensor")
+        return time.perf_counter() - t0
+
+    runners = {"on": lambda: step("on", False), "on-set_to_none": lambda: step("on", True),
+               "off": lambda: step("off", False), "one-tensor": one_tensor, "mpi": mpi_step}
+
+    # Memory, with bucket views alone run so far.
+    for _ in range(args.warmup):
+        runners["on"]()
+    report = opts["on"].bucket_report()
+    grads_on = gradient_bytes(models["on"])
+    fusion_on = _C.stats()["fusion_buffer_bytes"]
+    for name in CONFIGS:
+        for _ in range(args.warmup):
+            runners[name]()
+    grads_off = gradient_bytes(models["off"])
+    fusion_after = _C.stats()["fusion_buffer_bytes"]
+
+    rounds = {c: [] for c in CONFIGS}
+    copies = []
+    for _ in range(args.rounds):
+        for name in CONFIGS:
+            COMM.Barrier()
+            samples = [slowest(runners[name]()) for _ in range(args.steps)]
+            rounds[name].append(statistics.median(samples))
+            if name == "on":
+                copies.append(sum(b["copies"] for b in opts["on"].bucket_report()["buckets"]))
+    if hvd.rank() != 0:
+        hvd.shutdown()
+        return
+    mib = total / 2**20
+    print(f"np {hvd.size()}: {args.params} params x {args.kib} KiB = {mib:.1f} MiB float32; "
+          f"{args.rounds} rounds x {args.steps} steps; end of backward -> end of synchronize()")
+    print(f"buckets: {len(report['buckets'])} "
+          f"({', '.join(str(b['bytes'] // 1024) + ' KiB' for b in report['buckets'])}); "
+          f"state {report['state']}; copies per step with set_to_none=False: {copies}")
+    print(f"{'config':<16}{'median ms':>10}{'range ms':>16}{'x raw MPI':>11}{'range x':>14}")
+    for name in CONFIGS:
+        ratios = [t / m for t, m in zip(rounds[name], rounds["mpi"])]
+        print(f"{name:<16}{1e3 * statistics.median(rounds[name]):>10.2f}"
+              f"{1e3 * min(rounds[name]):>8.2f}-{1e3 * max(rounds[name]):<7.2f}"
+              f"{statistics.median(ratios):>11.2f}{min(ratios):>7.2f}-{max(ratios):<6.2f}")
+    print(f"memory (bytes per rank): gradients on {grads_on} + fusion buffer {fusion_on} "
+          f"= {(grads_on + fusion_on) / total:.3f}x the gradient bytes; "
+          f"off: gradients {grads_off}, fusion buffer after both ran {fusion_after}")
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
