@@ -97,14 +97,11 @@ class _ShardedOptimizer:
 
     def _shard_setup(self, base, mode, op, prescale, postscale, process_set, prefix,
                      passes, names) -> None:
-        ps_id = _id_of(process_set)
         self._shard_base = base
         self._shard_mode = mode
         self._shard_op = op
         self._shard_scale = (prescale, postscale)
         self.process_set = process_set
-        self._shard_size = process_set.size() if ps_id else _C.size()
-        self._shard_rank = process_set.rank() if ps_id else _C.rank()
         self._shard_prefix = prefix
         self._shard_wire = os.environ.get("HOROVOD_SHARDED_COLLECTIVES", "allreduce")
         if self._shard_wire not in COLLECTIVES:
@@ -127,9 +124,15 @@ class _ShardedOptimizer:
         return tuple(tuple(id(p) for p in g["params"] if p.requires_grad)
                      for g in self.param_groups)
 
+    def _shard_ranks(self) -> tuple:
+        ps = self.process_set
+        return (ps.size(), ps.rank()) if _id_of(ps) else (_C.size(), _C.rank())
+
     def _shard_build(self, states: dict) -> None:
         """Buckets and inner optimizer from per-parameter ``states`` (local: every rank builds
-        the same layout from the same parameters and states)."""
+        the same layout from the same parameters and states). The number of ranks is read
+        again, so loading a full state after an elastic reset lays it out over the ranks left."""
+        self._shard_size, self._shard_rank = self._shard_ranks()
         keyed: dict = {}
         seen = set()
         parked = {}
@@ -178,6 +181,11 @@ class _ShardedOptimizer:
         states = {p: {k: clone(v) for k, v in s.items()} for p, s in self._shard_parked.items()}
         if self._shard_inner is None:
             return states
+        if self._shard_ranks() != (self._shard_size, self._shard_rank):
+            raise HorovodArgumentError(
+                f"the sharded optimizer's state is laid out over {self._shard_size} ranks and "
+                f"the job now has {self._shard_ranks()[0]}: the shards of other ranks are gone; "
+                "load a full state_dict() saved before (e.g. the elastic state's last commit)")
         tensors, where = [], []
         for i, b in enumerate(self._shard_buckets):
             st = self._shard_inner.state.get(b.shard, {})
