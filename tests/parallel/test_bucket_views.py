@@ -216,3 +216,17 @@ def test_off_switch_and_fallback_reason():
     assert after["outside"] == []
     assert "does not require grad" in after["last_rebuild"], after
     assert "'bias'" in after["last_rebuild"]
+    # The name it negotiates under (timeline, stall reports, errors) names its parameters.
+    assert after["buckets"][0]["name"].endswith("[weight]"), after
+    # Elastic rollback: the step is dropped and the layout observed and agreed again.
+    on._hvd_abandon_step()
+    assert on.bucket_report()["state"] == "observing"
+    for _ in range(2):
+        on.zero_grad()
+        model(torch.ones(1, 4) * (hvd.rank() + 1)).sum().backward()
+        on.step()
+    again = on.bucket_report()
+    assert again["state"] == "built" and again["last_rebuild"] == "elastic reset"
+    assert [b["members"] for b in again["buckets"]] == [["weight"]]
+    torch.testing.assert_close(model.weight.grad,
+                               torch.full((4, 4), (hvd.size() + 1) / 2))
