@@ -192,6 +192,7 @@ class _ShardedOptimizer:
             for key in elementwise_keys(st, b.shard):
                 tensors.append(st[key].detach().contiguous())
                 where.append((i, key))
+        self._shard_check_same_state(where, tensors)
         fulls = []
         if tensors:
             fulls = synchronize(grouped_allgather_async(
@@ -205,6 +206,21 @@ class _ShardedOptimizer:
                 if s:
                     states[p] = s
         return states
+
+    def _shard_check_same_state(self, where, tensors) -> None:
+        """Every rank must hold the same state entries before they are allgathered (a rank
+        that loaded a checkpoint alone holds them, the others not: a hang otherwise). One
+        small allgather of the structure; raises on every rank, naming the ranks that differ."""
+        mine = [(i, key, t.numel(), str(t.dtype)) for (i, key), t in zip(where, tensors)]
+        every = allgather_object(mine, name=f"{self._shard_prefix}.structure",
+                                 process_set=self.process_set)
+        differ = [r for r, other in enumerate(every) if other != every[0]]
+        if differ:
+            raise HorovodArgumentError(
+                f"the sharded optimizer's state differs across ranks (ranks {differ} differ from "
+                f"rank 0: {len(every[differ[0]])} vs {len(every[0])} state tensors); each rank "
+                "holds only its shard, so load the same checkpoint on every rank "
+                "(broadcast_optimizer_state cannot spread a state loaded on one rank)")
 
     # ----------------------------------------------------------------------- gradients
 

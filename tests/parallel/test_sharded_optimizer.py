@@ -246,6 +246,17 @@ def test_checkpoints_round_trip():
         o2.load_state_dict(form)
         continue_training(m2, o2)
         assert_same(m2, ref, what="after loading")
+    # Horovod's start-of-training pattern: broadcast_optimizer_state, once every rank loaded.
+    m4, o4 = fresh_sharded()
+    o4.load_state_dict(full)
+    hvd.broadcast_optimizer_state(o4, root_rank=0)
+    assert_same_state(o4.state_dict(), full)
+    if hvd.size() > 1:  # loaded on one rank only: each rank holds a shard, so refused by all
+        m5, o5 = fresh_sharded()
+        if hvd.rank() == 0:
+            o5.load_state_dict(full)
+        with pytest.raises(ValueError, match=r"state differs across ranks \(ranks \[1"):
+            hvd.broadcast_optimizer_state(o5, root_rank=0)
     # The shards of all ranks, as a list, load too (the same forms at any number of ranks:
     # test_shard_checkpoints_across_rank_counts).
     shards = hvd.allgather_object(mine, name="shard.ckpt")
