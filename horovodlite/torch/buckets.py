@@ -120,8 +120,9 @@ class BucketLayout:
         self.state = "observing" if enabled else "off"
         self.reason = "" if enabled else "turned off (bucket_view=False or HOROVOD_BUCKET_VIEW=0)"
         self.threshold = None  # bytes per bucket; None: the fusion threshold
-        self.generation = 0  # layouts built: part of bucket names, so a new layout never
-        # meets the response cache's entries of an old one
+        self.generation = 0  # layouts built (the most of any rank's, agreed at each build):
+        # part of bucket names, so a new layout never meets the response cache's entries of an
+        # old one
         self.signature = None  # what the layout was built for (see _signature)
         self.members = []  # per bucket, the parameters
         self.last_rebuild = ""  # why the layout was last dropped
@@ -197,9 +198,13 @@ class BucketLayout:
         eligible = [self._eligible(opt, p) for _, p in natives]
         position = {i: k for k, (i, _) in enumerate(natives)}
         order = [position[i] for i in opt._hvd_reducer.ready_order() if i in position]
-        gathered = allgather_object((signature, eligible, order),
-                                    name=f"{self.prefix}.bucket_layout{self.generation}",
+        # One name for every layout: after an elastic reset the survivors have built layouts
+        # and a worker added to the job has not, so a per-process count in the name would
+        # never match. The count travels instead, and the ranks continue from the largest.
+        gathered = allgather_object((signature, eligible, order, self.generation),
+                                    name=f"{self.prefix}.bucket_layout",
                                     process_set=self.process_set)
+        self.generation = max(g[3] for g in gathered)
         try:
             check_same_params([g[0] for g in gathered])
         except HorovodArgumentError as exc:
