@@ -46,10 +46,10 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
 
 from horovodlite.common import elastic_rounds, env_travel, launch_env
 from horovodlite.runner import horovod_flags, rank_output, remote
+from horovodlite.runner.elastic_places import Blacklist, Worker, start_places
 from horovodlite.runner.gloo_launch import (
     POLL,
     TERM_GRACE,
@@ -65,39 +65,6 @@ LOOPBACK = ("localhost", "localhost.localdomain", "127.0.0.1", "::1")
 EXIT_GRACE = 10.0  # after the job ended, for its workers to exit by themselves
 FINISH_GRACE = 30.0  # after a worker finished, for the others to finish (see _finishing)
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # Horovod's --elastic-timeout default
-
-
-@dataclass
-class Worker:
-    number: int
-    host: str
-    local: bool
-    proc: subprocess.Popen
-    status: int | None = None  # exit status, once known (negative: signal)
-    left: str = ""  # why it is out of the job ("" while in it, or finished)
-    retired: bool = False
-
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-
-@dataclass
-class Blacklist:
-    cooldown: tuple | None  # (MIN, MAX) seconds, or None: for the rest of the job
-    failures: dict = field(default_factory=dict)
-    until: dict = field(default_factory=dict)
-
-    def add(self, host: str, now: float) -> str:
-        self.failures[host] = self.failures.get(host, 0) + 1
-        if self.cooldown is None:
-            self.until[host] = float("inf")
-            return "for the rest of the job"
-        seconds = min(self.cooldown[1], self.cooldown[0] * 2 ** (self.failures[host] - 1))
-        self.until[host] = now + seconds
-        return f"for {seconds:g} s (--blacklist-cooldown-range)"
-
-    def blocked(self, host: str, now: float) -> bool:
-        return self.until.get(host, 0.0) > now
 
 
 class ElasticJob:
@@ -507,16 +474,3 @@ def run(args, slots: list, base_env: dict) -> int:
                          f"{len(initial)} slot(s); the Gloo launcher starts one worker per slot")
     # as horovodrun: the job starts on every slot there is, up to --max-np (-np at least)
     return job.run(initial[:max(args.num_proc, min(job.max_np, len(initial)))])
-
-
-PLACE = (launch_env.GLOO_RANK, launch_env.GLOO_SIZE, launch_env.GLOO_LOCAL_RANK,
-         launch_env.GLOO_LOCAL_SIZE, launch_env.GLOO_CROSS_RANK, launch_env.GLOO_CROSS_SIZE)
-
-
-def start_places(hosts: list) -> list:
-    """Each worker's start assignment (HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE,
-    _CROSS_RANK, _CROSS_SIZE), as horovodrun gives them, from the hosts of a round's workers in
-    rank order: what a worker reading them (Horovod's scripts do) learns of its start. The rank
-    a round gives it later is ``hvd.rank()``; the variables are not updated."""
-    return [{k: v for k, v in settings.items() if k in PLACE}
-            for settings in launch_env.gloo_rank_settings(hosts, "", 0, "")]
