@@ -42,6 +42,14 @@ MPIRUN = os.environ.get("HVDL_HOSTS_MPIRUN") or (
     str(_beside_python) if _beside_python.exists() else shutil.which("mpirun") or "mpirun")
 
 
+def build_launcher() -> str:
+    """The mpirun horovodliterun --mpi starts: the one of the MPI horovodlite was built against
+    (Debian's Open MPI 4 in a fresh venv, where PATH may also hold PyPI's Open MPI 5)."""
+    from horovodlite import _mpi_check
+    record = _mpi_check.read_record()
+    return (record and _mpi_check.matching_launcher(record)) or MPIRUN
+
+
 def open_mpi_major(mpirun: str = MPIRUN) -> int:
     """The Open MPI major version of `mpirun` (5 when it cannot be told): Open MPI 5 (PRRTE)
     takes its runtime's settings as --prtemca, Open MPI 4 (ORTE, e.g. Debian's) as --mca."""
@@ -109,7 +117,8 @@ class HostSet:
         out -H, for horovodliterun, which takes -H itself:
         ``horovodliterun -H ... --mpi-args shlex.join(hosts.mpirun_args(""))``."""
         spec = ",".join(self.names) if hosts_spec is None else hosts_spec
-        major = open_mpi_major()
+        # for horovodliterun (spec ""): the settings of the launcher it starts, not ours
+        major = open_mpi_major(MPIRUN if spec else build_launcher())
         runtime = "--prtemca" if major >= 5 else "--mca"
         return (["-H", spec] if spec else []) + [
             *mpirun_agent_args("openmpi", major, HOSTCTL, None, None),
