@@ -14,20 +14,22 @@ this rank's shards.
 Step protocol (collective; every rank calls it in the same order):
 
 1. ``synchronize()`` (``step()`` calls it unless it already ran since ``zero_grad()``): the
-   gradients of each bucket are laid into a flat vector (zeros for a parameter without a
-   gradient on this rank, as the unsharded optimizer does) and one grouped reducescatter
-   averages them; rank r receives the reduced range r. With ``shard="optimizer_state"`` the flat
-   vector is kept and the parameters' ``.grad`` become views into it: this rank's range holds
-   the reduced gradient, the rest zeros. With ``shard="gradients"`` it is freed and ``.grad`` is
-   None: only the reduced range stays. An explicit ``synchronize()`` also agrees across ranks
-   whether any reduced gradient is inf/nan (one scalar allreduce); if so, every rank writes a
-   NaN into its range, so ``GradScaler``'s check, which only sees this rank's range, finds it on
-   every rank and all ranks skip the step and back off alike.
+   gradients of each bucket are laid into a flat vector (zeros for a parameter without a gradient
+   on this rank, as the unsharded optimizer does) and one grouped collective averages them (see
+   COLLECTIVES: an allreduce by default, a reducescatter with
+   HOROVOD_SHARDED_COLLECTIVES=reducescatter); rank r keeps the reduced range r. With
+   ``shard="optimizer_state"`` the flat vector is kept and the parameters' ``.grad`` become views
+   into it: this rank's range holds the reduced gradient, the rest zeros. With
+   ``shard="gradients"`` it is freed and ``.grad`` is None: only the reduced range stays. An
+   explicit ``synchronize()`` also agrees across ranks whether any reduced gradient is inf/nan (one
+   scalar allreduce); if so, every rank writes a NaN into its range, so ``GradScaler``'s check,
+   which only sees this rank's range, finds it on every rank and all ranks skip the step and back
+   off alike.
 2. ``step()``: copies this rank's range of the current parameters into the shard (so edits to
    the parameters since the last step, e.g. a broadcast, are honoured), mirrors each param
    group's current hyperparameters into its buckets' inner groups (LR schedulers edit
-   ``param_groups``), runs the inner optimizer on the shards, and allgathers the updated shards
-   into the parameters in one grouped allgather.
+   ``param_groups``), runs the inner optimizer on the shards, and gathers the updated shards
+   into the parameters in one grouped collective (the same choice as step 1).
 
 When the set of parameters requiring a gradient changes (freezing, ``add_param_group``), the
 next ``synchronize()`` or ``step()`` gathers the state (one allgather) and rebuilds the buckets;
@@ -225,7 +227,7 @@ class _ShardedOptimizer:
     # ----------------------------------------------------------------------- gradients
 
     def _shard_reduce(self, agree: bool) -> None:
-        """Step 1 of the protocol: reducescatter every bucket's flat gradient."""
+        """Step 1 of the protocol: reduce every bucket's flat gradient (COLLECTIVES)."""
         flats = []
         keep = self._shard_mode == "optimizer_state"
         for b in self._shard_buckets:
