@@ -291,6 +291,7 @@ void RegisterGradReducer(py::module_& m) {
            py::arg("labels"))
       .def("clear_buckets", &GradReducer::ClearBuckets)
       .def("ready_order", &GradReducer::ReadyOrder)
+      .def("layout_key", &GradReducer::LayoutKey)
       .def("bucket_report", [](const GradReducer& r) {
         py::list out;
         for (const auto& b : r.BucketReport()) {

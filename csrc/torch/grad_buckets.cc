@@ -133,6 +133,23 @@ std::vector<int> GradReducer::ReadyOrder() const {
   return order_.empty() ? last_order_ : order_;
 }
 
+std::vector<int64_t> GradReducer::LayoutKey() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> key;
+  key.reserve(params_.size() * 4);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Param& p = params_[i];
+    if (!p.active) continue;
+    const c10::Device device = p.tensor.device();
+    key.push_back(static_cast<int64_t>(i));
+    key.push_back(reinterpret_cast<int64_t>(p.tensor.unsafeGetTensorImpl()));
+    key.push_back((p.tensor.requires_grad() ? 1 : 0) |
+                  (static_cast<int64_t>(p.tensor.scalar_type()) << 1));
+    key.push_back((static_cast<int64_t>(device.type()) << 16) | (device.index() + 1));
+  }
+  return key;
+}
+
 bool GradReducer::AdoptLocked(Param& p, Bucket& b, std::string* reason) {
   const at::Tensor& grad = p.tensor.grad();
   if (!grad.defined()) {

@@ -125,6 +125,11 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
   // The order in which parameters became ready (last pass counted) in the last step that had
   // any: what the layout is built from.
   std::vector<int> ReadyOrder() const;
+  // What a layout was built for, per active parameter: its index, its tensor's identity,
+  // whether it requires grad, its dtype and device. Equal keys: the same layout still fits.
+  // Computed without Python objects (microseconds for hundreds of parameters), so the
+  // optimizer can check it twice per step.
+  std::vector<int64_t> LayoutKey() const;
 
   // The hook (autograd's threads).
   void OnGradReady(int index) override;

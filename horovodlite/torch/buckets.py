@@ -132,7 +132,8 @@ class BucketLayout:
     def check(self, opt) -> None:
         """At the safe points: a change of the reducer's parameters (added, removed, frozen,
         unfrozen) drops the layout; the next step observes again."""
-        if self.state == "built" and self._signature(opt) != self.signature:
+        if (self.state == "built" and opt._hvd_reducer is not None
+                and self._signature(opt) != self.signature):
             fallbacks = [b["fallback"] for b in opt._hvd_reducer.bucket_report()
                          if b["fallback"]]
             self.invalidate(opt, "the optimizer's parameters changed" + (
@@ -178,10 +179,12 @@ class BucketLayout:
         return [(i, opt._hvd_native[i]) for i in sorted(last.values())
                 if opt._hvd_native[i] in opt._hvd_hooks]
 
-    def _signature(self, opt) -> tuple:
-        # dtype and device too: module.double() keeps the parameters, changes their data.
-        return tuple((i, id(p), p.requires_grad, p.dtype, p.device)
-                     for i, p in self._native_params(opt))
+    @staticmethod
+    def _signature(opt):
+        # Per parameter on the reducer: index, identity, requires_grad, dtype and device
+        # (module.double() keeps the parameters and changes their data). From C++: the check
+        # runs twice per step, and a tuple per parameter in Python took ~0.4 ms for 200.
+        return opt._hvd_reducer.layout_key()
 
     def _eligible(self, opt, p) -> bool:
         g = p.grad
