@@ -9,7 +9,9 @@ with ``set_to_none=True`` (one copy per gradient), off (``bucket_view=False``), 
 ``MPI_Allreduce`` (mpi4py) of the same total bytes, and ``hvd.allreduce_`` of one tensor of
 those bytes (the core's best case: negotiation plus one in-place MPI call); a round's figure is
 the median step. The table gives the median over rounds, the range, and the ratio to raw MPI
-of the same round.
+of the same round. ``on-aligned`` is ``on`` with a barrier between the end of backward and the
+timed span: the ranks' backward passes end at different times, and without it the slowest rank's
+figure includes waiting for the other rank's backward (the raw MPI call starts aligned).
 
 Memory: there are no allocator statistics for CPU tensors, so the report counts what holds
 gradient bytes - the parameters' gradients (distinct storages) and the core's fusion buffer -
@@ -35,7 +37,7 @@ from horovodlite._extension import load
 _C = load()
 
 COMM = MPI.COMM_WORLD
-CONFIGS = ("on", "on-set_to_none", "off", "one-tensor", "mpi")
+CONFIGS = ("on", "on-aligned", "on-set_to_none", "off", "one-tensor", "mpi")
 
 
 class Model(torch.nn.Module):
@@ -82,10 +84,12 @@ def main() -> None:
             named_parameters=models[name].named_parameters(), bucket_view=view)
     raw = torch.ones(total // 4)
 
-    def step(name: str, set_to_none: bool) -> float:
+    def step(name: str, set_to_none: bool, aligned: bool = False) -> float:
         model, opt = models[name], opts[name]
         opt.zero_grad(set_to_none=set_to_none)
         model.loss().backward()
+        if aligned:  # the ranks' ends of backward together: no rank's time waits for another's
+            COMM.Barrier()
         t0 = time.perf_counter()
         opt.synchronize()
         elapsed = time.perf_counter() - t0
@@ -105,7 +109,8 @@ def main() -> None:
         hvd.allreduce_(one, op=hvd.Sum, name="bucket_views.one_tensor")
         return time.perf_counter() - t0
 
-    runners = {"on": lambda: step("on", False), "on-set_to_none": lambda: step("on", True),
+    runners = {"on": lambda: step("on", False), "on-aligned": lambda: step("on", False, True),
+               "on-set_to_none": lambda: step("on", True),
                "off": lambda: step("off", False), "one-tensor": one_tensor, "mpi": mpi_step}
 
     # Memory, with bucket views alone run so far.
