@@ -230,3 +230,34 @@ def test_off_switch_and_fallback_reason():
     assert [b["members"] for b in again["buckets"]] == [["weight"]]
     torch.testing.assert_close(model.weight.grad,
                                torch.full((4, 4), (hvd.size() + 1) / 2))
+
+
+def test_dtype_change_rebuilds_the_layout():
+    """module.double() keeps the parameters and changes their data: the layout's key (read from
+    the reducer) changes, the layout is dropped at the next zero_grad() and rebuilt in float64,
+    and the reduced gradients stay right."""
+    torch.manual_seed(2)
+    model = torch.nn.Linear(3, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    layout = opt._hvd_buckets
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    assert opt.bucket_report()["state"] == "built"
+    key = opt._hvd_reducer.layout_key()
+    assert key == layout.signature and len(key) == 4 * 2  # four entries per parameter
+    model.double()
+    assert opt._hvd_reducer.layout_key() != key
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.ones(1, 3, dtype=torch.float64) * (hvd.rank() + 1)).sum().backward()
+        opt.step()
+    report = opt.bucket_report()
+    assert report["state"] == "built", report
+    assert "parameters changed" in report["last_rebuild"], report
+    assert [b["bytes"] for b in report["buckets"]] == [8 * (3 * 2 + 2)], report
+    assert model.weight.grad.dtype == torch.float64
+    torch.testing.assert_close(model.weight.grad,
+                               torch.full((2, 3), (hvd.size() + 1) / 2, dtype=torch.float64))
