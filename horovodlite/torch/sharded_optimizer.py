@@ -256,7 +256,14 @@ class _ShardedOptimizer:
                       process_set=self.process_set, prescale_factor=prescale,
                       postscale_factor=postscale)
         if self._shard_wire == "allreduce":
-            synchronize(grouped_allreduce_async_(flats, **kwargs))
+            # From three ranks on, the host ring's order of addition depends on where an element
+            # sits in its tensor: each parameter's range goes out as a tensor of its own (views
+            # of the flat vector, one op, in place; padding stays zero), so the gradients are
+            # summed exactly as the unsharded optimizer sums them.
+            spans = flats if self._shard_ranks()[0] < 3 else [
+                view for b, flat in zip(self._shard_buckets, flats)
+                for view in b.layout.split(flat, [(p.numel(),) for p in b.params])]
+            synchronize(grouped_allreduce_async_(spans, **kwargs))
             outs = []
             for b, flat in zip(self._shard_buckets, flats):
                 lo, hi = b.layout.range(self._shard_rank)
