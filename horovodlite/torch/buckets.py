@@ -132,8 +132,7 @@ class BucketLayout:
     def check(self, opt) -> None:
         """At the safe points: a change of the reducer's parameters (added, removed, frozen,
         unfrozen) drops the layout; the next step observes again."""
-        if (self.state == "built" and opt._hvd_reducer is not None
-                and self._signature(opt) != self.signature):
+        if self.state == "built" and self._signature(opt) != self.signature:
             fallbacks = [b["fallback"] for b in opt._hvd_reducer.bucket_report()
                          if b["fallback"]]
             self.invalidate(opt, "the optimizer's parameters changed" + (
