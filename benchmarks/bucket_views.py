@@ -3,13 +3,17 @@ one run.
 
 The model is ``--params`` parameters of ``--kib`` KiB each (float32) with a cheap backward
 (gradient = a constant), so little communication overlaps with backward. Timed: from the end of
-``loss.backward()`` to the end of ``optimizer.synchronize()``, the slowest rank's. Each round runs,
+``loss.backward()`` to the end of ``optimizer.synchronize()``, two ways: ``own``, the slowest
+rank's span from its own end of backward (what one rank's profile shows; it includes waiting for
+a rank whose backward ended later), and ``after last``, from the moment the last rank finished
+backward to the moment the last rank finished ``synchronize()`` (the time the reduction adds
+after the last gradient exists; the ranks share one host, so one monotonic clock). Each round runs,
 one after the other, ``--steps`` steps of: bucket views on (``zero_grad(set_to_none=False)``), on
 with ``set_to_none=True`` (one copy per gradient), off (``bucket_view=False``), and one raw
 ``MPI_Allreduce`` (mpi4py) of the same total bytes, and ``hvd.allreduce_`` of one tensor of
 those bytes (the core's best case: negotiation plus one in-place MPI call); a round's figure is
-the median step. The table gives the median over rounds, the range, and the ratio to raw MPI
-of the same round. ``on-aligned`` is ``on`` with a barrier between the end of backward and the
+the median step. The tables give the median over rounds, the range, and the ratio to raw MPI
+(timed the same way) of the same round. ``on-aligned`` is ``on`` with a barrier between the end of backward and the
 timed span: the ranks' backward passes end at different times, and without it the slowest rank's
 figure includes waiting for the other rank's backward (the raw MPI call starts aligned).
 
@@ -60,8 +64,11 @@ def gradient_bytes(model) -> int:
     return sum(storages.values())
 
 
-def slowest(seconds: float) -> float:
-    return COMM.allreduce(seconds, op=MPI.MAX)
+def spans(start: float, end: float) -> tuple:
+    """(the slowest rank's own span, last end - last start) of one step, on every rank."""
+    times = COMM.allgather((start, end))
+    return (max(e - s for s, e in times),
+            max(e for _, e in times) - max(s for s, _ in times))
 
 
 def main() -> None:
@@ -92,22 +99,22 @@ def main() -> None:
             COMM.Barrier()
         t0 = time.perf_counter()
         opt.synchronize()
-        elapsed = time.perf_counter() - t0
+        t1 = time.perf_counter()
         with opt.skip_synchronize():
             opt.step()
-        return elapsed
+        return t0, t1
 
     def mpi_step() -> float:
         t0 = time.perf_counter()
         COMM.Allreduce(MPI.IN_PLACE, raw.numpy(), op=MPI.SUM)
-        return time.perf_counter() - t0
+        return t0, time.perf_counter()
 
     one = torch.ones(total // 4)
 
     def one_tensor() -> float:  # the core's best case: one tensor of the same bytes, in place
         t0 = time.perf_counter()
         hvd.allreduce_(one, op=hvd.Sum, name="bucket_views.one_tensor")
-        return time.perf_counter() - t0
+        return t0, time.perf_counter()
 
     runners = {"on": lambda: step("on", False), "on-aligned": lambda: step("on", False, True),
                "on-set_to_none": lambda: step("on", True),
@@ -125,13 +132,14 @@ def main() -> None:
     grads_off = gradient_bytes(models["off"])
     fusion_after = _C.stats()["fusion_buffer_bytes"]
 
-    rounds = {c: [] for c in CONFIGS}
+    rounds = {c: [] for c in CONFIGS}  # per round: (median own span, median after-last span)
     copies = []
     for _ in range(args.rounds):
         for name in CONFIGS:
             COMM.Barrier()
-            samples = [slowest(runners[name]()) for _ in range(args.steps)]
-            rounds[name].append(statistics.median(samples))
+            samples = [spans(*runners[name]()) for _ in range(args.steps)]
+            rounds[name].append(tuple(statistics.median(s[i] for s in samples)
+                                      for i in range(2)))
             if name == "on":
                 copies.append(sum(b["copies"] for b in opts["on"].bucket_report()["buckets"]))
     if hvd.rank() != 0:
@@ -143,12 +151,16 @@ def main() -> None:
     print(f"buckets: {len(report['buckets'])} "
           f"({', '.join(str(b['bytes'] // 1024) + ' KiB' for b in report['buckets'])}); "
           f"state {report['state']}; copies per step with set_to_none=False: {copies}")
-    print(f"{'config':<16}{'median ms':>10}{'range ms':>16}{'x raw MPI':>11}{'range x':>14}")
-    for name in CONFIGS:
-        ratios = [t / m for t, m in zip(rounds[name], rounds["mpi"])]
-        print(f"{name:<16}{1e3 * statistics.median(rounds[name]):>10.2f}"
-              f"{1e3 * min(rounds[name]):>8.2f}-{1e3 * max(rounds[name]):<7.2f}"
-              f"{statistics.median(ratios):>11.2f}{min(ratios):>7.2f}-{max(ratios):<6.2f}")
+    for i, label in enumerate(("own: the slowest rank, from its own end of backward",
+                               "after last: from the last rank's end of backward")):
+        print(label)
+        print(f"{'config':<16}{'median ms':>10}{'range ms':>16}{'x raw MPI':>11}{'range x':>14}")
+        for name in CONFIGS:
+            times = [r[i] for r in rounds[name]]
+            ratios = [t[i] / m[i] for t, m in zip(rounds[name], rounds["mpi"])]
+            print(f"{name:<16}{1e3 * statistics.median(times):>10.2f}"
+                  f"{1e3 * min(times):>8.2f}-{1e3 * max(times):<7.2f}"
+                  f"{statistics.median(ratios):>11.2f}{min(ratios):>7.2f}-{max(ratios):<6.2f}")
     print(f"memory (bytes per rank): gradients on {grads_on} + fusion buffer {fusion_on} "
           f"= {(grads_on + fusion_on) / total:.3f}x the gradient bytes; "
           f"off: gradients {grads_off}, fusion buffer after both ran {fusion_after}")
