@@ -11,8 +11,21 @@
 // is copied in once and p.grad becomes the view - and counts it; the last member launches the
 // bucket. A member that cannot be adopted breaks the bucket for the step: its members go out one
 // by one on the per-gradient path, so the step still reduces every gradient, only with copies.
+//
+// CUDA buckets (one device allocation each, allocated like the first member). The per-gradient
+// path records a gradient's ready event on the stream current in its hook, which is the stream
+// autograd accumulated it on (the engine runs a node's post hooks under that node's stream). A
+// bucket is submitted once, from its last member's hook, so its ready event is recorded on that
+// member's stream only; members made ready on other streams (a forward that ran layers on side
+// streams) are ordered before it here: at the launch the current stream waits (device-side, an
+// event recorded on each other stream) for every stream a member became ready on. With one
+// stream, the usual case, that is nothing: stream order already puts every member's
+// accumulation (and any copy into the view, made on the same stream) before the event.
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -27,6 +40,26 @@ namespace {
 // out, so `p.grad.data = ...` (what module.double() does) or p.grad.set_() cannot turn the view
 // into something outside the bucket: the next hook then sees a gradient that is not the view.
 at::Tensor GradAlias(const at::Tensor& view) { return view.view(view.sizes()); }
+
+// The current stream of `device` on this thread (a hook's: the stream autograd ran its node on).
+c10::Stream CurrentStream(const c10::Device& device) {
+  return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+}
+
+// Device buckets: the current stream waits for the work queued so far on `streams` (those other
+// than itself); then clears them. An event recorded now covers more than the member's
+// accumulation (whatever that stream queued since), which only waits longer.
+void WaitForStreams(const c10::Device& device, std::vector<c10::Stream>* streams) {
+  if (streams->empty()) return;
+  const c10::Stream current = CurrentStream(device);
+  for (const c10::Stream& s : *streams) {
+    if (s == current) continue;
+    c10::Event done(device.type());
+    done.record(s);
+    done.block(current);
+  }
+  streams->clear();
+}
 
 }  // namespace
 
@@ -194,6 +227,12 @@ void GradReducer::ReadyLocked(int index, std::exception_ptr* error) {
     BreakLocked(b, reason, error);
     return;
   }
+  if (!b.flat.is_cpu()) {  // where autograd accumulated into the view (and AdoptLocked copied)
+    const c10::Stream stream = CurrentStream(b.flat.device());
+    if (std::find(b.streams.begin(), b.streams.end(), stream) == b.streams.end()) {
+      b.streams.push_back(stream);
+    }
+  }
   if (++b.ready == static_cast<int>(b.members.size())) LaunchBucketLocked(b, error);
 }
 
@@ -201,8 +240,16 @@ void GradReducer::BreakLocked(Bucket& b, const std::string& reason, std::excepti
   b.broken = true;
   ++b.fallback_steps;
   b.fallback = reason;
-  // Members ready so far go out now, one by one; the rest go out on their own hooks (or at
-  // LaunchMissing) the same way, since the bucket is broken.
+  // Members ready so far go out now, one by one, from this stream: it waits for theirs first.
+  // The rest go out on their own hooks (or at LaunchMissing) the same way, since the bucket is
+  // broken.
+  if (!b.streams.empty()) {
+    try {
+      WaitForStreams(b.flat.device(), &b.streams);
+    } catch (...) {
+      if (!*error) *error = std::current_exception();
+    }
+  }
   for (int i : b.members) {
     Param& m = params_[static_cast<size_t>(i)];
     if (!m.bucket_ready || m.handle != 0 || m.deferred) continue;
@@ -218,9 +265,14 @@ void GradReducer::LaunchBucketLocked(Bucket& b, std::exception_ptr* error) {
     CheckMembership(ctx, spec_.process_set, OpType::kAllreduce, b.label);
     const size_t ranks = ctx.process_sets().Members(spec_.process_set).value_or(
         std::vector<int>{}).size();
-    if (ranks <= 2) {
+    // Device buckets: the ready event Submit records on this stream must follow every member.
+    if (!b.streams.empty()) WaitForStreams(b.flat.device(), &b.streams);
+    if (ranks <= 2 || !b.flat.is_cpu()) {
       // One tensor, in place. With two ranks a + b == b + a, so the result is bit-identical to
-      // the per-gradient path's whatever the layout.
+      // the per-gradient path's whatever the layout. Device memory at any size: NCCL (or host
+      // staging) reduces it in place; a batch of several device tensors would be packed into
+      // the fusion buffer instead (device plans have no spans), and on device memory the
+      // per-gradient path's rounding depends on what was fused anyway.
       b.handle = SubmitAllreduceInplace(ctx, spec_, b.flat, b.negotiated, site_);
     } else {
       // From three ranks on the host ring reduces each tensor in chunks of its own, so where an

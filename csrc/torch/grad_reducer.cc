@@ -139,6 +139,7 @@ void GradReducer::ResetLocked() {
     b.ready = 0;
     b.broken = false;
     b.copies = 0;
+    b.streams.clear();
   }
   if (!order_.empty()) last_order_ = std::move(order_);
   order_.clear();

@@ -2,6 +2,7 @@
 // path) and grad_buckets.cc (buckets). Private to those two files.
 #pragma once
 
+#include <c10/core/Stream.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -44,6 +45,10 @@ struct GradReducer::Bucket {
   int last_copies = 0;  // ... in the last step
   int fallback_steps = 0;
   std::string fallback;
+  // Device buckets: the streams its members became ready on this step (their hooks' current
+  // streams, where autograd accumulated into the views), each once. The bucket's ready event is
+  // recorded on one stream only; LaunchBucketLocked makes that stream wait for the others.
+  std::vector<c10::Stream> streams;
 };
 
 }  // namespace hvdl

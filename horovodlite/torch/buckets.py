@@ -14,7 +14,13 @@ member is ready. This module decides the layout:
    every rank can bucket it, and the layout follows rank 0's ready order, so every rank builds
    the same buckets (names and shapes) whatever order its own backward ran in.
 3. Lay out (``plan_buckets``): per (dtype, device), in that order, buckets of at most the fusion
-   threshold; a parameter larger than the threshold gets a bucket of its own.
+   threshold; a parameter larger than the threshold gets a bucket of its own. A bucket is one
+   flat tensor allocated like its first member: on a CUDA device, one device allocation.
+
+CUDA parameters are bucketed on the GPU this process runs collectives on (the one the placement
+check accepted, ``device_check``) in a build with CUDA; elsewhere they stay on the per-gradient
+path, whose placement checks raise what they raise. The C++ reducer orders the bucket's
+allreduce after every member's accumulation on the CUDA streams (csrc/torch/grad_buckets.cc).
 
 The layout is rebuilt (observe, agree, lay out) when the parameters on the reducer change or
 one of them is frozen or unfrozen (checked at ``zero_grad()`` and ``synchronize()``; do it on
@@ -30,6 +36,7 @@ import torch
 
 from horovodlite._extension import load
 from horovodlite.common.exceptions import HorovodArgumentError
+from horovodlite.torch import device_check, submission
 
 _C = load()
 
@@ -70,6 +77,19 @@ def plan_buckets(order, nbytes, keys, threshold: int) -> list:
         buckets[b].append(i)
         filled[b] += size
     return buckets
+
+
+def device_can_bucket(device: torch.device) -> bool:
+    """Whether a parameter on ``device`` can live in a bucket here: the CPU, or the CUDA device
+    this process runs collectives on (the one the placement check accepted) in a build with
+    CUDA. Any other device stays on the per-gradient path (which defers it to the Python path's
+    placement checks)."""
+    if device.type == "cpu":
+        return True
+    if device.type == "cuda":
+        return (submission.CUDA_BUILT and device.index is not None
+                and device_check._device == device.index)
+    return False
 
 
 def agreed_order(orders: list, size: int) -> list:
@@ -160,7 +180,10 @@ class BucketLayout:
         buckets = []
         if opt._hvd_reducer is not None and self.state == "built":
             for b in opt._hvd_reducer.bucket_report():
-                b["members"] = [names[opt._hvd_native[i]] for i in b["members"]]
+                members = [opt._hvd_native[i] for i in b["members"]]
+                b["members"] = [names[p] for p in members]
+                # The flat tensor is allocated like its first member (SetBuckets).
+                b["device"] = str(members[0].device) if members else ""
                 buckets.append(b)
         bucketed = {id(p) for ps in self.members for p in ps}
         outside = [names[p] for p in opt._hvd_params()
@@ -187,7 +210,7 @@ class BucketLayout:
 
     def _eligible(self, opt, p) -> bool:
         g = p.grad
-        return (p.requires_grad and p.device.type == "cpu" and p.is_contiguous()
+        return (p.requires_grad and device_can_bucket(p.device) and p.is_contiguous()
                 and p not in opt._hvd_sparse_seen and g is not None and not g.is_sparse
                 and g.dtype == p.dtype and g.device == p.device and g.shape == p.shape)
 
@@ -229,6 +252,16 @@ class BucketLayout:
             members.append([natives[k][0] for k in ks])
             negotiated.append(f"allreduce.{self.prefix}.{label}")
             labels.append(f"{self.prefix}.{label}")
+        cuda = {tensors[k].device.index for ks in plan for k in ks
+                if tensors[k].device.type == "cuda"}
+        if cuda:
+            # The GPU _eligible accepted (device_check's): the reducer's per-gradient path then
+            # takes this device's gradients too, as it would from the next synchronize() on, so
+            # a bucket that falls back is still reduced from the hooks.
+            (device,) = cuda
+            if opt._hvd_device != device:
+                opt._hvd_reducer.set_device(device)
+                opt._hvd_device = device
         with torch.no_grad():
             opt._hvd_reducer.set_buckets(members, negotiated, labels)
         self.members = [[tensors[k] for k in ks] for ks in plan]
@@ -238,8 +271,9 @@ class BucketLayout:
         left = [signature[k][0] for k in range(len(natives)) if not everywhere[k]]
         self.reason = ("" if not left else
                        f"{len(left)} parameter(s) outside buckets (sparse, not contiguous, "
-                       f"not on the CPU, or without a gradient on some rank): {left[:5]}")
+                       "on a device other than the CPU or this process's GPU, or without a "
+                       f"gradient on some rank): {left[:5]}")
 
 
 __all__ = ["BucketLayout", "agreed_order", "bucket_view_enabled", "check_same_params",
-           "plan_buckets"]
+           "device_can_bucket", "plan_buckets"]

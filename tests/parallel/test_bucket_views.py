@@ -1,6 +1,7 @@
 """Bucket views (docs/bucket_views.md) on every rank: a model trained with bucket views gives
 bit-identical parameters to the same model trained on the per-gradient path, in the same job, for
-each way users touch gradients; the layout is the same on every rank.
+each way users touch gradients, and under torch.compile; the layout is the same on every rank,
+and ranks that optimize different parameters are told which one and which ranks.
 
 tests/test_parallel.py runs this file at np 1, 2 and 3."""
 
@@ -12,6 +13,9 @@ import torch
 import horovodlite.torch as hvd
 
 THRESHOLD = 1024  # bytes per bucket: several buckets for the small models here
+OPTIMIZERS = [pytest.param(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, id="sgd"),
+              pytest.param(torch.optim.Adam, {"lr": 0.01}, id="adam")]
+multi_rank = pytest.mark.skipif("hvd.size() < 2", reason="needs at least 2 ranks to disagree")
 
 
 class Net(torch.nn.Module):
@@ -95,9 +99,7 @@ def bucketed(report) -> set:
     return {m for b in report["buckets"] for m in b["members"]}
 
 
-@pytest.mark.parametrize("opt_cls, kwargs", [(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
-                                             (torch.optim.Adam, {"lr": 0.01})],
-                         ids=["sgd", "adam"])
+@pytest.mark.parametrize("opt_cls, kwargs", OPTIMIZERS)
 def test_same_results_and_copies(opt_cls, kwargs):
     runs = pair(opt_cls, **kwargs)
     copies = []
@@ -261,3 +263,111 @@ def test_dtype_change_rebuilds_the_layout():
     assert model.weight.grad.dtype == torch.float64
     torch.testing.assert_close(model.weight.grad,
                                torch.full((2, 3), (hvd.size() + 1) / 2, dtype=torch.float64))
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 16)
+        self.fc3 = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.tanh(self.fc1(x)))))
+
+
+@pytest.mark.parametrize("opt_cls, kwargs", OPTIMIZERS)
+def test_torch_compile_trains_as_eager(opt_cls, kwargs):
+    """torch.compile(backend="aot_eager": AOTAutograd's forward and backward graphs, run by the
+    eager kernels) with bucket views: the compiled backward's gradients accumulate into the
+    views (no copies with set_to_none=False), and the parameters are bit-identical to eager
+    training with bucket views, and to compiled training without them."""
+    import torch._dynamo.testing
+
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    runs = {}
+    for mode in ("eager", "compiled", "compiled-off"):
+        torch.manual_seed(7)
+        model = Mlp()
+        opt = hvd.DistributedOptimizer(opt_cls(model.parameters(), **kwargs),
+                                       named_parameters=model.named_parameters(),
+                                       bucket_view=mode != "compiled-off")
+        opt._hvd_buckets.threshold = 512
+        forward = (model if mode == "eager"
+                   else torch.compile(model, backend=counter, fullgraph=True))
+        copies = []
+        for step in range(5):
+            opt.zero_grad(set_to_none=step < 2)
+            g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+            x, y = torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)
+            torch.nn.functional.mse_loss(forward(x), y).backward()
+            opt.step()
+            copies.append(sum(b["copies"] for b in opt.bucket_report()["buckets"]))
+        runs[mode] = (model, opt, copies)
+    assert counter.frame_count >= 1  # the forward did run compiled
+    eager = dict(runs["eager"][0].named_parameters())
+    for mode in ("compiled", "compiled-off"):
+        for name, p in runs[mode][0].named_parameters():
+            assert torch.equal(p, eager[name]), f"rank {hvd.rank()}: {mode} {name} differs"
+    _, opt, copies = runs["compiled"]
+    report = opt.bucket_report()
+    assert report["state"] == "built" and report["outside"] == [], report
+    assert bucketed(report) == set(eager) and len(report["buckets"]) > 1, report
+    # Step 0 observes; step 1 (set_to_none=True) copies each gradient in once; then none.
+    assert copies == [0, len(eager), 0, 0, 0], copies
+    assert all(b["fallback_steps"] == 0 for b in report["buckets"]), report
+    assert runs["compiled-off"][1].bucket_report()["state"] == "off"
+    layouts = hvd.allgather_object([b["members"] for b in report["buckets"]],
+                                   name=f"bucket_views_compile_{opt_cls.__name__}")
+    assert all(layout == layouts[0] for layout in layouts), layouts
+
+
+@multi_rank
+@pytest.mark.parametrize("case", ["extra", "order"])
+def test_a_parameter_set_that_differs_between_ranks_is_named_on_every_rank(case):
+    """Ranks 1 and up hand the optimizer a different parameter set than rank 0, one the
+    per-gradient path cannot tell apart (it negotiates gradients by name, shape and dtype), so
+    the first step completes everywhere and the layout agreement is what finds it:
+
+    - extra: one parameter more, in the middle, frozen before the first backward (hooked, so
+      it is the optimizer's, but it sends no gradient);
+    - order: the same parameters in another order (a layout built from them would put
+      different parameters in the same bucket on different ranks).
+
+    Every rank raises the same error naming the parameter and the ranks; the layout is off for
+    that optimizer, and a correct model and optimizer train afterwards."""
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    extra = torch.nn.Parameter(torch.ones(3))
+    named = [*model.named_parameters(), ("extra", extra)]
+    params = list(model.parameters())
+    if hvd.rank() >= 1:
+        params = params[:2] + [extra] + params[2:] if case == "extra" else params[::-1]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), named_parameters=named)
+    extra.requires_grad_(False)
+    model(torch.ones(2, 4)).sum().backward()
+    with pytest.raises(hvd.HorovodArgumentError) as info:
+        opt.step()
+    msg = str(info.value)
+    others = list(range(1, hvd.size()))
+    if case == "extra":
+        want = ("parameter #2 is '1.weight' [2, 4] torch.float32 on rank 0 but 'extra' [3] "
+                "torch.float32 on rank 1")
+    else:
+        want = ("parameter #0 is '0.weight' [4, 4] torch.float32 on rank 0 but '1.bias' [2] "
+                "torch.float32 on rank 1")
+    assert want in msg and f"(ranks differing from rank 0: {others})" in msg, msg
+    assert all(m == msg for m in hvd.allgather_object(msg, name=f"bucket_views_mismatch_{case}"))
+    report = opt.bucket_report()
+    assert report["state"] == "off" and report["reason"] == msg, report
+
+    torch.manual_seed(4)
+    good = torch.nn.Linear(4, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(good.parameters(), lr=0.1),
+                                   named_parameters=good.named_parameters())
+    for _ in range(2):
+        opt.zero_grad()
+        good(torch.ones(1, 4) * (hvd.rank() + 1)).sum().backward()
+        opt.step()
+    assert opt.bucket_report()["state"] == "built"
+    torch.testing.assert_close(good.weight.grad, torch.full((2, 4), (hvd.size() + 1) / 2))

@@ -269,6 +269,94 @@ def test_distributed_optimizer_enqueues_cuda_gradients_in_cpp():
     assert opt._hvd_device == DEV.index
 
 
+@pytest.mark.parametrize("opt_cls, kwargs", [(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+                                             (torch.optim.Adam, {"lr": 0.01})],
+                         ids=["sgd", "adam"])
+def test_bucket_views_on_cuda_give_the_per_gradient_paths_parameters(opt_cls, kwargs):
+    """Bucket views on CUDA (docs/bucket_views.md): every gradient lives in a bucket on this GPU,
+    one device allocation per bucket, reduced in place; over steps of SGD and Adam the
+    parameters are bit-identical to bucket_view=False, and with zero_grad(set_to_none=False)
+    no gradient is copied."""
+    runs = []
+    for bucket_view in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                    torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 4)).to(DEV)
+        opt = hvd.DistributedOptimizer(opt_cls(model.parameters(), **kwargs),
+                                       named_parameters=model.named_parameters(),
+                                       bucket_view=bucket_view)
+        opt._hvd_buckets.threshold = 512  # bytes: several buckets
+        runs.append((model, opt))
+    for step in range(5):
+        x = gpu_data(40 + step, hvd.rank(), (6, 8), torch.float32)
+        y = gpu_data(60 + step, hvd.rank(), (6, 4), torch.float32)
+        for model, opt in runs:
+            opt.zero_grad(set_to_none=step < 2)  # set_to_none=False from step 2 on
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    (on, opt_on), (off, opt_off) = runs
+    for (name, p), q in zip(on.named_parameters(), off.parameters()):
+        assert torch.equal(p, q), f"rank {hvd.rank()}: {opt_cls.__name__} {name} differs"
+    report = opt_on.bucket_report()
+    params = dict(on.named_parameters())
+    assert report["state"] == "built" and report["outside"] == [], report
+    assert sorted(m for b in report["buckets"] for m in b["members"]) == sorted(params), report
+    assert len(report["buckets"]) > 1, report
+    for b in report["buckets"]:
+        assert b["device"] == str(DEV), report
+        assert b["copies"] == 0 and b["fallback_steps"] == 0, report  # last step: no copies
+        grads = [params[m].grad for m in b["members"]]
+        # One device allocation per bucket: every member's gradient is a view into it.
+        assert all(g.device == DEV for g in grads), b
+        assert len({g.untyped_storage().data_ptr() for g in grads}) == 1, b
+        assert grads[0].untyped_storage().nbytes() == b["bytes"], b
+    assert opt_off.bucket_report()["state"] == "off"
+    assert opt_on._hvd_device == DEV.index
+
+
+class _LateGrad(torch.autograd.Function):
+    """Identity whose backward keeps its stream busy first: the gradient lands late there."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        torch.cuda._sleep(200_000_000)
+        return grad * 1.0  # queued behind the sleep
+
+
+def test_a_bucket_waits_for_a_member_accumulated_on_a_side_stream():
+    """Two parameters in one bucket, one of them used on a side stream whose backward is slow
+    there: the bucket's allreduce (submitted from whichever hook comes last, on that hook's
+    stream) must still see both gradients accumulated, every step."""
+    n, side = hvd.size(), torch.cuda.Stream()
+    a = torch.nn.Parameter(torch.zeros(1 << 16, device=DEV))
+    b = torch.nn.Parameter(torch.zeros(1 << 16, device=DEV))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([a, b], lr=0.0),
+                                   named_parameters=[("a", a), ("b", b)])
+    opt._hvd_buckets.threshold = 1 << 20  # one bucket for both
+    mean = (n + 1) / 2
+    for step in range(3):
+        opt.zero_grad(set_to_none=False)
+        side.wait_stream(torch.cuda.current_stream())  # after zero_grad's zero_() on ours
+        with torch.cuda.stream(side):
+            ya = (_LateGrad.apply(a) * (hvd.rank() + 1.0)).sum()
+        torch.cuda.current_stream().wait_stream(side)
+        yb = (b * (hvd.rank() + 1.0)).sum()
+        (ya + yb).backward()
+        opt.synchronize()
+        assert torch.all(a.grad == mean).item(), f"step {step}: {a.grad[:4].tolist()}"
+        assert torch.all(b.grad == mean).item(), f"step {step}: {b.grad[:4].tolist()}"
+        with opt.skip_synchronize():
+            opt.step()
+    report = opt.bucket_report()
+    assert report["state"] == "built", report
+    assert [sorted(bk["members"]) for bk in report["buckets"]] == [["a", "b"]], report
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_a_gradient_on_a_second_gpu_raises_naming_both_devices_then_training_goes_on():
     other = torch.device("cuda", (DEV.index + 1) % torch.cuda.device_count())

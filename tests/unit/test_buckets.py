@@ -32,6 +32,20 @@ def test_plan_keeps_dtypes_apart_and_orders_buckets_by_first_member():
     assert plan_buckets([1, 0, 2, 3], [4] * 4, keys, 100) == [[1, 3], [0, 2]]
 
 
+def test_plan_keeps_devices_apart():
+    """CUDA parameters (devices are plain torch.device objects here: no GPU needed) share a
+    bucket only with parameters of their dtype on their own device."""
+    cpu, cuda0, cuda1 = (torch.device(d) for d in ("cpu", "cuda:0", "cuda:1"))
+    keys = [(torch.float32, cpu), (torch.float32, cuda0), (torch.float32, cuda1),
+            (torch.float32, cuda0), (torch.float16, cuda0), (torch.float32, cpu),
+            (torch.float16, cuda0), (torch.float32, cuda1)]
+    assert plan_buckets(range(8), [4] * 8, keys, 100) == [[0, 5], [1, 3], [2, 7], [4, 6]]
+    # The threshold cuts each device's run on its own: cuda:0's second bucket opens while
+    # the CPU's first is still filling.
+    nbytes = [4, 6, 4, 6, 4, 4, 4, 4]
+    assert plan_buckets([0, 1, 3, 5, 2], nbytes, keys, 8) == [[0, 5], [1], [3], [2]]
+
+
 def test_plan_refuses_a_threshold_that_is_not_positive():
     with pytest.raises(HorovodArgumentError, match="threshold"):
         plan_buckets([0], [4], [F32], 0)

@@ -1,6 +1,7 @@
 """GPU support that can be checked without a GPU: feature probes, argument checks for CUDA
 tensors in a CPU-only build (with tensors that only claim to be on CUDA), CPU/GPU placement in
-negotiation, and the Python-side placement checks (device_check)."""
+negotiation, the Python-side placement checks (device_check), and the bucket layout's decisions
+for CUDA parameters (buckets.py, with stand-ins for the parameters, the reducer and the ranks)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch
 from cpp_testing import load_testing_module
 
 import horovodlite.torch as hvd
-from horovodlite.torch import device_check
+from horovodlite.torch import device_check, functions, submission
+from horovodlite.torch.buckets import BucketLayout, device_can_bucket
 
 ROOT = Path(__file__).parents[2]
 T = load_testing_module()
@@ -135,3 +137,122 @@ def test_pinning_check_warns_once_when_ranks_share_a_gpu():
         assert device_check._pending is None and device_check._done
     finally:
         device_check._reset()
+
+
+# ------------------------------------------------------- bucket views: CUDA parameters, stand-ins
+
+
+def test_a_cuda_device_can_bucket_only_as_this_processs_gpu_in_a_cuda_build(monkeypatch):
+    monkeypatch.setattr(device_check, "_device", 1)
+    monkeypatch.setattr(submission, "CUDA_BUILT", True)
+    assert device_can_bucket(torch.device("cpu"))
+    assert device_can_bucket(torch.device("cuda:1"))
+    assert not device_can_bucket(torch.device("cuda:0"))  # not the GPU the check accepted
+    assert not device_can_bucket(torch.device("meta"))
+    monkeypatch.setattr(device_check, "_device", None)  # no CUDA collective yet
+    assert not device_can_bucket(torch.device("cuda:1"))
+    monkeypatch.setattr(device_check, "_device", 1)
+    monkeypatch.setattr(submission, "CUDA_BUILT", False)  # a CPU-only build
+    assert not device_can_bucket(torch.device("cuda:1"))
+    assert device_can_bucket(torch.device("cpu"))
+
+
+class _Reducer:
+    """What BucketLayout._build and report() call on the C++ reducer, recorded."""
+
+    def __init__(self, n):
+        self.order, self.device, self.layout = list(range(n)), None, None
+
+    def ready_order(self):
+        return self.order
+
+    def set_device(self, device):
+        self.device = device
+
+    def set_buckets(self, members, negotiated, labels):
+        self.layout = members
+
+    def layout_key(self):
+        return []
+
+    def bucket_report(self):
+        return [dict(name=f"b{k}", bytes=0, members=list(m), copies=0, fallback_steps=0,
+                     fallback="") for k, m in enumerate(self.layout)]
+
+
+class _Opt:
+    """The DistributedOptimizer attributes the layout reads, for parameters hooked on the C++
+    reducer in this order."""
+
+    def __init__(self, named):
+        self._hvd_native = [p for _, p in named]
+        self._hvd_hooks = dict.fromkeys(self._hvd_native)
+        self._parameter_names = {p: n for n, p in named}
+        self._hvd_sparse_seen = {}
+        self._hvd_reducer = _Reducer(len(named))
+        self._hvd_device = -1
+        self._hvd_local = False
+
+    def _hvd_params(self):
+        return list(self._hvd_native)
+
+
+def _stand_in_params():
+    """A CPU parameter and two on cuda:1 (float32, float16), each with a gradient."""
+    cpu = torch.zeros(3, requires_grad=True)
+    cpu.grad = torch.zeros(3)
+    gpu = FakeCuda((4, 2), index=1).requires_grad_()
+    gpu.grad = FakeCuda((4, 2), index=1)
+    half = FakeCuda((5,), dtype=torch.float16, index=1).requires_grad_()
+    half.grad = FakeCuda((5,), dtype=torch.float16, index=1)
+    return [("w.cpu", cpu), ("w.gpu", gpu), ("b.half", half)]
+
+
+def _build(monkeypatch, other_rank_can_bucket=None):
+    """BucketLayout._build on the stand-ins, with one other rank that agrees (its eligibility
+    `other_rank_can_bucket`, default: ours)."""
+    def allgather_object(obj, name=None, process_set=None):
+        signature, eligible, order, generation = obj
+        theirs = eligible if other_rank_can_bucket is None else other_rank_can_bucket
+        return [obj, (signature, theirs, order, generation)]
+
+    monkeypatch.setattr(functions, "allgather_object", allgather_object)
+    opt = _Opt(_stand_in_params())
+    layout = BucketLayout(True, "grad.opt0", None)
+    layout.threshold = 1 << 20
+    layout._build(opt)
+    return opt, layout.report(opt)
+
+
+@pytest.mark.parametrize("cuda_built, gpu", [(True, 1), (True, 0), (True, None), (False, 1)],
+                         ids=["this-gpu", "another-gpu", "no-gpu-yet", "cpu-only-build"])
+def test_bucket_layout_of_cuda_parameters(monkeypatch, cuda_built, gpu):
+    """CUDA parameters on the GPU the placement check accepted are bucketed, per dtype and apart
+    from the CPU's, and the reducer takes that GPU's gradients; otherwise they stay outside and
+    the reason does not say "not on the CPU"."""
+    monkeypatch.setattr(submission, "CUDA_BUILT", cuda_built)
+    monkeypatch.setattr(device_check, "_device", gpu)
+    opt, report = _build(monkeypatch)
+    assert report["state"] == "built", report
+    members = [b["members"] for b in report["buckets"]]
+    if cuda_built and gpu == 1:
+        assert members == [["w.cpu"], ["w.gpu"], ["b.half"]], report
+        assert [b["device"] for b in report["buckets"]] == ["cpu", "cuda:1", "cuda:1"]
+        assert report["outside"] == [] and report["reason"] == "", report
+        assert opt._hvd_reducer.device == 1 and opt._hvd_device == 1
+    else:
+        assert members == [["w.cpu"]], report
+        assert report["outside"] == ["w.gpu", "b.half"], report
+        assert report["reason"].startswith("2 parameter(s) outside buckets"), report
+        assert "not on the CPU" not in report["reason"], report
+        assert "this process's GPU" in report["reason"], report
+        assert opt._hvd_reducer.device is None and opt._hvd_device == -1
+
+
+def test_a_cuda_parameter_another_rank_cannot_bucket_stays_outside_on_every_rank(monkeypatch):
+    monkeypatch.setattr(submission, "CUDA_BUILT", True)
+    monkeypatch.setattr(device_check, "_device", 1)
+    opt, report = _build(monkeypatch, other_rank_can_bucket=[True, False, True])
+    assert [b["members"] for b in report["buckets"]] == [["w.cpu"], ["b.half"]], report
+    assert report["outside"] == ["w.gpu"] and "['w.gpu']" in report["reason"], report
+    assert opt._hvd_reducer.device == 1
