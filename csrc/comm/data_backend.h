@@ -90,6 +90,12 @@ class DataBackend {
   // (counts[i] elements) into `recv`.
   virtual Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
                                DataType dtype, ReduceOp op, int ps) = 0;
+  // ReduceScatter of `work`, scratch the backend may overwrite (a fusion buffer): a backend that
+  // reduces in place skips copying it first.
+  virtual Status ReduceScatterScratch(void* work, void* recv, const std::vector<int64_t>& counts,
+                                      DataType dtype, ReduceOp op, int ps) {
+    return ReduceScatter(work, recv, counts, dtype, op, ps);
+  }
   // Device buffers only, background thread: blocks until `event` (recorded after this backend's
   // queued work) has completed. A backend whose work can fail asynchronously (NCCL) checks for
   // such failures while it waits and returns them as a Status naming the rank.

@@ -43,6 +43,8 @@ class HostCollectives : public DataBackend {
                    const std::vector<int64_t>& recv_counts, DataType dtype, int ps) override;
   Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
                        DataType dtype, ReduceOp op, int ps) override;
+  Status ReduceScatterScratch(void* work, void* recv, const std::vector<int64_t>& counts,
+                              DataType dtype, ReduceOp op, int ps) override;
 
   int single_copy_transports() const override { return fabric_->single_copy_transports(); }
   int single_copy_peers() const override { return fabric_->single_copy_peers(); }
@@ -58,9 +60,14 @@ class HostCollectives : public DataBackend {
   void set_hierarchical_reducescatter(Toggle t) { hierarchical_reducescatter_ = t; }
   int64_t hierarchical_reducescatters() const override { return hierarchical_reducescatters_; }
   static constexpr int64_t kHierarchicalAllgatherBytes = 256 * 1024;
+  // From this many bytes a reduce-scatter runs over the transports even where natives exist.
+  static constexpr int64_t kRingReduceScatterBytes = 256 * 1024;
 
  private:
   Status RunPlan(const AllreducePlan& plan, const AllreduceArgs& args);
+  // Reduce-scatter of `send`; in place on `work` when not null (then work == send).
+  Status Scatter(const void* send, void* work, void* recv, const std::vector<int64_t>& counts,
+                 DataType dtype, ReduceOp op, int ps);
   struct HostLayout {
     Transport* local = nullptr;
     Transport* cross = nullptr;

@@ -165,7 +165,9 @@ Status HostStagingBackend::ReduceScatter(const void* send, void* recv,
   HVDL_RETURN_IF_ERROR(Stage(send_bytes + recv_bytes, &host));
   HVDL_RETURN_IF_ERROR(ops_->CopyToHost(host, send, send_bytes));
   HVDL_RETURN_IF_ERROR(ops_->Synchronize());
-  HVDL_RETURN_IF_ERROR(host_->ReduceScatter(host, host + send_bytes, counts, dtype, op, ps));
+  // The staged copy is ours: reduced in place.
+  HVDL_RETURN_IF_ERROR(
+      host_->ReduceScatterScratch(host, host + send_bytes, counts, dtype, op, ps));
   return ops_->CopyToDevice(recv, host + send_bytes, recv_bytes);
 }
 

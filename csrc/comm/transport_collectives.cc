@@ -62,20 +62,28 @@ Status TransportReduceScatter(Transport* t, const void* send, void* recv,
                               const std::vector<int64_t>& counts, DataType dtype, ReduceOp op,
                               size_t segment_bytes) {
   HVDL_RETURN_IF_ERROR(CheckCounts(t, counts.size(), "reducescatter"));
-  const size_t esize = DataTypeSize(dtype);
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   // The ring reduces in place: on a copy, since `send` is the caller's.
   thread_local std::vector<char> work;
-  work.resize(static_cast<size_t>(total) * esize);
+  work.resize(static_cast<size_t>(total) * DataTypeSize(dtype));
   CopyBytes(work.data(), send, work.size());
+  return TransportReduceScatterInPlace(t, work.data(), recv, counts, dtype, op, segment_bytes);
+}
+
+Status TransportReduceScatterInPlace(Transport* t, void* work, void* recv,
+                                     const std::vector<int64_t>& counts, DataType dtype,
+                                     ReduceOp op, size_t segment_bytes) {
+  HVDL_RETURN_IF_ERROR(CheckCounts(t, counts.size(), "reducescatter"));
+  const size_t esize = DataTypeSize(dtype);
   if (t->size() > 1) {
-    HVDL_RETURN_IF_ERROR(RingReduceScatter(t, BlocksAsChunks(work.data(), counts, dtype), dtype,
-                                           op, segment_bytes, nullptr));
+    HVDL_RETURN_IF_ERROR(RingReduceScatter(t, BlocksAsChunks(work, counts, dtype), dtype, op,
+                                           segment_bytes, nullptr));
   }
   const size_t me = static_cast<size_t>(t->rank());
-  CopyBytes(recv, work.data() + Offsets(counts)[me] * static_cast<int64_t>(esize),
-              static_cast<size_t>(counts[me]) * esize);
+  const char* mine =
+      static_cast<const char*>(work) + Offsets(counts)[me] * static_cast<int64_t>(esize);
+  if (mine != recv) CopyBytes(recv, mine, static_cast<size_t>(counts[me]) * esize);
   return Status::Ok();
 }
 

@@ -7,7 +7,8 @@
 // this rank's result is in place, and moves each block once per link it crosses:
 //   allgatherv     ring (reduce-free half of the ring allreduce): n-1 steps, block i starting at
 //                  member i, segmented;
-//   reducescatter  ring reduce-scatter on a copy of the input, block i completed at member i;
+//   reducescatter  ring reduce-scatter on a copy of the input (or in place on scratch the caller
+//                  gives up), block i completed at member i;
 //                  the order of additions depends on the member only, so results are identical
 //                  on every run;
 //   broadcast      binomial tree from `root`: log2(n) rounds, each member receiving once;
@@ -30,6 +31,10 @@ Status TransportAllgatherv(Transport* t, const void* send, void* recv,
 Status TransportReduceScatter(Transport* t, const void* send, void* recv,
                               const std::vector<int64_t>& counts, DataType dtype, ReduceOp op,
                               size_t segment_bytes);
+// The same on `work`, which it reduces in place (its contents are lost): no copy of the input.
+Status TransportReduceScatterInPlace(Transport* t, void* work, void* recv,
+                                     const std::vector<int64_t>& counts, DataType dtype,
+                                     ReduceOp op, size_t segment_bytes);
 Status TransportBroadcast(Transport* t, void* buf, int64_t count, DataType dtype, int root);
 Status TransportAlltoallv(Transport* t, const void* send, const std::vector<int64_t>& send_counts,
                           void* recv, const std::vector<int64_t>& recv_counts, DataType dtype);

@@ -258,7 +258,7 @@ Status BatchOps::Reducescatter(BatchItems& items, BatchMemory* m, DataBackend* b
   void* recv = At(buf, layout.total, esize);
   phase(Activity(be, OpType::kReducescatter));
   HVDL_RETURN_IF_ERROR(
-      be->ReduceScatter(buf, recv, layout.counts, r0.dtype, scaling.op, r0.process_set));
+      be->ReduceScatterScratch(buf, recv, layout.counts, r0.dtype, scaling.op, r0.process_set));
   phase("MEMCPY_OUT_FUSION_BUFFER");
   std::vector<CopyRegion> unpack;
   int64_t src = 0;

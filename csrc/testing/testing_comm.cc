@@ -84,6 +84,12 @@ py::list TransportCollective(const std::string& op, const std::vector<std::strin
           s = TransportReduceScatter(t.get(), in.data(), out.data(), counts[0], dt,
                                      static_cast<ReduceOp>(reduce_op),
                                      static_cast<size_t>(segment));
+        } else if (op == "reducescatter_inplace") {  // on a scratch copy, which it reduces
+          std::string work = in;
+          out.assign(static_cast<size_t>(counts[0][me]) * esize, '\0');
+          s = TransportReduceScatterInPlace(t.get(), work.data(), out.data(), counts[0], dt,
+                                            static_cast<ReduceOp>(reduce_op),
+                                            static_cast<size_t>(segment));
         } else if (op == "broadcast") {
           out = in;
           s = TransportBroadcast(t.get(), out.data(), static_cast<int64_t>(in.size() / esize), dt,
@@ -97,7 +103,8 @@ py::list TransportCollective(const std::string& op, const std::vector<std::strin
           s = TransportAlltoallv(t.get(), in.data(), counts[me], out.data(), recv, dt);
         } else {
           s = Status::InvalidArgument(
-              "op: allreduce, allgather, reducescatter, broadcast or alltoall");
+              "op: allreduce, allgather, reducescatter, reducescatter_inplace, broadcast or "
+              "alltoall");
         }
         errors[me] = s.message();
       });

@@ -233,6 +233,29 @@ def test_reducescatter_uneven(dtype, op_name, variant):
         assert_close(o, full[start:start + count], dtype, variant)
 
 
+@pytest.mark.parametrize("op_name", ["Average", "Sum"])
+def test_reducescatter_large_enough_for_the_ring(op_name):
+    """From 256 KiB a reduce-scatter runs over horovodlite's ring even where MPI's natives exist
+    (in place on the fusion buffer): uneven blocks, one tensor and a group, exact values."""
+    n, r = hvd.size(), hvd.rank()
+    rows = 70000 * n + 1  # float32: over 256 KiB in all; low ranks get the extra row
+    op = hvd.Average if op_name == "Average" else hvd.Sum
+    base = torch.arange(rows, dtype=torch.float32).remainder_(97)
+    mine = [base + r, base * 2 + r]
+    outs = hvd.grouped_reducescatter(mine, op=op, name=f"rs.ring.{op_name}")
+    outs.append(hvd.reducescatter(mine[0], op=op, name=f"rs.ring.one.{op_name}"))
+    start = sum(rows // n + (k < rows % n) for k in range(r))
+    count = rows // n + (r < rows % n)
+    ranks = float(sum(range(n)))
+    for out, want in zip(outs, [base * n + ranks, base * 2 * n + ranks, base * n + ranks]):
+        exact = op_name == "Sum"  # integer sums below 2**24; Average scales by 1/n
+        if not exact:
+            want = want / n
+        assert tuple(out.shape) == (count,), (r, tuple(out.shape))
+        torch.testing.assert_close(out, want[start:start + count], rtol=0 if exact else 1e-6,
+                                   atol=0 if exact else 1e-6)
+
+
 def test_reducescatter_scale_factors():
     n, r = hvd.size(), hvd.rank()
     inputs = [torch.full((n * 2, 2), float(k + 1)) for k in range(n)]
