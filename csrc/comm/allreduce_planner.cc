@@ -16,7 +16,11 @@ AllreducePlanner::AllreducePlanner(const Config& config, const Fabric* fabric,
     : fabric_(fabric),
       registry_(registry),
       algorithm_(config.allreduce_algorithm),
-      ring_threshold_(config.ring_threshold_bytes),
+      ring_threshold_(config.ring_threshold_bytes != Config::kRingThresholdAuto
+                          ? config.ring_threshold_bytes
+                      : fabric != nullptr && !fabric->spans_hosts() && config.ring_single_copy
+                          ? kAutoRingThresholdBytes
+                          : -1),
       segment_bytes_(config.ring_segment_bytes > 0
                          ? static_cast<size_t>(config.ring_segment_bytes)
                          : kHostSegmentBytes),

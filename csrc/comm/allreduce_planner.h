@@ -10,8 +10,12 @@
 //   - the ring for fused batches from kFusedRingBytes: it reduces the tensors in place, as spans
 //     laid out chunk-major, while a native allreduce needs them packed into one buffer and
 //     unpacked again - two extra memory passes that cost as much as the transfer on one host;
-//   - the native collective for a single tensor (in place, no copies; the ring is no faster
-//     there), unless HOROVOD_RING_THRESHOLD is set and the data is at least that large;
+//   - the native collective for a single tensor (in place, no copies) below
+//     HOROVOD_RING_THRESHOLD, the ring from it. auto: kAutoRingThresholdBytes in a job on one
+//     host whose ring copies once (HOROVOD_RING_CMA), where it beat MPI_Allreduce from there on
+//     (Open MPI 5, 2 ranks, 2-core VM, 2026-11-28: 16 MiB 0.73-0.96x, 64 MiB 0.62-0.63x MPI's
+//     time, Average included; 4 MiB 1.06-1.42x against native's 1.06-1.14x of MPI, in cache);
+//     never across hosts (not measured there);
 //   - the ring for every floating-point Sum/Average/Product with 3 or more ranks, so that results
 //     never depend on fusion (MPI_Allreduce's association changes with message size; the
 //     ring's does not, see ring.h).
@@ -88,6 +92,7 @@ ReductionScaling ScalingFor(ReduceOp op, int set_size, double prescale, double p
 class AllreducePlanner {
  public:
   static constexpr int64_t kFusedRingBytes = 256 * 1024;
+  static constexpr int64_t kAutoRingThresholdBytes = 8 << 20;
   static constexpr size_t kHostSegmentBytes = 256 * 1024;
   static constexpr size_t kNetworkSegmentBytes = 64 * 1024;
 

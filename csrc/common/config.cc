@@ -168,10 +168,17 @@ const std::vector<Knob>& Table() {
         "auto (see the algorithm choice below), mpi (MPI_Allreduce) or ring (horovodlite's "
         "zero-copy ring)."},
        [](auto& n, auto& v, Config* c) { return ParseAlgorithm(n, v, &c->allreduce_algorithm); }},
-      {{"HOROVOD_RING_THRESHOLD", "-1",
-        "Bytes from which auto also runs a single tensor as a ring (-1: never; fused batches "
-        "from 256 KiB and floating sums on 3+ ranks always use the ring)."},
-       [](auto& n, auto& v, Config* c) { return ParseInt(n, v, -1, &c->ring_threshold_bytes); }},
+      {{"HOROVOD_RING_THRESHOLD", "auto",
+        "Bytes from which auto also runs a single tensor as a ring (-1: never; auto: 8 MiB in a "
+        "job on one host with HOROVOD_RING_CMA, never otherwise; fused batches from 256 KiB "
+        "and floating sums on 3+ ranks always use the ring)."},
+       [](auto& n, auto& v, Config* c) {
+         if (v == "auto") {
+           c->ring_threshold_bytes = Config::kRingThresholdAuto;
+           return Status::Ok();
+         }
+         return ParseInt(n, v, -1, &c->ring_threshold_bytes);
+       }},
       {{"HOROVOD_RING_SEGMENT_BYTES", "auto",
         "Pipeline segment of the ring: one segment is reduced while the next is in flight. "
         "auto: 256 KiB between ranks of one host; on rings that cross hosts 64 KiB over MPI "

@@ -42,7 +42,10 @@ struct Config {
   bool dynamic_process_sets = false;
   int64_t summary_steps = 0;
   AllreduceAlgorithm allreduce_algorithm = AllreduceAlgorithm::kAuto;
-  int64_t ring_threshold_bytes = -1;  // -1: chosen by measurement (see backends/mpi)
+  // Single tensors from this many bytes run as a ring; -1: never; kRingThresholdAuto: the
+  // planner decides from the job's layout (comm/allreduce_planner).
+  static constexpr int64_t kRingThresholdAuto = -2;
+  int64_t ring_threshold_bytes = kRingThresholdAuto;
   int64_t ring_segment_bytes = 0;  // 0: auto (per ring, see backends/mpi)
   bool ring_single_copy = true;
   bool malloc_tuning = true;

@@ -257,6 +257,15 @@ def test_planner_forced_algorithms_and_threshold():
     env = {"HOROVOD_RING_THRESHOLD": "1000"}
     assert plan(env=env, bytes=999)["algorithm"] == "native"
     assert plan(env=env, bytes=1000)["algorithm"] == "ring"
+    # auto: single tensors from 8 MiB ring on one host with single-copy rings, never across
+    # hosts, without single copy, or with -1
+    big = 8 << 20
+    assert plan(bytes=big - 1)["algorithm"] == "native"
+    assert plan(bytes=big)["algorithm"] == "ring"
+    assert plan(fabric={"spans_hosts": True}, bytes=big)["algorithm"] == "native"
+    assert plan(env={"HOROVOD_RING_CMA": "0"}, bytes=big)["algorithm"] == "native"
+    assert plan(env={"HOROVOD_RING_THRESHOLD": "-1"}, bytes=big)["algorithm"] == "native"
+    assert plan(env={"HOROVOD_RING_THRESHOLD": "auto"}, bytes=big)["algorithm"] == "ring"
 
 
 def test_planner_average_is_a_sum_with_postscale():
