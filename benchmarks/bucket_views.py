@@ -13,7 +13,11 @@ with ``set_to_none=True`` (one copy per gradient), off (``bucket_view=False``), 
 ``MPI_Allreduce`` (mpi4py) of the same total bytes, and ``hvd.allreduce_`` of one tensor of
 those bytes (the core's best case: negotiation plus one in-place MPI call); a round's figure is
 the median step. The tables give the median over rounds, the range, and the ratio to raw MPI
-(timed the same way) of the same round. ``on-aligned`` is ``on`` with a barrier between the end of backward and the
+(timed the same way) of the same round. ``mpi-after-backward`` is raw MPI as a user without
+any library would get it from the end of backward: the same model with its gradients set by
+hand to views of one flat tensor, backward, then ``MPI_Allreduce`` of that tensor in place (a
+Sum, like the ``mpi`` row, which runs without a backward before it: memory and caches are in
+another state after one). ``on-aligned`` is ``on`` with a barrier between the end of backward and the
 timed span: the ranks' backward passes end at different times, and without it the slowest rank's
 figure includes waiting for the other rank's backward (the raw MPI call starts aligned).
 
@@ -41,7 +45,8 @@ from horovodlite._extension import load
 _C = load()
 
 COMM = MPI.COMM_WORLD
-CONFIGS = ("on", "on-aligned", "on-set_to_none", "off", "one-tensor", "mpi")
+CONFIGS = ("on", "on-aligned", "on-set_to_none", "off", "one-tensor", "mpi",
+           "mpi-after-backward")
 
 
 class Model(torch.nn.Module):
@@ -90,6 +95,11 @@ def main() -> None:
             torch.optim.SGD(models[name].parameters(), lr=0.0),
             named_parameters=models[name].named_parameters(), bucket_view=view)
     raw = torch.ones(total // 4)
+    # Raw MPI after backward: gradients as views of one flat tensor, made by hand.
+    by_hand = Model(args.params, numel)
+    flat = torch.zeros(total // 4)
+    for k, p in enumerate(by_hand.parameters()):
+        p.grad = flat[k * numel:(k + 1) * numel]
 
     def step(name: str, set_to_none: bool, aligned: bool = False) -> float:
         model, opt = models[name], opts[name]
@@ -109,6 +119,13 @@ def main() -> None:
         COMM.Allreduce(MPI.IN_PLACE, raw.numpy(), op=MPI.SUM)
         return t0, time.perf_counter()
 
+    def mpi_after_backward() -> tuple:
+        flat.zero_()
+        by_hand.loss().backward()
+        t0 = time.perf_counter()
+        COMM.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
+        return t0, time.perf_counter()
+
     one = torch.ones(total // 4)
 
     def one_tensor() -> float:  # the core's best case: one tensor of the same bytes, in place
@@ -118,7 +135,8 @@ def main() -> None:
 
     runners = {"on": lambda: step("on", False), "on-aligned": lambda: step("on", False, True),
                "on-set_to_none": lambda: step("on", True),
-               "off": lambda: step("off", False), "one-tensor": one_tensor, "mpi": mpi_step}
+               "off": lambda: step("off", False), "one-tensor": one_tensor, "mpi": mpi_step,
+               "mpi-after-backward": mpi_after_backward}
 
     # Memory, with bucket views alone run so far.
     for _ in range(args.warmup):
@@ -154,13 +172,18 @@ def main() -> None:
     for i, label in enumerate(("own: the slowest rank, from its own end of backward",
                                "after last: from the last rank's end of backward")):
         print(label)
-        print(f"{'config':<16}{'median ms':>10}{'range ms':>16}{'x raw MPI':>11}{'range x':>14}")
+        print(f"{'config':<19}{'median ms':>10}{'range ms':>16}{'x raw MPI':>11}{'range x':>14}"
+              f"{'x MPI after bwd':>17}{'range x':>14}")
         for name in CONFIGS:
             times = [r[i] for r in rounds[name]]
-            ratios = [t[i] / m[i] for t, m in zip(rounds[name], rounds["mpi"])]
-            print(f"{name:<16}{1e3 * statistics.median(times):>10.2f}"
-                  f"{1e3 * min(times):>8.2f}-{1e3 * max(times):<7.2f}"
-                  f"{statistics.median(ratios):>11.2f}{min(ratios):>7.2f}-{max(ratios):<6.2f}")
+            cols = ""
+            for ref in ("mpi", "mpi-after-backward"):
+                ratios = [t[i] / m[i] for t, m in zip(rounds[name], rounds[ref])]
+                width = 11 if ref == "mpi" else 17
+                cols += (f"{statistics.median(ratios):>{width}.2f}"
+                         f"{min(ratios):>7.2f}-{max(ratios):<6.2f}")
+            print(f"{name:<19}{1e3 * statistics.median(times):>10.2f}"
+                  f"{1e3 * min(times):>8.2f}-{1e3 * max(times):<7.2f}{cols}")
     print(f"memory (bytes per rank): gradients on {grads_on} + fusion buffer {fusion_on} "
           f"= {(grads_on + fusion_on) / total:.3f}x the gradient bytes; "
           f"off: gradients {grads_off}, fusion buffer after both ran {fusion_after}")
