@@ -11,6 +11,9 @@ same model, data, sampler partition and optimizer, with the ranks that were aliv
 commit (all of them up to the commit the job continued from after a loss, the survivors after
 it), and prints ``FINAL rank R size S epochs E steps T`` for the test to read.
 
+``--shard MODE``: ``DistributedOptimizer(shard=MODE)``, each rank keeping 1/N of the momentum;
+a survivor then prints ``SHARD rank R holds H of T momentum values``.
+
 ``--forge-round EPOCH:BATCH``: at that step rank 0 plays a stranger on the network who saw the
 driver's key names (tests/scripts/strangers.py): it overwrites the driver's latest-round pointer
 and the next round with forged values (a round that ends the job), then trains on; every worker
@@ -155,6 +158,8 @@ def main():
     p.add_argument("--garbage", action="store_true", help="see the top")
     p.add_argument("--step-seconds", type=float, default=0.0,
                    help="sleep this long in every step (to lose a host mid-training)")
+    p.add_argument("--shard", choices=["optimizer_state", "gradients"],
+                   help="DistributedOptimizer(shard=...): each rank keeps 1/N of the momentum")
     args = p.parse_args()
     kills = [tuple(int(v) for v in k.split(":")) for k in args.kill]
     forge_at = tuple(int(v) for v in args.forge_round.split(":")) if args.forge_round else None
@@ -164,7 +169,8 @@ def main():
     first_size, first_rank = hvd.size(), hvd.rank()
     x, y = make_data()
     model, opt = make_model()
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   shard=args.shard)
     sampler = hvd.elastic.ElasticSampler(torch.arange(N), shuffle=True, seed=SEED)
     state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0, steps=0)
     live = list(range(first_size))  # the original ranks still in the job
@@ -229,6 +235,10 @@ def main():
     print(f"SECRETS rank {hvd.rank()} {secrets_seen()}", flush=True)
     if "MY_ODD_SETTING" in os.environ:  # a caller's value, as this rank got it (ASCII escaped)
         print(f"ODD rank {hvd.rank()} {os.environ['MY_ODD_SETTING']!a}", flush=True)
+    if args.shard:  # this rank's part of the momentum, laid out over the ranks left
+        held = sum(t.numel() for st in opt.state.values() for t in st.values())
+        total = sum(p.numel() for p in model.parameters())
+        print(f"SHARD rank {hvd.rank()} holds {held} of {total} momentum values", flush=True)
     if args.compare == "ranks":
         flat = torch.cat([p.detach().flatten() for p in model.parameters()]).unsqueeze(0)
         rows = hvd.allgather(flat, name="final.weights")

@@ -9,10 +9,20 @@ in memory: a model's snapshot costs as much memory as the model.
 |-------------------------------------|--------------------------------------------------------|
 | ``torch.nn.Module``                 | ``broadcast_parameters(model.state_dict(), 0)``        |
 | ``torch.optim.Optimizer``           | ``broadcast_optimizer_state(optimizer, 0)``            |
+| ``DistributedOptimizer(shard=...)`` | rank 0's param-group options; the shards stay (below)  |
 | ``ElasticSampler``                  | union of every rank's processed indices, rank 0's epoch |
 | anything with ``state_dict`` and    | rank 0's ``state_dict()`` by ``broadcast_object``      |
 | ``load_state_dict`` (LR scheduler,  |                                                        |
 | GradScaler, a custom sampler, ...)  |                                                        |
+
+A sharded optimizer (``DistributedOptimizer(shard=...)``, sharded_optimizer.py) holds 1/N of
+its state per rank. Its snapshot is still the full state (``state_dict()``: an allgather of the
+shards at every commit, and the unsharded state's memory on every rank), because that is what
+survives the loss of any rank: after a reset that changed the ranks, ``on_reset`` lays the last
+commit's snapshot out over the ranks now in the job (local: every survivor holds the same
+snapshot), and ``sync`` then only checks that every rank holds the same layout and takes rank
+0's param-group options (one small ``allgather_object``): each range of the state has exactly
+one holder, so there is nothing else to make equal.
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ from horovodlite.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from horovodlite.torch.sharded_optimizer import _ShardedOptimizer
+from horovodlite.torch.sharded_state import index_params
 
 
 class StateHandler:
@@ -87,9 +99,65 @@ class OptimizerHandler(StateHandler):
 
     def on_reset(self) -> None:
         self._abandon_step()
+        opt = self.value
+        if (isinstance(opt, _ShardedOptimizer)
+                and opt._shard_ranks() != (opt._shard_size, opt._shard_rank)):
+            # The ranks changed: the shards of lost ranks are gone, and the survivors' shards
+            # are cut for the old number of ranks. Lay the snapshot out over the ranks now in
+            # the job. It is the last commit after a failure (restore() ran), and the current
+            # state after HostsUpdatedInterrupt (raised by commit() right after its save(), or
+            # after the sync and save() with the retiring ranks). No deep copy: the sharded
+            # load_state_dict copies every tensor into shards of its own.
+            opt.load_state_dict(self._saved)
 
     def sync(self) -> None:
-        broadcast_optimizer_state(self.value, root_rank=0)
+        if isinstance(self.value, _ShardedOptimizer):
+            self._sync_sharded()
+        else:
+            broadcast_optimizer_state(self.value, root_rank=0)
+
+    def _sync_sharded(self) -> None:
+        """``broadcast_optimizer_state`` on a sharded optimizer would allgather the whole state
+        on every rank, broadcast it from rank 0 and cut it into shards again, to end where it
+        started: each range of the element-wise state has one holder, so the state assembled
+        from the shards is the same seen from any rank. What ranks may hold apart are the
+        layout, the state's entries, its scalars (``step``) and the param-group options: one
+        small allgather compares them; options are then taken from rank 0. Ranks that differ
+        otherwise (a rank that joined without the state, the state of frozen parameters, which
+        every rank keeps whole) take the full path, which raises on every rank when only some
+        ranks hold state."""
+        opt = self.value
+        every = allgather_object(_shard_summary(opt), name=f"elastic.{self.name}")
+        if every[0]["parked"] or any(s["layout"] != every[0]["layout"] for s in every):
+            broadcast_optimizer_state(opt, root_rank=0)
+            return
+        for group, options in zip(opt.param_groups, every[0]["options"]):
+            group.update(options)
+
+
+def _shard_summary(opt) -> dict:
+    """What a sharded optimizer's ranks must agree on (small: no tensor data): the number of
+    ranks, each bucket's parameters and sizes, its state entries (element-wise: dtype and
+    length; scalars: their values), whether frozen parameters hold state, and the param-group
+    options."""
+    index = {id(p): i for i, p in enumerate(index_params(opt.param_groups))}
+    inner = opt._shard_inner
+    buckets = []
+    for b in opt._shard_buckets:
+        st = inner.state.get(b.shard, {}) if inner is not None else {}
+        entries = []
+        for key, value in st.items():
+            if not isinstance(value, torch.Tensor):
+                entries.append((str(key), repr(value)))
+            elif value.shape == b.shard.shape and key != "step":  # element-wise
+                entries.append((str(key), str(value.dtype), value.numel()))
+            else:
+                entries.append((str(key), str(value.dtype), value.reshape(-1).tolist()))
+        buckets.append((b.group, [index[id(p)] for p in b.params], b.layout.numels,
+                        sorted(entries)))
+    return {"layout": (opt._shard_size, buckets), "parked": bool(opt._shard_parked),
+            "options": [{k: v for k, v in g.items() if k != "params"}
+                        for g in opt.param_groups]}
 
 
 class SamplerHandler(StateHandler):
