@@ -19,12 +19,17 @@ Step protocol (collective; every rank calls it in the same order):
    COLLECTIVES: an allreduce by default, a reducescatter with
    HOROVOD_SHARDED_COLLECTIVES=reducescatter); rank r keeps the reduced range r. With
    ``shard="optimizer_state"`` the flat vector is kept and the parameters' ``.grad`` become views
-   into it: this rank's range holds the reduced gradient, the rest zeros. With
-   ``shard="gradients"`` it is freed and ``.grad`` is None: only the reduced range stays. An
-   explicit ``synchronize()`` also agrees across ranks whether any reduced gradient is inf/nan (one
-   scalar allreduce); if so, every rank writes a NaN into its range, so ``GradScaler``'s check,
-   which only sees this rank's range, finds it on every rank and all ranks skip the step and back
-   off alike.
+   into it. After the allreduce every rank holds the whole reduced gradient (the same bits on
+   every rank, as the unsharded optimizer's), so the flat vector keeps all of it: ``.grad`` is the
+   unsharded optimizer's gradient, and ``GradScaler`` or ``torch.nn.utils.clip_grad_norm_`` see
+   it whole on every rank. After a reducescatter only this rank's range is reduced: the rest of
+   the flat vector is zeroed. With ``shard="gradients"`` the flat vector is freed and ``.grad`` is
+   None: only the reduced range stays; an explicit ``synchronize()`` over the allreduce first
+   takes torch's L2 norm of the whole gradient (``clip_grad_norm_`` uses it; a few scalars, no
+   memory of the gradient's size). Over the reducescatter, an explicit ``synchronize()`` also
+   agrees across ranks whether any reduced gradient is inf/nan (one scalar allreduce); if so,
+   every rank writes a NaN into its range, so ``GradScaler``'s check, which then only sees
+   this rank's range, finds it on every rank and all ranks skip the step and back off alike.
 2. ``step()``: copies this rank's range of the current parameters into the shard (so edits to
    the parameters since the last step, e.g. a broadcast, are honoured), mirrors each param
    group's current hyperparameters into its buckets' inner groups (LR schedulers edit
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 
@@ -117,6 +123,7 @@ class _ShardedOptimizer:
         self._shard_parked = {}  # param -> full state, for parameters not in a bucket
         self._shard_signature = None
         self._shard_synced = False
+        self._shard_norm = None  # shard="gradients": torch's L2 norm of the whole gradient
         states = from_torch(base.state_dict(self), self.param_groups) if self.state else {}
         self._shard_build(states)
 
@@ -230,6 +237,7 @@ class _ShardedOptimizer:
         """Step 1 of the protocol: reduce every bucket's flat gradient (COLLECTIVES)."""
         flats = []
         keep = self._shard_mode == "optimizer_state"
+        self._shard_norm = None
         for b in self._shard_buckets:
             grads = []
             for p in b.params:
@@ -264,6 +272,10 @@ class _ShardedOptimizer:
                 view for b, flat in zip(self._shard_buckets, flats)
                 for view in b.layout.split(flat, [(p.numel(),) for p in b.params])]
             synchronize(grouped_allreduce_async_(spans, **kwargs))
+            if agree and not keep:
+                # shard="gradients": the whole reduced gradient exists only now. Its norm, as
+                # torch.nn.utils.clip_grad_norm_ takes it, for clip_grad_norm_ (a few scalars).
+                self._shard_norm = _total_norm(self._shard_full_grads(flats), 2.0)
             outs = []
             for b, flat in zip(self._shard_buckets, flats):
                 lo, hi = b.layout.range(self._shard_rank)
@@ -274,8 +286,11 @@ class _ShardedOptimizer:
             if keep:
                 lo, hi = b.layout.range(self._shard_rank)
                 with torch.no_grad():
-                    flat[:lo].zero_()
-                    flat[hi:].zero_()
+                    if self._shard_wire != "allreduce":
+                        # Only this rank's range was reduced: the rest is this rank's own
+                        # gradient, not the average; zeros instead.
+                        flat[:lo].zero_()
+                        flat[hi:].zero_()
                     if out.data_ptr() != flat[lo:hi].data_ptr():
                         flat[lo:hi].copy_(out)
                 b.flat, b.grad = flat, flat[lo:hi]
@@ -283,9 +298,32 @@ class _ShardedOptimizer:
                     p.grad = view
             else:
                 b.grad = out
-        if agree:
+        if agree and self._shard_wire != "allreduce":
+            # After an allreduce every rank holds the same whole reduced gradient, so every
+            # rank's checks (GradScaler's on .grad) already see the same inf/nan.
             self._shard_agree_nonfinite()
         self._shard_synced = True
+
+    def _shard_params(self) -> list:
+        """The parameters in the buckets, in the order of the param groups (the order in which
+        torch.nn.utils.clip_grad_norm_(model.parameters()) sees them for one param group)."""
+        mine = {id(p) for b in self._shard_buckets for p in b.params}
+        out, seen = [], set()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if id(p) in mine and id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    def _shard_full_grads(self, flats) -> list:
+        """Each parameter's view of the whole reduced gradient in ``flats`` (one per bucket),
+        in ``_shard_params()`` order."""
+        views = {}
+        for b, flat in zip(self._shard_buckets, flats):
+            for p, view in zip(b.params, b.layout.split(flat, [p.shape for p in b.params])):
+                views[id(p)] = view
+        return [views[id(p)] for p in self._shard_params()]
 
     def _shard_agree_nonfinite(self) -> None:
         local = any(not bool(torch.isfinite(b.grad).all()) for b in self._shard_buckets)
@@ -299,9 +337,10 @@ class _ShardedOptimizer:
     # -------------------------------------------------------------------------- public API
 
     def synchronize(self) -> None:
-        """Reduces this step's gradients: afterwards this rank holds its range of the averaged
-        gradient (see the module docstring for where). Collective. Call it before
-        ``scaler.unscale_(opt)`` or ``opt.clip_grad_norm_``."""
+        """Reduces this step's gradients: afterwards this rank holds at least its range of the
+        averaged gradient; with ``shard="optimizer_state"`` and the default collectives the
+        parameters' ``.grad`` hold all of it (see the module docstring). Collective. Call it
+        before ``scaler.unscale_(opt)`` or ``opt.clip_grad_norm_``."""
         self._shard_refresh()
         self._shard_reduce(agree=True)
 
@@ -316,15 +355,52 @@ class _ShardedOptimizer:
         yield
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
-                        error_if_nonfinite: bool = False) -> torch.Tensor:
-        """Clips the reduced gradient by its norm over all ranks' shards, as
-        ``torch.nn.utils.clip_grad_norm_`` does on the whole gradient (which, called on the
-        parameters, would only see this rank's range). Synchronizes first if needed; returns
-        the total norm (the same on every rank). Collective."""
+                        error_if_nonfinite: bool = False,
+                        foreach: bool | None = None) -> torch.Tensor:
+        """Clips the reduced gradient by its norm over the whole model, as
+        ``torch.nn.utils.clip_grad_norm_`` on the unsharded optimizer's gradients (the
+        parameters taken in the order of the param groups); returns the total norm, the same on
+        every rank. Synchronizes first if needed.
+
+        With the default collectives (HOROVOD_SHARDED_COLLECTIVES=allreduce) the result is
+        torch's to the bit: with ``shard="optimizer_state"`` the parameters' ``.grad`` hold the
+        whole reduced gradient and this calls ``torch.nn.utils.clip_grad_norm_`` on them (no
+        communication); with ``shard="gradients"`` the L2 norm (``norm_type=2``) was taken by
+        ``synchronize()`` before the whole gradient was dropped. The inf norm is exact
+        everywhere (one scalar allreduce of the ranks' maxima). Otherwise (other norm types
+        with ``shard="gradients"``, a second clip in one step, the reducescatter collectives)
+        the norm is formed from the ranks' ranges in float64 (one scalar allreduce) and may
+        differ from torch's in its last bits."""
         if not self._shard_synced:
             self.synchronize()
-        grads = [b.grad for b in self._shard_buckets]
         norm_type = float(norm_type)
+        if self._shard_mode == "optimizer_state" and self._shard_wire == "allreduce":
+            return torch.nn.utils.clip_grad_norm_(self._shard_params(), max_norm, norm_type,
+                                                  error_if_nonfinite, foreach)
+        grads = [b.grad for b in self._shard_buckets]
+        total, self._shard_norm = self._shard_norm, None
+        if total is None or norm_type != 2.0:
+            total = self._shard_norm_of_ranges(grads, norm_type)
+        if error_if_nonfinite and torch.logical_or(total.isnan(), total.isinf()):
+            raise RuntimeError(f"The total norm of order {norm_type} of the gradients is "
+                               "non-finite, so it cannot be clipped")
+        if grads:
+            # torch's expression and ops (torch.nn.utils.clip_grads_with_norm_), on the ranges.
+            clip_coef = float(max_norm) / (total + 1e-6)
+            clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
+            with torch.no_grad():
+                by_device: dict = {}
+                for g in grads:
+                    by_device.setdefault(g.device, []).append(g)
+                for device, gs in by_device.items():
+                    torch._foreach_mul_(gs, clip_coef_clamped.to(device))
+        return total
+
+    def _shard_norm_of_ranges(self, grads, norm_type: float) -> torch.Tensor:
+        """The ``norm_type`` norm of the reduced gradient from every rank's range (one scalar
+        allreduce), in the dtype torch's norm has. The inf norm is exact (a maximum); the others
+        are summed in float64 in another order than torch's."""
+        dtype = functools.reduce(torch.promote_types, [g.dtype for g in grads], torch.float32)
         if norm_type == math.inf:
             local = max((g.detach().abs().max().double() for g in grads),
                         default=torch.zeros((), dtype=torch.float64))
@@ -335,15 +411,8 @@ class _ShardedOptimizer:
                         torch.zeros((), dtype=torch.float64))
             total = allreduce(local.reshape(1), op=Sum, process_set=self.process_set,
                               name=f"{self._shard_prefix}.norm")[0] ** (1.0 / norm_type)
-        if error_if_nonfinite and not torch.isfinite(total):
-            raise RuntimeError(f"The total norm of order {norm_type} of the gradients is "
-                               "non-finite, so it cannot be clipped")
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        with torch.no_grad():
-            for g in grads:
-                g.mul_(coef.to(g.dtype))
-        dtype = grads[0].dtype if grads else torch.float32
-        return total.to(dtype)
+        device = grads[0].device if grads else torch.device("cpu")
+        return total.to(dtype=dtype, device=device)
 
     def step(self, closure=None):
         """Reduces (unless done since ``zero_grad()``), steps this rank's shards, allgathers the
@@ -356,6 +425,7 @@ class _ShardedOptimizer:
             self._shard_refresh()
             self._shard_reduce(agree=False)
         self._shard_synced = False
+        self._shard_norm = None
         inner = self._shard_inner
         if inner is not None:
             with torch.no_grad():
@@ -394,6 +464,7 @@ class _ShardedOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._shard_synced = False
+        self._shard_norm = None
         super().zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group) -> None:
@@ -452,6 +523,18 @@ class _ShardedOptimizer:
         for group, saved in zip(self.param_groups, state_dict["param_groups"]):
             group.update({k: v for k, v in saved.items() if k != "params"})
         self._shard_build(states)
+
+
+def _total_norm(grads: list, norm_type: float) -> torch.Tensor:
+    """The total norm of ``grads`` exactly as ``torch.nn.utils.clip_grad_norm_`` takes it."""
+    get = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
+    if get is not None:
+        return get(grads, norm_type)
+    if not grads:  # torch < 2.6: its per-tensor norms on one device and dtype, then theirs
+        return torch.tensor(0.0)
+    first = grads[0].device
+    norms = [torch.linalg.vector_norm(g, norm_type).to(first) for g in grads]
+    return torch.linalg.vector_norm(torch.stack(norms), norm_type)
 
 
 def check_sharding_args(optimizer, shard, compression, op, groups, num_groups,

@@ -5,11 +5,14 @@ the full optimizer state compared.
 Every step has a global batch of 24 rows; rank r trains on its contiguous 24/size rows. Models
 are float64 unless a case needs float32 (GradScaler). The sharded run's arithmetic per element is
 the unsharded run's, so parameters agree to rounding of the reductions (checked to 1e-12
-relative in float64); clipping computes the global norm in a different order, so it agrees to
-1e-9.
+relative in float64). With the default collectives (an allreduce) the gradients are summed as
+the unsharded optimizer sums them and every rank holds the whole reduced gradient, so float32
+training, clipped or not, gives the very same bits; a reducescatter sums in another order and
+clipping then forms the norm from the ranks' ranges, so it agrees to 1e-9 in float64.
 """
 
 import copy
+import math
 
 import pytest
 import torch
@@ -130,10 +133,97 @@ def test_float32_adam_is_bit_identical(mode):
         assert torch.equal(p, q), (name, (p - q).abs().max().item())
 
 
+@pytest.mark.parametrize("wire", ["allreduce", "reducescatter"])
 @pytest.mark.parametrize("mode", MODES)
-def test_clipping_and_accumulation(mode):
+def test_clipping_and_accumulation(mode, wire, monkeypatch):
+    monkeypatch.setenv("HOROVOD_SHARDED_COLLECTIVES", wire)
     (ref, _), (model, _) = train_pair("adam", mode, clip=0.05, passes=2)
-    assert_same(model, ref, rtol=1e-9, atol=1e-11, what="clip+passes")
+    if wire == "allreduce":
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert torch.equal(p, q), (hvd.rank(), name, (p - q).abs().max().item())
+    else:  # the norm from the ranks' ranges, in float64: another order of addition
+        assert_same(model, ref, rtol=1e-9, atol=1e-11, what="clip+passes")
+
+
+def train_clipped(shard_mode, opt_name, norm_type, steps=20, torch_clip=False):
+    """float32 training clipped at 0.05 after ``synchronize()``: the unsharded optimizer with
+    torch.nn.utils.clip_grad_norm_, the sharded one with ``opt.clip_grad_norm_`` (or, with
+    ``torch_clip``, torch's on the parameters too). Returns the model and the norms returned."""
+    x, y = make_data(steps=steps, dtype=torch.float32)
+    model = make_model(dtype=torch.float32)
+    opt = wrap(OPTIMIZERS[opt_name](model.parameters()), model, shard_mode)
+    norms = []
+    for s in range(steps):
+        opt.zero_grad()
+        F.mse_loss(model(shard(x[s])), shard(y[s])).backward()
+        opt.synchronize()
+        if shard_mode is None or torch_clip:
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05, norm_type))
+        else:
+            norms.append(opt.clip_grad_norm_(0.05, norm_type=norm_type))
+        with opt.skip_synchronize():
+            opt.step()
+    return model, torch.stack(norms)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, math.inf, 1.0])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("opt_name", ["adam", "sgd_momentum"])
+def test_clipping_is_bit_identical(opt_name, mode, norm_type):
+    """Default collectives: opt.clip_grad_norm_ returns torch's norm on every rank and clips as
+    torch does, so 20 float32 steps give the very same bits. With shard="optimizer_state" it is
+    torch's clip_grad_norm_ on the whole reduced gradient; with shard="gradients" the L2 norm was
+    taken before the whole gradient was dropped and the inf norm is a maximum over the ranges;
+    other norms are formed from the ranges (close, not exact)."""
+    ref, ref_norms = train_clipped(None, opt_name, norm_type)
+    model, norms = train_clipped(mode, opt_name, norm_type)
+    assert (ref_norms > 0.05).any(), f"nothing was clipped: {ref_norms}"
+    assert norms.dtype == ref_norms.dtype == torch.float32
+    every = hvd.allgather(norms.unsqueeze(0), name="shard.clip.norms")
+    assert (every == every[0]).all(), f"rank {hvd.rank()}: norms differ across ranks {every}"
+    if mode == "gradients" and norm_type == 1.0:
+        torch.testing.assert_close(norms, ref_norms, rtol=1e-5, atol=0)
+        assert_same(model, ref, rtol=1e-4, atol=1e-6, what=f"clip {norm_type}")
+        return
+    assert torch.equal(norms, ref_norms), (hvd.rank(), (norms - ref_norms).abs().max().item())
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.equal(p, q), (hvd.rank(), name, (p - q).abs().max().item())
+
+
+def test_torch_clip_on_the_parameters_is_exact():
+    """shard="optimizer_state" with the default collectives: after synchronize() the .grad of
+    the parameters hold the whole reduced gradient, so torch's own clip_grad_norm_ on
+    model.parameters() works unchanged."""
+    ref, ref_norms = train_clipped(None, "adam", 2.0)
+    model, norms = train_clipped("optimizer_state", "adam", 2.0, torch_clip=True)
+    assert torch.equal(norms, ref_norms)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.equal(p, q), (hvd.rank(), name, (p - q).abs().max().item())
+
+
+@pytest.mark.parametrize("wire", ["allreduce", "reducescatter"])
+def test_where_the_reduced_gradient_lives(wire, monkeypatch):
+    """shard="optimizer_state", after synchronize(): over the allreduce .grad is the unsharded
+    optimizer's reduced gradient, whole; over the reducescatter this rank's range of it, zeros
+    elsewhere."""
+    monkeypatch.setenv("HOROVOD_SHARDED_COLLECTIVES", wire)
+    x, y = make_data(steps=1, dtype=torch.float32)
+    grads = []
+    for shard_mode in (None, "optimizer_state"):
+        model = make_model(dtype=torch.float32)
+        opt = wrap(torch.optim.Adam(model.parameters()), model, shard_mode)
+        opt.zero_grad()
+        F.mse_loss(model(shard(x[0])), shard(y[0])).backward()
+        opt.synchronize()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    ref, got = grads
+    if wire == "allreduce":
+        assert torch.equal(got, ref), (hvd.rank(), (got - ref).abs().max().item())
+        return
+    per = -(-ref.numel() // hvd.size())
+    lo, hi = hvd.rank() * per, min((hvd.rank() + 1) * per, ref.numel())
+    torch.testing.assert_close(got[lo:hi], ref[lo:hi], rtol=1e-6, atol=1e-7)
+    assert not got[:lo].any() and not got[hi:].any(), f"rank {hvd.rank()}"
 
 
 def test_grad_scaler_skips_on_every_rank():
