@@ -17,9 +17,10 @@ the median step. The tables give the median over rounds, the range, and the rati
 any library would get it from the end of backward: the same model with its gradients set by
 hand to views of one flat tensor, backward, then ``MPI_Allreduce`` of that tensor in place (a
 Sum, like the ``mpi`` row, which runs without a backward before it: memory and caches are in
-another state after one). ``on-aligned`` is ``on`` with a barrier between the end of backward and the
-timed span: the ranks' backward passes end at different times, and without it the slowest rank's
-figure includes waiting for the other rank's backward (the raw MPI call starts aligned).
+another state after one). ``on-aligned`` is ``on`` with a barrier between the end of backward
+and the timed span: the ranks' backward passes end at different times, and without it the
+slowest rank's figure includes waiting for the other rank's backward (the raw MPI call starts
+aligned).
 
 Memory: there are no allocator statistics for CPU tensors, so the report counts what holds
 gradient bytes - the parameters' gradients (distinct storages) and the core's fusion buffer -

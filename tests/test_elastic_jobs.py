@@ -4,7 +4,8 @@ in the middle of training and the survivors continue from the last commit at the
 Each job runs tests/scripts/elastic_train.py: every survivor compares its final weights with a
 one-process reference that trained with every rank up to the commit the job continued from and
 with the survivors after it, and prints ``FINAL rank R size S ...``. Across hosts:
-test_multihost_elastic.py. The same jobs without MPI (horovodliterun as the driver): test_elastic_gloo.py.
+test_multihost_elastic.py. The same jobs without MPI (horovodliterun as the driver):
+test_elastic_gloo.py.
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ def test_train_step_benchmark_prints_its_table():
     out = launch("benchmarks/train_step.py", "--model", "mlp", "--warmup", "1", "--steps", "4",
                  "--rounds", "1")
     for row in ("ceiling (no comm.)", "ceiling, 4 B sync/step", "horovodlite np=2",
-                "hvdl per-gradient np=2", "bucket views) / per-gradient path", "DDP gloo np=2", "not installed", "horovodlite / synchronized ceiling",
+                "hvdl per-gradient np=2", "bucket views) / per-gradient path", "DDP gloo np=2",
+                "not installed", "horovodlite / synchronized ceiling",
                 "throughput horovodlite / DDP", "of ceiling", "cpu hvdl-bg"):
         assert row in out, f"missing {row!r} in:\n{out}"
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 import os
 
@@ -60,6 +59,7 @@ from horovodlite.torch.collectives import grouped_allgather_async, grouped_reduc
 from horovodlite.torch.functions import allgather_object
 from horovodlite.torch.mpi_ops import allreduce, grouped_allreduce_async_, synchronize
 from horovodlite.torch.shard_layout import ShardLayout, check_elementwise
+from horovodlite.torch.sharded_clip import ShardedClipping, total_norm
 from horovodlite.torch.sharded_state import (
     SHARD_KEY,
     assemble,
@@ -96,7 +96,7 @@ class _Bucket:
     grad: torch.Tensor | None = None  # this rank's reduced range of the gradient
 
 
-class _ShardedOptimizer:
+class _ShardedOptimizer(ShardedClipping):
     """Mixin in front of the wrapped optimizer's class (built as in ``optimizer.py``: the
     instance shares the wrapped optimizer's ``__dict__``). ``setup`` fills the ``_shard_*``
     attributes."""
@@ -275,7 +275,7 @@ class _ShardedOptimizer:
             if agree and not keep:
                 # shard="gradients": the whole reduced gradient exists only now. Its norm, as
                 # torch.nn.utils.clip_grad_norm_ takes it, for clip_grad_norm_ (a few scalars).
-                self._shard_norm = _total_norm(self._shard_full_grads(flats), 2.0)
+                self._shard_norm = total_norm(self._shard_full_grads(flats), 2.0)
             outs = []
             for b, flat in zip(self._shard_buckets, flats):
                 lo, hi = b.layout.range(self._shard_rank)
@@ -303,27 +303,6 @@ class _ShardedOptimizer:
             # rank's checks (GradScaler's on .grad) already see the same inf/nan.
             self._shard_agree_nonfinite()
         self._shard_synced = True
-
-    def _shard_params(self) -> list:
-        """The parameters in the buckets, in the order of the param groups (the order in which
-        torch.nn.utils.clip_grad_norm_(model.parameters()) sees them for one param group)."""
-        mine = {id(p) for b in self._shard_buckets for p in b.params}
-        out, seen = [], set()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if id(p) in mine and id(p) not in seen:
-                    seen.add(id(p))
-                    out.append(p)
-        return out
-
-    def _shard_full_grads(self, flats) -> list:
-        """Each parameter's view of the whole reduced gradient in ``flats`` (one per bucket),
-        in ``_shard_params()`` order."""
-        views = {}
-        for b, flat in zip(self._shard_buckets, flats):
-            for p, view in zip(b.params, b.layout.split(flat, [p.shape for p in b.params])):
-                views[id(p)] = view
-        return [views[id(p)] for p in self._shard_params()]
 
     def _shard_agree_nonfinite(self) -> None:
         local = any(not bool(torch.isfinite(b.grad).all()) for b in self._shard_buckets)
@@ -353,66 +332,6 @@ class _ShardedOptimizer:
                 "skip_synchronize(): call optimizer.synchronize() first; the sharded optimizer "
                 "has not reduced this step's gradients")
         yield
-
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
-                        error_if_nonfinite: bool = False,
-                        foreach: bool | None = None) -> torch.Tensor:
-        """Clips the reduced gradient by its norm over the whole model, as
-        ``torch.nn.utils.clip_grad_norm_`` on the unsharded optimizer's gradients (the
-        parameters taken in the order of the param groups); returns the total norm, the same on
-        every rank. Synchronizes first if needed.
-
-        With the default collectives (HOROVOD_SHARDED_COLLECTIVES=allreduce) the result is
-        torch's to the bit: with ``shard="optimizer_state"`` the parameters' ``.grad`` hold the
-        whole reduced gradient and this calls ``torch.nn.utils.clip_grad_norm_`` on them (no
-        communication); with ``shard="gradients"`` the L2 norm (``norm_type=2``) was taken by
-        ``synchronize()`` before the whole gradient was dropped. The inf norm is exact
-        everywhere (one scalar allreduce of the ranks' maxima). Otherwise (other norm types
-        with ``shard="gradients"``, a second clip in one step, the reducescatter collectives)
-        the norm is formed from the ranks' ranges in float64 (one scalar allreduce) and may
-        differ from torch's in its last bits."""
-        if not self._shard_synced:
-            self.synchronize()
-        norm_type = float(norm_type)
-        if self._shard_mode == "optimizer_state" and self._shard_wire == "allreduce":
-            return torch.nn.utils.clip_grad_norm_(self._shard_params(), max_norm, norm_type,
-                                                  error_if_nonfinite, foreach)
-        grads = [b.grad for b in self._shard_buckets]
-        total, self._shard_norm = self._shard_norm, None
-        if total is None or norm_type != 2.0:
-            total = self._shard_norm_of_ranges(grads, norm_type)
-        if error_if_nonfinite and torch.logical_or(total.isnan(), total.isinf()):
-            raise RuntimeError(f"The total norm of order {norm_type} of the gradients is "
-                               "non-finite, so it cannot be clipped")
-        if grads:
-            # torch's expression and ops (torch.nn.utils.clip_grads_with_norm_), on the ranges.
-            clip_coef = float(max_norm) / (total + 1e-6)
-            clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
-            with torch.no_grad():
-                by_device: dict = {}
-                for g in grads:
-                    by_device.setdefault(g.device, []).append(g)
-                for device, gs in by_device.items():
-                    torch._foreach_mul_(gs, clip_coef_clamped.to(device))
-        return total
-
-    def _shard_norm_of_ranges(self, grads, norm_type: float) -> torch.Tensor:
-        """The ``norm_type`` norm of the reduced gradient from every rank's range (one scalar
-        allreduce), in the dtype torch's norm has. The inf norm is exact (a maximum); the others
-        are summed in float64 in another order than torch's."""
-        dtype = functools.reduce(torch.promote_types, [g.dtype for g in grads], torch.float32)
-        if norm_type == math.inf:
-            local = max((g.detach().abs().max().double() for g in grads),
-                        default=torch.zeros((), dtype=torch.float64))
-            total = allreduce(local.reshape(1), op=Max, process_set=self.process_set,
-                              name=f"{self._shard_prefix}.norm")[0]
-        else:
-            local = sum((g.detach().double().abs().pow(norm_type).sum() for g in grads),
-                        torch.zeros((), dtype=torch.float64))
-            total = allreduce(local.reshape(1), op=Sum, process_set=self.process_set,
-                              name=f"{self._shard_prefix}.norm")[0] ** (1.0 / norm_type)
-        device = grads[0].device if grads else torch.device("cpu")
-        return total.to(dtype=dtype, device=device)
 
     def step(self, closure=None):
         """Reduces (unless done since ``zero_grad()``), steps this rank's shards, allgathers the
@@ -523,18 +442,6 @@ class _ShardedOptimizer:
         for group, saved in zip(self.param_groups, state_dict["param_groups"]):
             group.update({k: v for k, v in saved.items() if k != "params"})
         self._shard_build(states)
-
-
-def _total_norm(grads: list, norm_type: float) -> torch.Tensor:
-    """The total norm of ``grads`` exactly as ``torch.nn.utils.clip_grad_norm_`` takes it."""
-    get = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
-    if get is not None:
-        return get(grads, norm_type)
-    if not grads:  # torch < 2.6: its per-tensor norms on one device and dtype, then theirs
-        return torch.tensor(0.0)
-    first = grads[0].device
-    norms = [torch.linalg.vector_norm(g, norm_type).to(first) for g in grads]
-    return torch.linalg.vector_norm(torch.stack(norms), norm_type)
 
 
 def check_sharding_args(optimizer, shard, compression, op, groups, num_groups,
