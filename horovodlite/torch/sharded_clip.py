@@ -11,6 +11,7 @@ import torch
 
 from horovodlite.common.reduce_ops import Max, Sum
 from horovodlite.torch.mpi_ops import allreduce
+from horovodlite.torch.sharded_state import index_params
 
 
 class ShardedClipping:
@@ -21,13 +22,7 @@ class ShardedClipping:
         """The parameters in the buckets, in the order of the param groups (the order in which
         torch.nn.utils.clip_grad_norm_(model.parameters()) sees them for one param group)."""
         mine = {id(p) for b in self._shard_buckets for p in b.params}
-        out, seen = [], set()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if id(p) in mine and id(p) not in seen:
-                    seen.add(id(p))
-                    out.append(p)
-        return out
+        return [p for p in index_params(self.param_groups) if id(p) in mine]
 
     def _shard_full_grads(self, flats) -> list:
         """Each parameter's view of the whole reduced gradient in ``flats`` (one per bucket),

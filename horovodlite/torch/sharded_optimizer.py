@@ -123,7 +123,9 @@ class _ShardedOptimizer(ShardedClipping):
         self._shard_parked = {}  # param -> full state, for parameters not in a bucket
         self._shard_signature = None
         self._shard_synced = False
-        self._shard_norm = None  # shard="gradients": torch's L2 norm of the whole gradient
+        # shard="gradients": torch's L2 norm of the whole gradient, taken by the last reduction
+        # (clip_grad_norm_ reads it only while _shard_synced, i.e. in the same step)
+        self._shard_norm = None
         states = from_torch(base.state_dict(self), self.param_groups) if self.state else {}
         self._shard_build(states)
 
@@ -344,7 +346,6 @@ class _ShardedOptimizer(ShardedClipping):
             self._shard_refresh()
             self._shard_reduce(agree=False)
         self._shard_synced = False
-        self._shard_norm = None
         inner = self._shard_inner
         if inner is not None:
             with torch.no_grad():
@@ -383,7 +384,6 @@ class _ShardedOptimizer(ShardedClipping):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._shard_synced = False
-        self._shard_norm = None
         super().zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group) -> None:
