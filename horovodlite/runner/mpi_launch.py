@@ -12,12 +12,14 @@ completed, so the outcome names the ranks that failed, were lost or did not star
 
 from __future__ import annotations
 
+import io
 import os
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from horovodlite import _mpi_check
@@ -243,9 +245,18 @@ def _mpi_outcome(args, cmd: list, env: dict, reports) -> int:
     """Runs mpirun; its status, or non-zero naming the ranks when the reports show a failure."""
     late: list = []
     try:
-        status = _run(cmd, env, reports, args.num_proc, elastic=args.elastic,
-                      start_timeout=args.start_timeout if reports is not None else None,
-                      late=late)
+        for attempt in range(1 + STARTUP_RETRIES):
+            head = bytearray()
+            status = _run(cmd, env, reports, args.num_proc, elastic=args.elastic,
+                          start_timeout=args.start_timeout if reports is not None else None,
+                          late=late, stderr_head=head)
+            why = _transient_startup_failure(status, head, reports, args.num_proc)
+            if not why or attempt == STARTUP_RETRIES:
+                break
+            sys.stderr.write(f"horovodliterun: mpirun failed before any rank started ({why}: "
+                             "a passing failure of the MPI runtime, not of the job); starting "
+                             "the job again\n")
+            sys.stderr.flush()
         if reports is not None:
             reports.wait_for_exits(EXIT_REPORT_GRACE)
     finally:
@@ -289,6 +300,51 @@ def _elastic_status(reports, args, status: int) -> int:
     return 0
 
 
+# mpirun's own start-up failures that say nothing about the job: when one of these is in the
+# first STDERR_HEAD bytes mpirun wrote and no rank started, the job is started again, at most
+# STARTUP_RETRIES times. Open MPI 5's PMIx server lists the network interfaces as it starts, and
+# failed once in CI while another job's test hosts were adding and removing interfaces.
+TRANSIENT_STARTUP = {
+    "The PMIx server's listener thread failed to start":
+        "Open MPI's PMIx server could not start its listener",
+}
+STARTUP_RETRIES = 1
+STDERR_HEAD = 16384
+
+
+def _transient_startup_failure(status: int, head: bytes, reports, size: int) -> str | None:
+    """Why mpirun failed, when it was one of TRANSIENT_STARTUP before any rank reported (with
+    the rank reports off: before any rank could be told apart, so never); else None."""
+    if status == 0 or reports is None or len(reports.unconfirmed(size)) < size:
+        return None
+    text = bytes(head).decode(errors="replace")
+    return next((why for message, why in TRANSIENT_STARTUP.items() if message in text), None)
+
+
+def _relay(source, head: bytearray | None) -> None:
+    """Copies mpirun's stderr to ours as it comes, keeping its first STDERR_HEAD bytes."""
+    fd = source.fileno()
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            return
+        if not data:
+            return
+        if head is not None and len(head) < STDERR_HEAD:
+            head += data[:STDERR_HEAD - len(head)]
+        try:
+            sys.stderr.flush()
+            out, view = sys.stderr.fileno(), memoryview(data)
+            while view:
+                view = view[os.write(out, view):]
+        except (OSError, ValueError, io.UnsupportedOperation):  # no file descriptor (captured)
+            try:
+                sys.stderr.write(data.decode(errors="replace"))
+            except (OSError, ValueError):
+                pass
+
+
 # How long mpirun may take to end the job after a host was lost, and after SIGTERM/SIGINT,
 # before horovodliterun ends it; after a lost host, once every rank has exited or was lost,
 # mpirun (which may be stuck trying to reach the lost host's daemon) gets only DONE_GRACE.
@@ -307,12 +363,17 @@ def _say_lost(host: str, ranks: list, why: str) -> None:
 
 
 def _run(cmd: list, env: dict, reports, size: int, elastic: bool = False,
-         start_timeout: float | None = None, late: list | None = None) -> int:
+         start_timeout: float | None = None, late: list | None = None,
+         stderr_head: bytearray | None = None) -> int:
     """Runs mpirun to its end; bounded when a host was lost (unless the job is elastic and goes
     on without it), when ranks did not start within ``start_timeout`` s (they are added to
-    ``late``) or we were asked to stop."""
+    ``late``) or we were asked to stop. mpirun's stderr passes through a thread that keeps its
+    first bytes in ``stderr_head``."""
     began = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+    relay = threading.Thread(target=_relay, args=(proc.stderr, stderr_head), daemon=True,
+                             name="hvdl-mpirun-stderr")
+    relay.start()
     deadline = None   # when to stop waiting for mpirun
     stage = 0         # 0: nothing sent, 1: SIGTERM sent, 2: SIGKILL sent
     asked = []
@@ -381,6 +442,8 @@ def _run(cmd: list, env: dict, reports, size: int, elastic: bool = False,
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        # A daemon mpirun left behind (an ssh to a lost host) may hold the pipe open.
+        relay.join(timeout=2.0)
 
 
 def _status(returncode: int) -> int:

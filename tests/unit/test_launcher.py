@@ -315,3 +315,73 @@ def test_mpi_rank_reports_listen_on_the_job_address_only():
         assert server._srv.getsockname()[0] == "127.0.0.1"
     finally:
         server.close()
+
+
+class _NoRankStarted:
+    """The rank reports of a job none of whose ranks ever started."""
+    lost_hosts: dict = {}
+
+    def unconfirmed(self, size):
+        return list(range(size))
+
+    def all_accounted_for(self, size):
+        return False
+
+    def wait_for_exits(self, timeout):
+        pass
+
+    def close(self):
+        pass
+
+    def summary(self, size):
+        return [f"rank {r} never reported" for r in range(size)]
+
+    def elastic_outcome(self, size, min_np):
+        return [], []
+
+
+BANNER = ("--------\nThe PMIx server's listener thread failed to start. We cannot\n"
+          "continue.\n--------\n")
+
+
+def _fake_mpirun(tmp_path, first_stderr, then_status):
+    """A command that fails with `first_stderr` on its first call, then exits `then_status`."""
+    mark = tmp_path / "called"
+    code = (f"import os, sys\nif not os.path.exists({str(mark)!r}):\n"
+            f"    open({str(mark)!r}, 'w').close()\n"
+            f"    sys.stderr.write({first_stderr!r}); sys.exit(1)\n"
+            f"sys.stderr.write('second call\\n'); sys.exit({then_status})\n")
+    return [sys.executable, "-c", code]
+
+
+def _outcome(cmd, reports):
+    args = parse("-np", "2", "python", "x.py")
+    return mpi_launch._mpi_outcome(args, cmd, dict(os.environ), reports)
+
+
+def test_a_transient_mpirun_startup_failure_is_retried_once(tmp_path, capfd):
+    status = _outcome(_fake_mpirun(tmp_path, BANNER, 0), _NoRankStarted())
+    err = capfd.readouterr().err
+    assert "listener thread failed to start" in err  # mpirun's own words still reach the user
+    assert "mpirun failed before any rank started (Open MPI's PMIx server could not start its " \
+        "listener" in err and "starting the job again" in err, err
+    assert "second call" in err and err.count("starting the job again") == 1
+    # the second start's own outcome decides: no rank reported there either
+    assert status == 1 and "rank 0 never reported" in err
+
+
+def test_other_mpirun_failures_and_started_ranks_are_not_retried(tmp_path, capfd):
+    status = _outcome(_fake_mpirun(tmp_path, "mpirun: unknown option --frobnicate\n", 0),
+                      _NoRankStarted())
+    err = capfd.readouterr().err
+    assert status == 1 and "unknown option" in err and "second call" not in err
+    assert "starting the job again" not in err
+
+    class OneStarted(_NoRankStarted):
+        def unconfirmed(self, size):
+            return [1]
+
+    (tmp_path / "called").unlink()
+    _outcome(_fake_mpirun(tmp_path, BANNER, 0), OneStarted())
+    err = capfd.readouterr().err
+    assert "second call" not in err and "starting the job again" not in err
