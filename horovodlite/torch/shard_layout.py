@@ -88,6 +88,16 @@ class ShardLayout:
                 out.append(Piece(i, lo - self.offsets[i], hi - self.offsets[i], lo - start))
         return out
 
+    def extent(self, rank: int) -> tuple:
+        """``[lo, hi)`` of the flat vector covering ``rank``'s range and every parameter that
+        crosses it, whole: the span that parameter-shaped views of ``rank``'s elements need."""
+        start, stop = self.range(rank)
+        crossing = self.pieces(rank)
+        if not crossing:
+            return start, stop
+        return (min(start, self.offsets[crossing[0].index]),
+                max(stop, self.offsets[crossing[-1].index + 1]))
+
     def owner_counts(self) -> list:
         """Real (not padding) elements per rank: they differ by less than ``size``."""
         return [max(0, min(self.total, (r + 1) * self.shard) - r * self.shard)

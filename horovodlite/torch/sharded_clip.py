@@ -47,7 +47,8 @@ class ShardedClipping:
         communication); with ``shard="gradients"`` the L2 norm (``norm_type=2``) was taken by
         ``synchronize()`` before the whole gradient was dropped. The inf norm is exact
         everywhere (one scalar allreduce of the ranks' maxima). Otherwise (other norm types
-        with ``shard="gradients"``, a second clip in one step, the reducescatter collectives)
+        with ``shard="gradients"``, a gradient edited since ``synchronize()`` - by GradScaler's
+        ``unscale_`` -, a second clip in one step, the reducescatter collectives)
         the norm is formed from the ranks' ranges in float64 (one scalar allreduce) and may
         differ from torch's in its last bits."""
         if not self._shard_synced:
@@ -58,7 +59,9 @@ class ShardedClipping:
                                                   error_if_nonfinite, foreach)
         grads = [b.grad for b in self._shard_buckets]
         total, self._shard_norm = self._shard_norm, None
-        if total is None or norm_type != 2.0:
+        if total is not None and norm_type == 2.0:
+            total = self._shard_cached_or_ranges(total, grads)
+        else:
             total = self._shard_norm_of_ranges(grads, norm_type)
         if error_if_nonfinite and torch.logical_or(total.isnan(), total.isinf()):
             raise RuntimeError(f"The total norm of order {norm_type} of the gradients is "
@@ -74,6 +77,43 @@ class ShardedClipping:
                 for device, gs in by_device.items():
                     torch._foreach_mul_(gs, clip_coef_clamped.to(device))
         return total
+
+    @staticmethod
+    def _shard_sumsq(grads) -> torch.Tensor:
+        return sum((g.detach().double().pow(2).sum() for g in grads),
+                   torch.zeros((), dtype=torch.float64))
+
+    def _shard_cached_or_ranges(self, cached: torch.Tensor, grads) -> torch.Tensor:
+        """The L2 norm ``synchronize()`` took (torch's, exact), unless some rank's range was
+        edited since (GradScaler's unscale_, which torch does not count as a new version). One
+        allreduce of a few scalars tells every rank alike. An edit that multiplied every rank's
+        range by the same power of two (unscale_ with GradScaler's scales) multiplied each
+        rank's sum of squares by its square, exactly: the cached norm times that power is
+        torch's norm of the edited gradient, to the bit. Any other edit: the norm of the ranges
+        as they are (summed in float64)."""
+        now = self._shard_sumsq(grads)
+        ref = self._shard_norm_ranges
+        nowf, reff = float(now), (float(ref) if ref is not None else math.nan)
+        edited = not (nowf == reff)  # nan (no reference, nan gradients) counts as edited
+        power, counted, other = 0, 0, 0  # a range of zeros before and after: neither
+        if reff > 0 and math.isfinite(reff) and math.isfinite(nowf) and nowf > 0:
+            mantissa, exponent = math.frexp(nowf / reff)
+            if mantissa == 0.5 and (exponent - 1) % 2 == 0:  # the ratio is 4**power
+                power, counted = (exponent - 1) // 2, 1  # power 0: not edited
+            else:
+                other = 1
+        elif not (reff == 0 and nowf == 0):
+            other = 1
+        # every counted rank has the same power iff n * sum(k^2) == sum(k)^2 (exact integers)
+        sums = allreduce(torch.tensor([float(edited), float(other), float(counted), float(power),
+                                       float(power * power), nowf], dtype=torch.float64),
+                         op=Sum, process_set=self.process_set, name=f"{self._shard_prefix}.norm")
+        edits, others, n, s1, s2, now_sum = (float(v) for v in sums)
+        if not edits:
+            return cached
+        if not others and n > 0 and n * s2 == s1 * s1:
+            return cached * math.ldexp(1.0, int(s1 / n))
+        return torch.tensor(now_sum ** 0.5, dtype=cached.dtype, device=cached.device)
 
     def _shard_norm_of_ranges(self, grads, norm_type: float) -> torch.Tensor:
         """The ``norm_type`` norm of the reduced gradient from every rank's range (one scalar

@@ -24,12 +24,14 @@ Step protocol (collective; every rank calls it in the same order):
    unsharded optimizer's gradient, and ``GradScaler`` or ``torch.nn.utils.clip_grad_norm_`` see
    it whole on every rank. After a reducescatter only this rank's range is reduced: the rest of
    the flat vector is zeroed. With ``shard="gradients"`` the flat vector is freed and ``.grad`` is
-   None: only the reduced range stays; an explicit ``synchronize()`` over the allreduce first
-   takes torch's L2 norm of the whole gradient (``clip_grad_norm_`` uses it; a few scalars, no
-   memory of the gradient's size). Over the reducescatter, an explicit ``synchronize()`` also
-   agrees across ranks whether any reduced gradient is inf/nan (one scalar allreduce); if so,
-   every rank writes a NaN into its range, so ``GradScaler``'s check, which then only sees
-   this rank's range, finds it on every rank and all ranks skip the step and back off alike.
+   None: only the reduced range stays. An explicit ``synchronize()`` keeps the range inside the
+   span of the parameters crossing it and gives those parameters ``.grad`` views of it
+   (``_shard_expose``), and over the allreduce first takes torch's L2 norm of the whole gradient
+   (``clip_grad_norm_`` uses it; a few scalars, no memory of the gradient's size). Where ranks
+   see different parts (the reducescatter, ``shard="gradients"``), an explicit ``synchronize()``
+   also agrees across ranks whether any reduced gradient is inf/nan (one scalar allreduce); if
+   so, every rank writes a NaN into its range, so ``GradScaler``'s check, which then only sees
+   this rank's part, finds it on every rank and all ranks skip the step and back off alike.
 2. ``step()``: copies this rank's range of the current parameters into the shard (so edits to
    the parameters since the last step, e.g. a broadcast, are honoured), mirrors each param
    group's current hyperparameters into its buckets' inner groups (LR schedulers edit
@@ -56,22 +58,14 @@ from horovodlite.common.process_sets import _id_of
 from horovodlite.common.reduce_ops import Average, Max, Sum
 from horovodlite.torch import summary
 from horovodlite.torch.collectives import grouped_allgather_async, grouped_reducescatter_async
-from horovodlite.torch.functions import allgather_object
 from horovodlite.torch.mpi_ops import allreduce, grouped_allreduce_async_, synchronize
 from horovodlite.torch.shard_layout import ShardLayout, check_elementwise
+from horovodlite.torch.sharded_checkpoints import ShardedCheckpoints
 from horovodlite.torch.sharded_clip import ShardedClipping, total_norm
 from horovodlite.torch.sharded_state import (
-    SHARD_KEY,
-    assemble,
-    clone,
-    elementwise_keys,
-    from_full_flats,
     from_torch,
-    groups_to_torch,
-    index_params,
     signature,
     to_shard,
-    to_torch,
 )
 
 _C = load()
@@ -96,7 +90,7 @@ class _Bucket:
     grad: torch.Tensor | None = None  # this rank's reduced range of the gradient
 
 
-class _ShardedOptimizer(ShardedClipping):
+class _ShardedOptimizer(ShardedClipping, ShardedCheckpoints):
     """Mixin in front of the wrapped optimizer's class (built as in ``optimizer.py``: the
     instance shares the wrapped optimizer's ``__dict__``). ``setup`` fills the ``_shard_*``
     attributes."""
@@ -126,6 +120,7 @@ class _ShardedOptimizer(ShardedClipping):
         # shard="gradients": torch's L2 norm of the whole gradient, taken by the last reduction
         # (clip_grad_norm_ reads it only while _shard_synced, i.e. in the same step)
         self._shard_norm = None
+        self._shard_norm_ranges = None  # this rank's ranges' sum of squares at that time
         states = from_torch(base.state_dict(self), self.param_groups) if self.state else {}
         self._shard_build(states)
 
@@ -187,52 +182,6 @@ class _ShardedOptimizer(ShardedClipping):
         if self._shard_active_signature() != self._shard_signature:
             self._shard_build(self._shard_collect())
 
-    def _shard_collect(self) -> dict:
-        """Every parameter's full state (collective: one grouped allgather of the shards)."""
-        states = {p: {k: clone(v) for k, v in s.items()} for p, s in self._shard_parked.items()}
-        if self._shard_inner is None:
-            return states
-        if self._shard_ranks() != (self._shard_size, self._shard_rank):
-            raise HorovodArgumentError(
-                f"the sharded optimizer's state is laid out over {self._shard_size} ranks and "
-                f"the job now has {self._shard_ranks()[0]}: the shards of other ranks are gone; "
-                "load a full state_dict() saved before (e.g. the elastic state's last commit)")
-        tensors, where = [], []
-        for i, b in enumerate(self._shard_buckets):
-            st = self._shard_inner.state.get(b.shard, {})
-            for key in elementwise_keys(st, b.shard):
-                tensors.append(st[key].detach().contiguous())
-                where.append((i, key))
-        self._shard_check_same_state(where, tensors)
-        fulls = []
-        if tensors:
-            fulls = synchronize(grouped_allgather_async(
-                tensors, name=f"{self._shard_prefix}.state", process_set=self.process_set))
-        flats: dict = {}
-        for (i, key), full in zip(where, fulls):
-            flats.setdefault(i, {})[key] = full
-        for i, b in enumerate(self._shard_buckets):
-            st = self._shard_inner.state.get(b.shard, {})
-            for p, s in zip(b.params, from_full_flats(st, flats.get(i, {}), b.params, b.layout)):
-                if s:
-                    states[p] = s
-        return states
-
-    def _shard_check_same_state(self, where, tensors) -> None:
-        """Every rank must hold the same state entries before they are allgathered (a rank
-        that loaded a checkpoint alone holds them, the others not: a hang otherwise). One
-        small allgather of the structure; raises on every rank, naming the ranks that differ."""
-        mine = [(i, key, t.numel(), str(t.dtype)) for (i, key), t in zip(where, tensors)]
-        every = allgather_object(mine, name=f"{self._shard_prefix}.structure",
-                                 process_set=self.process_set)
-        differ = [r for r, other in enumerate(every) if other != every[0]]
-        if differ:
-            raise HorovodArgumentError(
-                f"the sharded optimizer's state differs across ranks (ranks {differ} differ from "
-                f"rank 0: {len(every[differ[0]])} vs {len(every[0])} state tensors); each rank "
-                "holds only its shard, so load the same checkpoint on every rank "
-                "(broadcast_optimizer_state cannot spread a state loaded on one rank)")
-
     # ----------------------------------------------------------------------- gradients
 
     def _shard_reduce(self, agree: bool) -> None:
@@ -281,10 +230,13 @@ class _ShardedOptimizer(ShardedClipping):
             outs = []
             for b, flat in zip(self._shard_buckets, flats):
                 lo, hi = b.layout.range(self._shard_rank)
-                outs.append(flat[lo:hi] if keep else flat[lo:hi].clone())
+                outs.append(flat[lo:hi] if keep or agree else flat[lo:hi].clone())
         else:
             outs = synchronize(grouped_reducescatter_async(flats, **kwargs))
         for b, flat, out in zip(self._shard_buckets, flats, outs):
+            if not keep and agree:
+                self._shard_expose(b, flat, out)
+                continue
             if keep:
                 lo, hi = b.layout.range(self._shard_rank)
                 with torch.no_grad():
@@ -300,11 +252,35 @@ class _ShardedOptimizer(ShardedClipping):
                     p.grad = view
             else:
                 b.grad = out
-        if agree and self._shard_wire != "allreduce":
-            # After an allreduce every rank holds the same whole reduced gradient, so every
-            # rank's checks (GradScaler's on .grad) already see the same inf/nan.
+        if self._shard_norm is not None:  # what it was taken of: edits since make it stale
+            self._shard_norm_ranges = self._shard_sumsq([b.grad for b in self._shard_buckets])
+        if agree and (self._shard_wire != "allreduce" or not keep):
+            # After an allreduce with shard="optimizer_state" every rank's .grad holds the same
+            # whole reduced gradient, so every rank's checks (GradScaler's) see the same inf/nan;
+            # otherwise each rank's .grad shows only its part of it.
             self._shard_agree_nonfinite()
         self._shard_synced = True
+
+    def _shard_expose(self, b: _Bucket, flat: torch.Tensor, out: torch.Tensor) -> None:
+        """shard="gradients", explicit ``synchronize()``: keeps this rank's reduced range
+        ``out`` inside a copy of the flat vector's span of the parameters crossing the range
+        (``ShardLayout.extent``), and gives those parameters ``.grad`` views of it: code that
+        reads or edits ``.grad`` in place between ``synchronize()`` and ``step()`` (GradScaler's
+        unscale_) reaches the range the inner optimizer steps with. The others keep no
+        ``.grad``. After the reducescatter the parts outside the range are zeros."""
+        lo, hi = b.layout.range(self._shard_rank)
+        elo, ehi = b.layout.extent(self._shard_rank)
+        with torch.no_grad():
+            if self._shard_wire == "allreduce":
+                kept = flat[elo:ehi].clone()
+            else:
+                kept = torch.zeros(ehi - elo, dtype=out.dtype, device=out.device)
+                kept[lo - elo:hi - elo].copy_(out)
+        b.grad = kept[lo - elo:hi - elo]
+        for piece in b.layout.pieces(self._shard_rank):
+            i = piece.index
+            p = b.params[i]
+            p.grad = kept[b.layout.offsets[i] - elo:b.layout.offsets[i + 1] - elo].view(p.shape)
 
     def _shard_agree_nonfinite(self) -> None:
         local = any(not bool(torch.isfinite(b.grad).all()) for b in self._shard_buckets)
@@ -359,6 +335,8 @@ class _ShardedOptimizer(ShardedClipping):
                     b.shard.grad = None
                     if self._shard_mode == "gradients":
                         b.grad = None
+                        for p in b.params:
+                            p.grad = None  # views of the kept span (_shard_expose), if any
                 fulls = self._shard_gather_params()
                 for b, full in zip(self._shard_buckets, fulls):
                     for p, view in zip(b.params, b.layout.split(full, [p.shape
@@ -392,56 +370,6 @@ class _ShardedOptimizer(ShardedClipping):
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         self.backward_passes_per_step = int(passes)
-
-    # ------------------------------------------------------------------------ checkpoints
-
-    def state_dict(self) -> dict:
-        """The full state in torch's format (loadable by the plain optimizer, at any number of
-        ranks). Collective: the shards are allgathered."""
-        return to_torch(self.param_groups, self._shard_collect())
-
-    def shard_state_dict(self) -> dict:
-        """This rank's shard and the layout it belongs to (local, no communication). The shard
-        checkpoints of all ranks, passed as a list to ``load_state_dict``, load at any number
-        of ranks."""
-        params = index_params(self.param_groups)
-        index = {id(p): i for i, p in enumerate(params)}
-        buckets = []
-        for b in self._shard_buckets:
-            st = self._shard_inner.state.get(b.shard, {}) if self._shard_inner else {}
-            buckets.append({
-                "params": [index[id(p)] for p in b.params],
-                "numels": list(b.layout.numels),
-                "shapes": [tuple(p.shape) for p in b.params],
-                "elementwise": elementwise_keys(st, b.shard),
-                "state": {k: clone(v) for k, v in st.items()},
-            })
-        return {
-            "param_groups": groups_to_torch(self.param_groups, params),
-            SHARD_KEY: {"rank": self._shard_rank, "size": self._shard_size, "buckets": buckets,
-                        "parked": {index[id(p)]: {k: clone(v) for k, v in s.items()}
-                                   for p, s in self._shard_parked.items()}},
-        }
-
-    def load_state_dict(self, state_dict) -> None:
-        """Loads torch's format (from ``state_dict()`` or a plain optimizer), this rank's shard
-        checkpoint (collective: the ranks exchange their shards; saved at the same number of
-        ranks), or the list of shard checkpoints of every rank of a run (any number)."""
-        if isinstance(state_dict, (list, tuple)):
-            state_dict = assemble(list(state_dict))
-        elif isinstance(state_dict, dict) and SHARD_KEY in state_dict:
-            saved = state_dict[SHARD_KEY]["size"]
-            if saved != self._shard_size:
-                raise HorovodArgumentError(
-                    f"load_state_dict: this shard checkpoint was saved by rank "
-                    f"{state_dict[SHARD_KEY]['rank']} of {saved} ranks and this job has "
-                    f"{self._shard_size}; pass the list of all {saved} shard checkpoints, or a "
-                    "full state_dict()")
-            state_dict = assemble(allgather_object(state_dict, process_set=self.process_set))
-        states = from_torch(state_dict, self.param_groups, self._shard_names)
-        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
-            group.update({k: v for k, v in saved.items() if k != "params"})
-        self._shard_build(states)
 
 
 def check_sharding_args(optimizer, shard, compression, op, groups, num_groups,

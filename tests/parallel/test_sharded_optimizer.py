@@ -201,6 +201,34 @@ def test_torch_clip_on_the_parameters_is_exact():
         assert torch.equal(p, q), (hvd.rank(), name, (p - q).abs().max().item())
 
 
+def test_a_gradient_edited_after_synchronize_is_clipped_by_its_own_norm():
+    """shard="gradients": the norm synchronize() took is reused only while no rank edited its
+    range, or every rank scaled it by one power of two (then exactly, as torch's); an edit on
+    one rank makes every rank take the norm again from the ranges."""
+    x, y = make_data(steps=1, dtype=torch.float32)
+    for factor, everywhere in ((0.25, True), (3.0, False)):
+        model = make_model(dtype=torch.float32)
+        opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, "gradients")
+        F.mse_loss(model(shard(x[0])), shard(y[0])).backward()
+        opt.synchronize()
+        taken = opt._shard_norm.clone()  # torch's (test_clipping_is_bit_identical)
+        full = hvd.allgather(torch.cat([b.grad for b in opt._shard_buckets]), name="edit.full")
+        if everywhere or hvd.rank() == 0:
+            with torch.no_grad():
+                for b in opt._shard_buckets:
+                    b.grad.mul_(factor)
+        edited = hvd.allgather(torch.cat([b.grad for b in opt._shard_buckets]), name="edit.g")
+        norm = opt.clip_grad_norm_(1e9)
+        if everywhere:  # torch's norm of the whole scaled gradient, to the bit
+            assert torch.equal(norm, taken * factor), (hvd.rank(), norm, taken)
+        else:
+            expect = torch.linalg.vector_norm(edited.double()).float()
+            torch.testing.assert_close(norm, expect, rtol=1e-6, atol=0)
+            assert not torch.isclose(norm, taken), hvd.rank()
+            assert torch.isclose(taken, torch.linalg.vector_norm(full.double()).float())
+        opt.step()
+
+
 @pytest.mark.parametrize("wire", ["allreduce", "reducescatter"])
 def test_where_the_reduced_gradient_lives(wire, monkeypatch):
     """shard="optimizer_state", after synchronize(): over the allreduce .grad is the unsharded
@@ -226,13 +254,19 @@ def test_where_the_reduced_gradient_lives(wire, monkeypatch):
     assert not got[:lo].any() and not got[hi:].any(), f"rank {hvd.rank()}"
 
 
-def test_grad_scaler_skips_on_every_rank():
-    """An inf in one element of one rank's gradient: only the rank owning that element's range
-    sees it after the reducescatter; synchronize() agrees, so every rank skips the step and
-    backs off the scale alike, as with the unsharded optimizer."""
+CLIP = 0.05
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_grad_scaler_skips_on_every_rank(mode):
+    """An inf in one element of one rank's gradient: with shard="gradients" (and after the
+    reducescatter) only the rank owning that element's range sees it; synchronize() agrees, so
+    every rank skips the step and backs off the scale alike, as with the unsharded optimizer.
+    With shard="gradients" the scaler unscales the range through the .grad views of the
+    parameters crossing it, and nothing else keeps a .grad."""
     x, y = make_data(dtype=torch.float32)
     results = []
-    for shard_mode in (None, "optimizer_state"):
+    for shard_mode in (None, mode):
         model = make_model(dtype=torch.float32)
         opt = wrap(torch.optim.Adam(model.parameters(), lr=0.01), model, shard_mode)
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1)
@@ -243,7 +277,18 @@ def test_grad_scaler_skips_on_every_rank():
             if s == 1 and hvd.rank() == hvd.size() - 1:
                 model[0].weight.grad[0, 0] = float("inf")
             opt.synchronize()
+            if shard_mode == "gradients":
+                crossing = {id(b.params[pc.index]) for b in opt._shard_buckets
+                            for pc in b.layout.pieces(hvd.rank())}
+                assert all((p.grad is not None) == (id(p) in crossing)
+                           for p in model.parameters()), f"rank {hvd.rank()}"
             scaler.unscale_(opt)
+            # clipped after unscale_, as torch's AMP recipe does: the norm is of the unscaled
+            # gradient (shard="gradients": not the one synchronize() took)
+            if shard_mode is None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            else:
+                opt.clip_grad_norm_(CLIP)
             if shard_mode is None:
                 with opt.skip_synchronize():
                     scaler.step(opt)
@@ -257,7 +302,7 @@ def test_grad_scaler_skips_on_every_rank():
     assert scales[1] < scales[0], f"rank {hvd.rank()}: step 1 was not skipped: {scales}"
     gathered = hvd.allgather(torch.tensor([scales], dtype=torch.float64), name="shard.scales")
     assert (gathered == gathered[0]).all(), f"rank {hvd.rank()}: scales differ {gathered}"
-    assert_same(model, ref, rtol=1e-6, atol=1e-7, what="GradScaler")
+    assert_same(model, ref, rtol=0, atol=0, what="GradScaler")  # bit-identical
 
 
 def train_with_changes(shard_mode, steps=5):

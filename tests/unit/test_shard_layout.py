@@ -50,6 +50,21 @@ def test_shards_concatenate_to_the_padded_flat_vector(size):
     assert (none == 0).all()
 
 
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 7, 40])
+def test_the_extent_holds_the_range_and_the_parameters_crossing_it_whole(size):
+    layout = ShardLayout(NUMELS, size)
+    for rank in range(size):
+        lo, hi = layout.range(rank)
+        elo, ehi = layout.extent(rank)
+        assert elo <= lo and hi <= ehi <= max(layout.padded, hi)
+        crossing = [p.index for p in layout.pieces(rank)]
+        for i in crossing:  # each crossing parameter lies inside, whole
+            assert elo <= layout.offsets[i] and layout.offsets[i + 1] <= ehi
+        # and nothing else: the extent starts and ends at the range or a crossing parameter
+        assert elo == lo or elo == layout.offsets[crossing[0]]
+        assert ehi == hi or ehi == layout.offsets[crossing[-1] + 1]
+
+
 def test_bad_layouts_refused():
     with pytest.raises(ValueError, match="size must be >= 1"):
         ShardLayout([3], 0)

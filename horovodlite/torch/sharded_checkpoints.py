@@ -1,0 +1,123 @@
+"""Checkpoints of the sharded optimizer (sharded_optimizer.py): the full state in torch's
+format (the shards allgathered), this rank's shard, and loading either at any number of ranks
+(docs/sharded_optimizer.md, "Checkpoints")."""
+
+from __future__ import annotations
+
+from horovodlite.common.exceptions import HorovodArgumentError
+from horovodlite.torch.collectives import grouped_allgather_async
+from horovodlite.torch.functions import allgather_object
+from horovodlite.torch.mpi_ops import synchronize
+from horovodlite.torch.sharded_state import (
+    SHARD_KEY,
+    assemble,
+    clone,
+    elementwise_keys,
+    from_full_flats,
+    from_torch,
+    groups_to_torch,
+    index_params,
+    to_torch,
+)
+
+
+class ShardedCheckpoints:
+    """A mixin of ``_ShardedOptimizer``: ``state_dict``, ``shard_state_dict``,
+    ``load_state_dict`` and the allgather of every parameter's full state behind them."""
+
+    def state_dict(self) -> dict:
+        """The full state in torch's format (loadable by the plain optimizer, at any number of
+        ranks). Collective: the shards are allgathered."""
+        return to_torch(self.param_groups, self._shard_collect())
+
+    def shard_state_dict(self) -> dict:
+        """This rank's shard and the layout it belongs to (local, no communication). The shard
+        checkpoints of all ranks, passed as a list to ``load_state_dict``, load at any number
+        of ranks."""
+        params = index_params(self.param_groups)
+        index = {id(p): i for i, p in enumerate(params)}
+        buckets = []
+        for b in self._shard_buckets:
+            st = self._shard_inner.state.get(b.shard, {}) if self._shard_inner else {}
+            buckets.append({
+                "params": [index[id(p)] for p in b.params],
+                "numels": list(b.layout.numels),
+                "shapes": [tuple(p.shape) for p in b.params],
+                "elementwise": elementwise_keys(st, b.shard),
+                "state": {k: clone(v) for k, v in st.items()},
+            })
+        return {
+            "param_groups": groups_to_torch(self.param_groups, params),
+            SHARD_KEY: {"rank": self._shard_rank, "size": self._shard_size, "buckets": buckets,
+                        "parked": {index[id(p)]: {k: clone(v) for k, v in s.items()}
+                                   for p, s in self._shard_parked.items()}},
+        }
+
+    def load_state_dict(self, state_dict) -> None:
+        """Loads torch's format (from ``state_dict()`` or a plain optimizer), this rank's shard
+        checkpoint (collective: the ranks exchange their shards; saved at the same number of
+        ranks), or the list of shard checkpoints of every rank of a run (any number)."""
+        if isinstance(state_dict, (list, tuple)):
+            state_dict = assemble(list(state_dict))
+        elif isinstance(state_dict, dict) and SHARD_KEY in state_dict:
+            saved = state_dict[SHARD_KEY]["size"]
+            if saved != self._shard_size:
+                raise HorovodArgumentError(
+                    f"load_state_dict: this shard checkpoint was saved by rank "
+                    f"{state_dict[SHARD_KEY]['rank']} of {saved} ranks and this job has "
+                    f"{self._shard_size}; pass the list of all {saved} shard checkpoints, or a "
+                    "full state_dict()")
+            state_dict = assemble(allgather_object(state_dict, process_set=self.process_set))
+        states = from_torch(state_dict, self.param_groups, self._shard_names)
+        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        self._shard_build(states)
+
+    def _shard_collect(self) -> dict:
+        """Every parameter's full state (collective: one grouped allgather of the shards)."""
+        states = {p: {k: clone(v) for k, v in s.items()} for p, s in self._shard_parked.items()}
+        if self._shard_inner is None:
+            return states
+        if self._shard_ranks() != (self._shard_size, self._shard_rank):
+            raise HorovodArgumentError(
+                f"the sharded optimizer's state is laid out over {self._shard_size} ranks and "
+                f"the job now has {self._shard_ranks()[0]}: the shards of other ranks are gone; "
+                "load a full state_dict() saved before (e.g. the elastic state's last commit)")
+        tensors, where = [], []
+        for i, b in enumerate(self._shard_buckets):
+            st = self._shard_inner.state.get(b.shard, {})
+            for key in elementwise_keys(st, b.shard):
+                tensors.append(st[key].detach().contiguous())
+                where.append((i, key))
+        self._shard_check_same_state(where, tensors)
+        fulls = []
+        if tensors:
+            fulls = synchronize(grouped_allgather_async(
+                tensors, name=f"{self._shard_prefix}.state", process_set=self.process_set))
+        flats: dict = {}
+        for (i, key), full in zip(where, fulls):
+            flats.setdefault(i, {})[key] = full
+        for i, b in enumerate(self._shard_buckets):
+            st = self._shard_inner.state.get(b.shard, {})
+            for p, s in zip(b.params, from_full_flats(st, flats.get(i, {}), b.params, b.layout)):
+                if s:
+                    states[p] = s
+        return states
+
+    def _shard_check_same_state(self, where, tensors) -> None:
+        """Every rank must hold the same state entries before they are allgathered (a rank
+        that loaded a checkpoint alone holds them, the others not: a hang otherwise). One
+        small allgather of the structure; raises on every rank, naming the ranks that differ."""
+        mine = [(i, key, t.numel(), str(t.dtype)) for (i, key), t in zip(where, tensors)]
+        every = allgather_object(mine, name=f"{self._shard_prefix}.structure",
+                                 process_set=self.process_set)
+        differ = [r for r, other in enumerate(every) if other != every[0]]
+        if differ:
+            raise HorovodArgumentError(
+                f"the sharded optimizer's state differs across ranks (ranks {differ} differ from "
+                f"rank 0: {len(every[differ[0]])} vs {len(every[0])} state tensors); each rank "
+                "holds only its shard, so load the same checkpoint on every rank "
+                "(broadcast_optimizer_state cannot spread a state loaded on one rank)")
+
+
+__all__ = ["ShardedCheckpoints"]
