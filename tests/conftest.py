@@ -5,15 +5,21 @@ tests/parallel  every test runs on all ranks under MPI; tests/test_parallel.py l
                 file with horovodliterun at np = 1, 2 and 3. They are only collected inside such
                 a launch (HVDL_PARALLEL_WORKER=1).
 
-Two lanes. The whole builds (tests/test_install.py, tests/test_libstdcxx_build.py: a quarter of
-the suite's time, all of it compiling), the sdist and the docs builds (tests/test_sdist.py,
-tests/test_docs.py) and then the single-process tests (tests/unit) form the "build" lane;
-everything else - every test that runs a multi-rank job - forms "main". Under
-pytest-xdist (``-n 2``, the README's test command) each lane is one work unit of the scheduler
-below, so it runs on one worker of its own, in collection order: no two multi-rank jobs ever
-overlap. The build lane runs at a low CPU priority (``nice 19`` for the builds, 10 for the unit
-tests, whose subprocesses must not starve), filling the time the main lane's jobs leave the CPUs
-idle (waits, timeouts, sleeping ranks). Without xdist everything runs in one process, in order.
+Two lanes, and late lanes. The whole builds (tests/test_install.py, tests/test_libstdcxx_build.py:
+a quarter of the suite's time, all of it compiling), the sdist and the docs builds
+(tests/test_sdist.py, tests/test_docs.py) and then the single-process tests (tests/unit) form the
+"build" lane; every other test that runs a multi-rank job forms "main", but tests/test_parallel.py:
+its jobs (each tests/parallel file at one number of ranks) form one *late* lane per number of
+ranks. Under pytest-xdist (``-n 2``, the README's test command) each lane is one work unit of the
+scheduler below, so it runs on one worker of its own, in collection order. The two lanes start
+first, one on each worker; xdist hands a late lane to a worker only when its lane is nearly done,
+so the late lanes fill whichever worker ends first (the build lane, most of the time) instead of
+leaving it idle while the other still has a quarter hour to go. Until then no two multi-rank jobs
+overlap; a late lane's jobs (correctness checks, with generous timeouts) may overlap the other
+lane's last tests. The build lane runs at a low CPU priority (``nice 19`` for the builds, 10 for
+the unit tests, whose subprocesses must not starve), filling the time the main lane's jobs leave
+the CPUs idle (waits, timeouts, sleeping ranks); a late lane runs at the worker's first priority
+again. Without xdist everything runs in one process, in order.
 
 Why a scheduler of our own: xdist's ``--dist loadgroup`` finds a test's group in a ``@group``
 suffix that its worker writes into ``item._nodeid``; from pytest 9.2 a node's id lives elsewhere,
@@ -22,14 +28,15 @@ the build worker's nice 19 included). The lane here is a function of the test's 
 by the controller from the node id it already has; nothing depends on xdist's markers.
 
 The guard: each worker claims its lane (a file per lane in a directory the controller shares)
-before a module of that lane runs. A worker meeting a lane another worker holds, or a second lane
-of its own, or a main-lane test at a lowered priority, stops the whole session with one message
-before that test starts.
+before a test of that lane runs. A worker meeting a lane another worker holds, or a second lane of
+its own other than a late one (a late lane only ever follows), or a main-lane test at a lowered
+priority, stops the whole session with one message before that test starts.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import PurePosixPath
@@ -44,18 +51,31 @@ _BASE_NICENESS = os.getpriority(os.PRIO_PROCESS, 0)
 _LANES_KEY = "hvdl_lanes_dir"
 
 
+LATE = "test_parallel.py"
+_LATE_PREFIX = "late-"
+
+
 def lane_of(path) -> str:
-    """The lane of a test file (a path, or the file part of a node id): "build" or "main"."""
-    path = PurePosixPath(str(path).split("::", 1)[0].replace(os.sep, "/"))
-    return "build" if path.name in BUILDS or path.parent.name == "unit" else "main"
+    """The lane of a test (a node id, or a file's path): "build", "main", or for
+    tests/test_parallel.py "late-npN" (N: the number of ranks in the test's id; "late-" without
+    one)."""
+    nodeid = str(path).replace(os.sep, "/")
+    path = PurePosixPath(nodeid.split("::", 1)[0])
+    if path.name in BUILDS or path.parent.name == "unit":
+        return "build"
+    if path.name == LATE:
+        ranks = re.search(r"(np\d+)\]$", nodeid)
+        return _LATE_PREFIX + (ranks.group(1) if ranks else "")
+    return "main"
 
 
 def _niceness(path) -> int:
-    """The priority a test file runs at in an xdist worker: 19 for whole builds, 10 for unit tests,
-    the worker's own for the main lane."""
-    if lane_of(path) == "main":
+    """The priority a test runs at in an xdist worker: 19 for whole builds, 10 for unit tests,
+    the worker's own for the main and late lanes."""
+    if lane_of(path) != "build":
         return _BASE_NICENESS
-    return 19 if PurePosixPath(str(path).replace(os.sep, "/")).name in BUILDS else 10
+    return 19 if PurePosixPath(str(path).split("::", 1)[0].replace(os.sep, "/")).name in BUILDS \
+        else 10
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -94,7 +114,9 @@ def _lane_violation(config, lane: str, worker: str) -> str | None:
     if lanes_dir is None:  # a controller without this conftest's hooks: no lanes at all
         return "the controller did not set up the lanes (tests/conftest.py's hooks did not run)"
     mine = getattr(config, "_hvdl_lane", None)
-    if mine not in (None, lane):
+    if mine == lane:
+        return None
+    if mine is not None and not lane.startswith(_LATE_PREFIX):
         return f"worker {worker} ran the {mine!r} lane and was given a {lane!r} test"
     claim = os.path.join(lanes_dir, lane)
     try:
@@ -113,15 +135,15 @@ def _lane_violation(config, lane: str, worker: str) -> str | None:
     return None
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(autouse=True)
 def _lane(request):
-    """In an xdist worker: checks that the lanes held, then runs the build lane's modules (and what
+    """In an xdist worker: checks that the lanes held, then runs the build lane's tests (and what
     they start) at a low priority, so that the main lane's timings do not suffer from them."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     config = request.config
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if worker and workers >= 2 and hasattr(config, "workerinput"):  # one worker: no lanes
-        lane = lane_of(request.node.path)
+        lane = lane_of(request.node.nodeid)
         why = _lane_violation(config, lane, worker)
         if why:
             message = ("tests/conftest.py: the suite's two lanes did not hold under pytest-xdist: "
@@ -129,8 +151,10 @@ def _lane(request):
                        "pytest and pytest-xdist that pyproject.toml's test extra allows.")
             request.session.shouldstop = message
             pytest.fail(message, pytrace=False)
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, _niceness(request.node.path))
-        except OSError:  # lowering the value back needs root: stay at the higher one
-            pass
+        niceness = _niceness(request.node.nodeid)
+        if os.getpriority(os.PRIO_PROCESS, 0) != niceness:
+            try:
+                os.setpriority(os.PRIO_PROCESS, 0, niceness)
+            except OSError:  # lowering the value back needs root: stay at the higher one
+                pass
     yield

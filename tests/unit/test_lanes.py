@@ -34,6 +34,10 @@ def test_x(i):
 # tests/test_install.py: a whole build (nice 19); tests/unit: unit tests (10); the rest: main.
 DUMMY_FILES = ("tests/test_install.py", "tests/unit/test_u.py",
                "tests/test_a.py", "tests/test_b.py")
+# tests/test_parallel.py: a late lane per number of ranks, at the worker's own priority.
+DUMMY_LATE = DUMMY.replace('@pytest.mark.parametrize("i", range(4))',
+                           '@pytest.mark.parametrize("i", ["a-np1", "b-np1", "a-np2", "b-np2"])'
+                           ).replace("(0, 0), file=log", "(0, 0), i, file=log")
 FORCE_PER_TEST = """import pytest
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
@@ -55,7 +59,10 @@ def test_lane_of_every_kind_of_test_file():
     assert lane_of("tests/test_libstdcxx_build.py::TestA::test_b") == "build"
     assert lane_of("tests/unit/test_shm.py::test_y") == "build"
     assert lane_of(ROOT / "tests/unit/test_shm.py") == "build"
-    assert lane_of("tests/test_parallel.py::test_file[test_allreduce.py-2]") == "main"
+    assert lane_of("tests/test_parallel.py::test_parallel[mpi-test_allreduce.py-np2]") == \
+        "late-np2"
+    assert lane_of("tests/test_parallel.py::test_process_set_barriers_at_np4") == "late-"
+    assert lane_of("tests/test_failures.py::test_x[np2]") == "main"
     assert lane_of("tests/compat/test_x.py::test_z") == "main"
     assert lane_of("tests/test_hosts.py") == "main"
 
@@ -89,6 +96,7 @@ def _dummy_suite(where: Path, *, force_per_test: bool) -> Path:
     shutil.copy(ROOT / "pyproject.toml", where / "pyproject.toml")
     for name in DUMMY_FILES:
         (where / name).write_text(DUMMY)
+    (where / "tests/test_parallel.py").write_text(DUMMY_LATE)
     if force_per_test:
         (where / "force_per_test.py").write_text(FORCE_PER_TEST)
     return where
@@ -102,6 +110,7 @@ def _run(python, where, *extra):
                            "-p", "no:cacheprovider", "--timeout", "120", *extra],
                           cwd=where, env=env, capture_output=True, text=True, timeout=300)
     log = where / "lanes.log"
+    proc.lanes_log = log.read_text() if log.exists() else ""
     ran = re.findall(r"RAN (gw\d+) \['(\w+)', '(test_\w+\.py)'\] (\d+)",
                      log.read_text() if log.exists() else "")
     return proc, ran
@@ -110,10 +119,16 @@ def _run(python, where, *extra):
 def test_each_lane_on_one_worker_at_its_priority(fresh_runner, tmp_path):
     proc, ran = _run(fresh_runner, _dummy_suite(tmp_path, force_per_test=False))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert len(ran) == 4 * len(DUMMY_FILES), proc.stdout[-3000:]
+    assert len(ran) == 4 * len(DUMMY_FILES) + 4, proc.stdout[-3000:]
     by_file = {}
     for worker, directory, name, niceness in ran:
         by_file.setdefault(f"{directory}/{name}", set()).add((worker, int(niceness)))
+    by_file.pop("tests/test_parallel.py")
+    late = re.findall(r"RAN (gw\d+) .* (\d+) \w-(np\d)$", proc.lanes_log, re.MULTILINE)
+    assert len(late) == 4, proc.lanes_log
+    for lane in ("np1", "np2"):
+        assert len({w for w, _, ranks in late if ranks == lane}) == 1, late  # one worker each
+    assert {int(n) for _, n, _ in late} == {os.getpriority(os.PRIO_PROCESS, 0)}, late
     build = by_file["tests/test_install.py"] | by_file["unit/test_u.py"]
     main = by_file["tests/test_a.py"] | by_file["tests/test_b.py"]
     build_workers = {w for w, _ in build}
