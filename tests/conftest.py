@@ -55,16 +55,20 @@ LATE = "test_parallel.py"
 _LATE_PREFIX = "late-"
 
 
+def _file_of(path) -> PurePosixPath:
+    """The file part of a node id (or a file's path)."""
+    return PurePosixPath(str(path).replace(os.sep, "/").split("::", 1)[0])
+
+
 def lane_of(path) -> str:
     """The lane of a test (a node id, or a file's path): "build", "main", or for
     tests/test_parallel.py "late-npN" (N: the number of ranks in the test's id; "late-" without
     one)."""
-    nodeid = str(path).replace(os.sep, "/")
-    path = PurePosixPath(nodeid.split("::", 1)[0])
-    if path.name in BUILDS or path.parent.name == "unit":
+    file = _file_of(path)
+    if file.name in BUILDS or file.parent.name == "unit":
         return "build"
-    if path.name == LATE:
-        ranks = re.search(r"(np\d+)\]$", nodeid)
+    if file.name == LATE:
+        ranks = re.search(r"(np\d+)\]$", str(path))
         return _LATE_PREFIX + (ranks.group(1) if ranks else "")
     return "main"
 
@@ -74,8 +78,7 @@ def _niceness(path) -> int:
     the worker's own for the main and late lanes."""
     if lane_of(path) != "build":
         return _BASE_NICENESS
-    return 19 if PurePosixPath(str(path).split("::", 1)[0].replace(os.sep, "/")).name in BUILDS \
-        else 10
+    return 19 if _file_of(path).name in BUILDS else 10
 
 
 @pytest.hookimpl(optionalhook=True)

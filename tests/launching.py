@@ -7,7 +7,11 @@ not horovodlite's behaviour under test, so a launch that failed that way is run 
 
 from __future__ import annotations
 
-LAUNCHER_DID_NOT_START = "The PMIx server's listener thread failed to start"
+from horovodlite.runner.mpi_launch import TRANSIENT_STARTUP
+
+# The same words horovodliterun itself restarts a job on: needed here for what starts mpirun
+# directly, or a job whose restart failed alike.
+(LAUNCHER_DID_NOT_START,) = TRANSIENT_STARTUP
 
 
 def unprefixed(output: str) -> str:

@@ -79,38 +79,34 @@ class ShardedClipping:
         return total
 
     @staticmethod
-    def _shard_sumsq(grads) -> torch.Tensor:
-        return sum((g.detach().double().pow(2).sum() for g in grads),
-                   torch.zeros((), dtype=torch.float64))
+    def _shard_sumsq(grads) -> float:
+        """This rank's sum of squares of ``grads``, in float64."""
+        return float(sum((g.detach().double().pow(2).sum() for g in grads),
+                         torch.zeros((), dtype=torch.float64)))
 
     def _shard_cached_or_ranges(self, cached: torch.Tensor, grads) -> torch.Tensor:
         """The L2 norm ``synchronize()`` took (torch's, exact), unless some rank's range was
         edited since (GradScaler's unscale_, which torch does not count as a new version). One
-        allreduce of a few scalars tells every rank alike. An edit that multiplied every rank's
-        range by the same power of two (unscale_ with GradScaler's scales) multiplied each
-        rank's sum of squares by its square, exactly: the cached norm times that power is
-        torch's norm of the edited gradient, to the bit. Any other edit: the norm of the ranges
-        as they are (summed in float64)."""
-        now = self._shard_sumsq(grads)
-        ref = self._shard_norm_ranges
-        nowf, reff = float(now), (float(ref) if ref is not None else math.nan)
-        edited = not (nowf == reff)  # nan (no reference, nan gradients) counts as edited
+        allreduce of a few scalars tells every rank alike. Each rank's sum of squares moved by
+        a power of four (4**0 when not edited) when its range was multiplied by a power of two
+        (unscale_ with GradScaler's scales), exactly: when every rank's moved by the same one,
+        the cached norm times that power of two is torch's norm of the edited gradient, to the
+        bit. Any other edit: the norm of the ranges as they are (summed in float64)."""
+        now, ref = self._shard_sumsq(grads), self._shard_norm_ranges
         power, counted, other = 0, 0, 0  # a range of zeros before and after: neither
-        if reff > 0 and math.isfinite(reff) and math.isfinite(nowf) and nowf > 0:
-            mantissa, exponent = math.frexp(nowf / reff)
+        if ref is not None and 0 < ref < math.inf and 0 < now < math.inf:
+            mantissa, exponent = math.frexp(now / ref)
             if mantissa == 0.5 and (exponent - 1) % 2 == 0:  # the ratio is 4**power
-                power, counted = (exponent - 1) // 2, 1  # power 0: not edited
+                power, counted = (exponent - 1) // 2, 1
             else:
                 other = 1
-        elif not (reff == 0 and nowf == 0):
+        elif not (ref == 0 and now == 0):  # no reference, or an inf/nan
             other = 1
         # every counted rank has the same power iff n * sum(k^2) == sum(k)^2 (exact integers)
-        sums = allreduce(torch.tensor([float(edited), float(other), float(counted), float(power),
-                                       float(power * power), nowf], dtype=torch.float64),
+        sums = allreduce(torch.tensor([float(other), float(counted), float(power),
+                                       float(power * power), now], dtype=torch.float64),
                          op=Sum, process_set=self.process_set, name=f"{self._shard_prefix}.norm")
-        edits, others, n, s1, s2, now_sum = (float(v) for v in sums)
-        if not edits:
-            return cached
+        others, n, s1, s2, now_sum = (float(v) for v in sums)
         if not others and n > 0 and n * s2 == s1 * s1:
             return cached * math.ldexp(1.0, int(s1 / n))
         return torch.tensor(now_sum ** 0.5, dtype=cached.dtype, device=cached.device)
