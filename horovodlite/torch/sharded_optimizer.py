@@ -6,18 +6,20 @@ Layout. The parameters that require a gradient are put in *buckets*, one per par
 device and state signature (``sharded_state.signature``: parameters whose scalar state differs,
 e.g. a layer unfrozen later with a smaller Adam ``step``, cannot share one copy of it). Each
 bucket is one flat vector split into N equal contiguous ranges (``shard_layout.ShardLayout``);
-rank r owns range r of every bucket. The *inner optimizer* is a fresh instance of the wrapped
-optimizer's class whose parameters are this rank's flat shards, one param group per bucket with
-the hyperparameters of the bucket's param group; ``opt.state`` is its state, so it holds only
-this rank's shards.
+rank r owns range r of every bucket. The parameters live in their bucket: each one's ``.data``
+is a view of the bucket's ``params_flat``. The *inner optimizer* is a fresh instance of the
+wrapped optimizer's class whose parameters are this rank's ranges of those vectors (views, so
+its step writes the parameters), one param group per bucket with the hyperparameters of the
+bucket's param group; ``opt.state`` is its state, so it holds only this rank's shards.
 
 Step protocol (collective; every rank calls it in the same order):
 
 1. ``synchronize()`` (``step()`` calls it unless it already ran since ``zero_grad()``): the
    gradients of each bucket are laid into a flat vector (zeros for a parameter without a gradient
-   on this rank, as the unsharded optimizer does) and one grouped collective averages them (see
-   COLLECTIVES: an allreduce by default, a reducescatter with
-   HOROVOD_SHARDED_COLLECTIVES=reducescatter); rank r keeps the reduced range r. With
+   on this rank, as the unsharded optimizer does) and averaged (see COLLECTIVES: by default an
+   allreduce of each parameter's place, most of them started by backward's hooks while it runs,
+   sharded_overlap.py; a grouped reducescatter with HOROVOD_SHARDED_COLLECTIVES=reducescatter);
+   rank r keeps the reduced range r. With
    ``shard="optimizer_state"`` the flat vector is kept and the parameters' ``.grad`` become views
    into it. After the allreduce every rank holds the whole reduced gradient (the same bits on
    every rank, as the unsharded optimizer's), so the flat vector keeps all of it: ``.grad`` is the
@@ -32,11 +34,11 @@ Step protocol (collective; every rank calls it in the same order):
    also agrees across ranks whether any reduced gradient is inf/nan (one scalar allreduce); if
    so, every rank writes a NaN into its range, so ``GradScaler``'s check, which then only sees
    this rank's part, finds it on every rank and all ranks skip the step and back off alike.
-2. ``step()``: copies this rank's range of the current parameters into the shard (so edits to
-   the parameters since the last step, e.g. a broadcast, are honoured), mirrors each param
-   group's current hyperparameters into its buckets' inner groups (LR schedulers edit
-   ``param_groups``), runs the inner optimizer on the shards, and gathers the updated shards
-   into the parameters in one grouped collective (the same choice as step 1).
+2. ``step()``: takes back into the bucket a parameter whose ``.data`` was replaced since (in-place
+   edits, e.g. a broadcast, are there already), mirrors each param group's current
+   hyperparameters into its buckets' inner groups (LR schedulers edit ``param_groups``), runs
+   the inner optimizer on the shards, and gathers the updated shards into the buckets' storage,
+   so into the parameters, in one grouped collective (the same choice as step 1).
 
 When the set of parameters requiring a gradient changes (freezing, ``add_param_group``), the
 next ``synchronize()`` or ``step()`` gathers the state (one allgather) and rebuilds the buckets;
@@ -62,6 +64,7 @@ from horovodlite.torch.mpi_ops import allreduce, grouped_allreduce_async_, synch
 from horovodlite.torch.shard_layout import ShardLayout, check_elementwise
 from horovodlite.torch.sharded_checkpoints import ShardedCheckpoints
 from horovodlite.torch.sharded_clip import ShardedClipping, total_norm
+from horovodlite.torch.sharded_overlap import ShardedOverlap
 from horovodlite.torch.sharded_state import (
     from_torch,
     signature,
@@ -85,12 +88,13 @@ class _Bucket:
     group: int  # index into param_groups
     params: list
     layout: ShardLayout
-    shard: torch.Tensor  # this rank's flat range of the parameters: the inner optimizer's param
+    params_flat: torch.Tensor  # the parameters' storage: each parameter's .data is a view of it
+    shard: torch.Tensor  # this rank's range of params_flat: the inner optimizer's parameter
     flat: torch.Tensor | None = None  # shard="optimizer_state": the kept flat gradient
     grad: torch.Tensor | None = None  # this rank's reduced range of the gradient
 
 
-class _ShardedOptimizer(ShardedClipping, ShardedCheckpoints):
+class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
     """Mixin in front of the wrapped optimizer's class (built as in ``optimizer.py``: the
     instance shares the wrapped optimizer's ``__dict__``). ``setup`` fills the ``_shard_*``
     attributes."""
@@ -157,11 +161,20 @@ class _ShardedOptimizer(ShardedClipping, ShardedCheckpoints):
         buckets, inner_groups = [], []
         for (g, dtype, device, _), params in keyed.items():
             layout = ShardLayout([p.numel() for p in params], size)
-            shard = torch.empty(layout.shard, dtype=dtype, device=device)
+            params_flat = torch.empty(layout.padded, dtype=dtype, device=device)
             with torch.no_grad():
-                layout.gather_shard([p.detach() for p in params], rank, shard)
-            buckets.append(_Bucket(g, params, layout, shard))
-            inner_groups.append({**self._shard_hyper(g), "params": [shard]})
+                layout.flatten([p.detach() for p in params], params_flat)
+            for p, view in zip(params, layout.split(params_flat, [p.shape for p in params])):
+                p.data = view
+            lo, hi = layout.range(rank)
+            b = _Bucket(g, params, layout, params_flat, params_flat[lo:hi])
+            buckets.append(b)
+            inner_groups.append({**self._shard_hyper(g), "params": [b.shard]})
+        laid = {id(p) for b in buckets for p in b.params}
+        for b in self._shard_buckets:  # parameters leaving the layout get storage of their own
+            for p in b.params:
+                if id(p) not in laid:
+                    p.data = p.detach().clone()
         inner = self._shard_base(inner_groups) if buckets else None
         if inner is not None:
             for b in buckets:
@@ -173,6 +186,7 @@ class _ShardedOptimizer(ShardedClipping, ShardedCheckpoints):
         self.state = inner.state if inner is not None else {}
         self._shard_signature = self._shard_active_signature()
         self._shard_synced = False
+        self._overlap_attach()
 
     def _shard_hyper(self, g: int) -> dict:
         return {k: v for k, v in self.param_groups[g].items() if k != "params"}
@@ -186,43 +200,16 @@ class _ShardedOptimizer(ShardedClipping, ShardedCheckpoints):
 
     def _shard_reduce(self, agree: bool) -> None:
         """Step 1 of the protocol: reduce every bucket's flat gradient (COLLECTIVES)."""
-        flats = []
         keep = self._shard_mode == "optimizer_state"
         self._shard_norm = None
-        for b in self._shard_buckets:
-            grads = []
-            for p in b.params:
-                if p.grad is not None and p.grad.is_sparse:
-                    name = self._shard_names.get(p, f"of shape {list(p.shape)}")
-                    raise HorovodArgumentError(
-                        f"DistributedOptimizer(shard=...): parameter {name} has a sparse "
-                        "gradient; sharding needs dense gradients (use shard=None)")
-                grads.append(p.grad)
-            flat = b.flat
-            if flat is None or not keep:
-                flat = torch.empty(b.layout.padded, dtype=b.shard.dtype, device=b.shard.device)
-            with torch.no_grad():
-                b.layout.flatten(grads, flat)
-            if not keep:
-                for p in b.params:
-                    p.grad = None  # shard="gradients": only the reduced range is kept
-            flats.append(flat)
-        if not flats:
+        if not self._shard_buckets:
             self._shard_synced = True
             return
-        prescale, postscale = self._shard_scale
-        kwargs = dict(name=f"{self._shard_prefix}.grads", op=self._shard_op,
-                      process_set=self.process_set, prescale_factor=prescale,
-                      postscale_factor=postscale)
         if self._shard_wire == "allreduce":
-            # From three ranks on, the host ring's order of addition depends on where an element
-            # sits in its tensor: each parameter's range goes out as a tensor of its own (views
-            # of the flat vector, one op, in place; padding stays zero), so the gradients are
-            # summed exactly as the unsharded optimizer sums them.
-            spans = flats if self._shard_ranks()[0] < 3 else [
-                view for b, flat in zip(self._shard_buckets, flats)
-                for view in b.layout.split(flat, [(p.numel(),) for p in b.params])]
-            synchronize(grouped_allreduce_async_(spans, **kwargs))
+            # Started by the hooks during backward (sharded_overlap.py), the rest now; each
+            # parameter's place in the flat vector is a tensor of its own, so from three ranks
+            # on the ring sums the gradients exactly as the unsharded optimizer does.
+            flats = self._overlap_finish()
             if agree and not keep:
                 # shard="gradients": the whole reduced gradient exists only now. Its norm, as
                 # torch.nn.utils.clip_grad_norm_ takes it, for clip_grad_norm_ (a few scalars).
@@ -232,7 +219,12 @@ class _ShardedOptimizer(ShardedClipping, ShardedCheckpoints):
                 lo, hi = b.layout.range(self._shard_rank)
                 outs.append(flat[lo:hi] if keep or agree else flat[lo:hi].clone())
         else:
-            outs = synchronize(grouped_reducescatter_async(flats, **kwargs))
+            flats = [self._shard_flatten(b, keep) for b in self._shard_buckets]
+            prescale, postscale = self._shard_scale
+            outs = synchronize(grouped_reducescatter_async(
+                flats, name=f"{self._shard_prefix}.grads", op=self._shard_op,
+                process_set=self.process_set, prescale_factor=prescale,
+                postscale_factor=postscale))
         for b, flat, out in zip(self._shard_buckets, flats, outs):
             if not keep and agree:
                 self._shard_expose(b, flat, out)
@@ -260,6 +252,21 @@ class _ShardedOptimizer(ShardedClipping, ShardedCheckpoints):
             # otherwise each rank's .grad shows only its part of it.
             self._shard_agree_nonfinite()
         self._shard_synced = True
+
+    def _shard_flatten(self, b: _Bucket, keep: bool) -> torch.Tensor:
+        """The reducescatter's input: the bucket's gradients end to end (zeros for a parameter
+        without one); with shard="gradients" the parameters' own gradients are dropped."""
+        for p in b.params:
+            if p.grad is not None and p.grad.is_sparse:
+                raise self._shard_sparse_error(p)
+        flat = b.flat if keep and b.flat is not None else torch.empty(
+            b.layout.padded, dtype=b.shard.dtype, device=b.shard.device)
+        with torch.no_grad():
+            b.layout.flatten([p.grad for p in b.params], flat)
+        if not keep:
+            for p in b.params:
+                p.grad = None
+        return flat
 
     def _shard_expose(self, b: _Bucket, flat: torch.Tensor, out: torch.Tensor) -> None:
         """shard="gradients", explicit ``synchronize()``: keeps this rank's reduced range
@@ -327,8 +334,7 @@ class _ShardedOptimizer(ShardedClipping, ShardedCheckpoints):
             with torch.no_grad():
                 for b, group in zip(self._shard_buckets, inner.param_groups):
                     group.update(self._shard_hyper(b.group))
-                    b.layout.gather_shard([p.detach() for p in b.params], self._shard_rank,
-                                          b.shard)
+                    self._shard_hold_params(b)
                     b.shard.grad = b.grad
                 inner.step()
                 for b in self._shard_buckets:
@@ -337,30 +343,44 @@ class _ShardedOptimizer(ShardedClipping, ShardedCheckpoints):
                         b.grad = None
                         for p in b.params:
                             p.grad = None  # views of the kept span (_shard_expose), if any
-                fulls = self._shard_gather_params()
-                for b, full in zip(self._shard_buckets, fulls):
-                    for p, view in zip(b.params, b.layout.split(full, [p.shape
-                                                                       for p in b.params])):
-                        p.copy_(view)
+                self._shard_gather_params()
         summary.step_completed()
         return loss
 
-    def _shard_gather_params(self) -> list:
-        """Every bucket's padded flat vector of updated parameters, from all ranks' shards."""
+    def _shard_hold_params(self, b: _Bucket) -> None:
+        """Points a parameter whose ``.data`` was replaced since the layout was built (``p.data
+        = t``) back at its place in the bucket, with the new values: the inner optimizer steps
+        the bucket's storage. In-place edits (a broadcast, ``load_state_dict``) land there
+        already."""
+        for p, view in zip(b.params, b.layout.split(b.params_flat, [p.shape for p in b.params])):
+            if p.data_ptr() != view.data_ptr():
+                view.copy_(p.detach())
+                p.data = view
+
+    def _shard_gather_params(self) -> None:
+        """Every rank's updated shard into every rank's parameters, in place in the buckets'
+        storage."""
         name = f"{self._shard_prefix}.params"
         if self._shard_wire == "reducescatter":
-            return synchronize(grouped_allgather_async(
+            fulls = synchronize(grouped_allgather_async(
                 [b.shard for b in self._shard_buckets], name=name, process_set=self.process_set))
-        fulls = []
+            for b, full in zip(self._shard_buckets, fulls):
+                b.params_flat.copy_(full)
+            return
+        # Sum of this rank's shard and zeros elsewhere: adding zeros is exact, so this is an
+        # allgather (see COLLECTIVES).
         for b in self._shard_buckets:
-            full = torch.zeros(b.layout.padded, dtype=b.shard.dtype, device=b.shard.device)
             lo, hi = b.layout.range(self._shard_rank)
-            full[lo:hi].copy_(b.shard)
-            fulls.append(full)
-        return synchronize(grouped_allreduce_async_(fulls, name=name, op=Sum,
-                                                    process_set=self.process_set))
+            b.params_flat[:lo].zero_()
+            b.params_flat[hi:].zero_()
+        synchronize(grouped_allreduce_async_([b.params_flat for b in self._shard_buckets],
+                                             name=name, op=Sum, process_set=self.process_set))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clears the gradients and restarts accumulation. Raises if this step's allreduces
+        are in flight (call ``step()`` or ``synchronize()`` first)."""
+        self._overlap_check_idle("zero_grad()")
+        self._overlap_reset()
         self._shard_synced = False
         super().zero_grad(set_to_none=set_to_none)
 

@@ -1,0 +1,166 @@
+"""The sharded optimizer's gradient reduction overlapped with backward (sharded_optimizer.py),
+with the default collectives (an allreduce).
+
+Every parameter of a bucket has a post-accumulate-grad hook. On its
+``backward_passes_per_step``-th backward pass of a step, the hook writes the gradient into the
+parameter's place in the bucket's flat gradient (nothing to write when ``.grad`` already is that
+place: ``shard="optimizer_state"`` after ``zero_grad(set_to_none=False)``), lets go of its own
+gradient tensor, and starts the allreduce of that place; the background thread runs it while
+backward goes on. ``synchronize()`` starts what no hook started (a parameter without a gradient
+on this rank goes out as zeros, a gradient set by hand as it is) and waits for all of them.
+
+Each parameter goes out as a tensor of its own, named by its bucket and place, whichever way it
+started, so ranks that started it differently (one from its hook, one in ``synchronize()``)
+still meet, and the ring sums each element in the order the unsharded optimizer's per-parameter
+allreduce sums it. The hooks hold the optimizer weakly; a parameter's hooks act only for the
+sharded optimizer that laid it out last (``_OWNER``), so an optimizer built again over the same
+model does not leave the old one's allreduces in flight. A step in which the parameters
+requiring a gradient changed (frozen, unfrozen, a param group added) is not overlapped: its
+``synchronize()`` lays the buckets out again first.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from horovodlite._extension import load
+from horovodlite.common.exceptions import HorovodArgumentError
+from horovodlite.torch.distributed_optimizer import OutstandingAllreduceError
+from horovodlite.torch.mpi_ops import allreduce_async_, synchronize
+
+_C = load()
+
+_OWNER = "_hvdl_shard_owner"  # attribute of a parameter: weakref to the optimizer laying it out
+
+
+class ShardedOverlap:
+    """A mixin of ``_ShardedOptimizer``: the hooks, the per-step flat gradients and the
+    allreduces in flight."""
+
+    def _overlap_reset(self) -> None:
+        """Forgets this step's launches (after the wait, or when the layout is rebuilt)."""
+        self._overlap_flats = {}  # bucket index -> this step's flat gradient
+        self._overlap_started = set()  # (bucket index, parameter index) started this step
+        self._overlap_handles = []
+        self._overlap_counts = {}  # parameter -> backward passes seen this step
+        self._overlap_live = None  # this step may overlap (None: no hook ran yet)
+
+    def _overlap_attach(self) -> None:
+        """After a layout is built: hooks on parameters new to this optimizer, and ownership of
+        every parameter in a bucket."""
+        self._overlap_reset()
+        self._overlap_where = {}
+        if not hasattr(self, "_overlap_hooks"):
+            self._overlap_hooks = {}
+        if self._shard_wire != "allreduce":
+            return
+        me = weakref.ref(self)
+        for bi, b in enumerate(self._shard_buckets):
+            for pi, p in enumerate(b.params):
+                self._overlap_where[p] = (bi, pi)
+                setattr(p, _OWNER, me)
+                if p not in self._overlap_hooks:
+                    self._overlap_hooks[p] = p.register_post_accumulate_grad_hook(
+                        _hook_for(me))
+
+    def _overlap_hook(self, p) -> None:
+        where = self._overlap_where.get(p)
+        if where is None or getattr(p, _OWNER, lambda: None)() is not self:
+            return
+        if self._overlap_live is None:
+            self._overlap_live = self._shard_active_signature() == self._shard_signature
+        if not self._overlap_live:
+            return
+        seen = self._overlap_counts.get(p, 0) + 1
+        self._overlap_counts[p] = seen
+        if seen == self.backward_passes_per_step:
+            self._overlap_start(*where)
+        elif seen > self.backward_passes_per_step:
+            raise RuntimeError(_C.too_many_passes_message(self._shard_name(p),
+                                                          self.backward_passes_per_step))
+
+    def _shard_name(self, p) -> str:
+        return self._shard_names.get(p, f"of shape {list(p.shape)}")
+
+    def _shard_sparse_error(self, p) -> HorovodArgumentError:
+        return HorovodArgumentError(
+            f"DistributedOptimizer(shard=...): parameter {self._shard_name(p)} has a sparse "
+            "gradient; sharding needs dense gradients (use shard=None)")
+
+    def _overlap_flat(self, bi: int) -> torch.Tensor:
+        flat = self._overlap_flats.get(bi)
+        if flat is None:
+            b = self._shard_buckets[bi]
+            flat = b.flat if self._shard_mode == "optimizer_state" else None
+            if flat is None:
+                flat = torch.empty(b.layout.padded, dtype=b.shard.dtype, device=b.shard.device)
+                flat[b.layout.total:].zero_()  # padding: stepped on by the last rank
+            self._overlap_flats[bi] = flat
+        return flat
+
+    def _overlap_start(self, bi: int, pi: int) -> None:
+        """Writes parameter ``pi`` of bucket ``bi``'s gradient into its place in the flat
+        gradient and starts the allreduce of that place."""
+        b = self._shard_buckets[bi]
+        p = b.params[pi]
+        place = self._overlap_flat(bi)[b.layout.offsets[pi]:b.layout.offsets[pi + 1]]
+        grad = p.grad
+        if grad is not None and grad.is_sparse:
+            self._overlap_wait()  # what was started must end before the error
+            raise self._shard_sparse_error(p)
+        with torch.no_grad():
+            if grad is None:
+                place.zero_()
+            elif grad.data_ptr() != place.data_ptr() or grad.numel() != place.numel():
+                place.copy_(grad.reshape(-1))
+        # shard="optimizer_state": .grad becomes the place (the reduced gradient once
+        # synchronize() waited); shard="gradients": only the reduced range will be kept.
+        p.grad = place.view(p.shape) if self._shard_mode == "optimizer_state" else None
+        self._overlap_handles.append(allreduce_async_(
+            place, name=f"{self._shard_prefix}.grads.{bi}.{pi}", op=self._shard_op,
+            prescale_factor=self._shard_scale[0], postscale_factor=self._shard_scale[1],
+            process_set=self.process_set))
+        self._overlap_started.add((bi, pi))
+
+    def _overlap_finish(self) -> list:
+        """Starts every allreduce no hook started, waits for all of them, and returns each
+        bucket's reduced flat gradient."""
+        for b in self._shard_buckets:
+            for p in b.params:
+                if p.grad is not None and p.grad.is_sparse:
+                    self._overlap_wait()  # what was started must end before the error
+                    raise self._shard_sparse_error(p)
+        for bi, b in enumerate(self._shard_buckets):
+            for pi in range(len(b.params)):
+                if (bi, pi) not in self._overlap_started:
+                    self._overlap_start(bi, pi)
+        flats = [self._overlap_flats[bi] for bi in range(len(self._shard_buckets))]
+        self._overlap_wait()
+        return flats
+
+    def _overlap_wait(self) -> None:
+        handles = self._overlap_handles
+        self._overlap_reset()
+        for h in handles:
+            synchronize(h)
+
+    def _overlap_check_idle(self, what: str) -> None:
+        if self._overlap_handles:
+            raise OutstandingAllreduceError(
+                f"optimizer.{what} was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(): the allreduces of "
+                f"{len(self._overlap_handles)} parameters' gradients are still in flight. Call "
+                "optimizer.step() (or optimizer.synchronize()) first.")
+
+
+def _hook_for(ref):
+    def hook(p):
+        opt = ref()
+        if opt is not None:
+            opt._overlap_hook(p)
+    return hook
+
+
+__all__ = ["ShardedOverlap"]

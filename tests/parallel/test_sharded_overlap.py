@@ -1,0 +1,139 @@
+"""DistributedOptimizer(shard=...) (issue 47) reducing the gradients while backward runs, and
+keeping the parameters in its buckets' storage: the allreduces are in flight when backward
+returns, no gradient is copied with ``zero_grad(set_to_none=False)``, and the results stay the
+unsharded optimizer's (same bits in float32). Every rank asserts."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_sharded_optimizer import (
+    MODES,
+    assert_same,
+    make_data,
+    make_model,
+    shard,
+    train_pair,
+    wrap,
+)
+
+import horovodlite.torch as hvd
+from horovodlite.torch.distributed_optimizer import OutstandingAllreduceError
+
+
+def backward(model, x, y):
+    F.mse_loss(model(shard(x)), shard(y)).backward()
+
+
+def laid_out(opt) -> int:
+    return sum(len(b.params) for b in opt._shard_buckets)
+
+
+def inside(t, storage) -> bool:
+    lo = storage.data_ptr()
+    return lo <= t.data_ptr() < lo + storage.numel() * storage.element_size()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_backward_starts_every_allreduce(mode):
+    model = make_model()
+    opt = wrap(torch.optim.Adam(model.parameters(), lr=0.01), model, mode)
+    x, y = make_data()
+    opt.zero_grad()
+    backward(model, x[0], y[0])
+    n = laid_out(opt)
+    assert len(opt._overlap_started) == n == len(opt._overlap_handles), f"rank {hvd.rank()}"
+    flats = opt._overlap_flats
+    for bi, b in enumerate(opt._shard_buckets):
+        for p in b.params:
+            if mode == "gradients":  # the gradient tensors backward made are let go already
+                assert p.grad is None, f"rank {hvd.rank()}"
+            else:  # .grad is its place in the flat gradient being reduced
+                assert inside(p.grad, flats[bi]), f"rank {hvd.rank()}"
+    opt.step()
+    assert not opt._overlap_handles and not opt._overlap_started, f"rank {hvd.rank()}"
+
+
+def test_no_gradient_copy_after_zero_grad_keeping_tensors():
+    """shard="optimizer_state" with zero_grad(set_to_none=False): backward accumulates into the
+    flat gradient itself, step after step, and the results are the unsharded optimizer's."""
+    x, y = make_data(steps=6, dtype=torch.float32)
+    runs = []
+    for mode in (None, "optimizer_state"):
+        model = make_model(dtype=torch.float32)
+        opt = wrap(torch.optim.Adam(model.parameters(), lr=0.01), model, mode)
+        places = None
+        for s in range(6):
+            opt.zero_grad(set_to_none=False)
+            backward(model, x[s], y[s])
+            if mode is not None and s >= 1:
+                now = [p.grad.data_ptr() for p in model.parameters()]
+                assert places is None or now == places, f"rank {hvd.rank()} step {s}"
+                assert all(inside(p.grad, opt._shard_buckets[0].flat)
+                           for p in model.parameters()), f"rank {hvd.rank()}"
+                places = now
+            opt.step()
+        runs.append(model)
+    assert_same(runs[1], runs[0], rtol=0, atol=0, what="set_to_none=False")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_parameters_live_in_the_buckets(mode):
+    """Every parameter's .data is a view of its bucket's storage (the step writes there, no
+    copy back); a parameter given new storage (p.data = t) between steps is trained from its
+    new values and taken back into the bucket."""
+
+    def replace(s, model, opt):
+        if s == 2:
+            model[2].weight.data = model[2].weight.detach() * 0.5
+
+    (ref, _), (model, opt) = train_pair("adam", mode, each_step=replace)
+    assert_same(model, ref, what="p.data replaced")
+    storages = [b.params_flat for b in opt._shard_buckets]
+    for name, p in model.named_parameters():
+        assert any(inside(p, s) for s in storages), f"rank {hvd.rank()}: {name}"
+    model[2].weight.requires_grad_(False)  # leaves the layout at the next step
+    opt.zero_grad()
+    backward(model, *[t[0] for t in make_data(steps=1)])
+    opt.step()
+    storages = [b.params_flat for b in opt._shard_buckets]
+    assert not any(inside(model[2].weight, s) for s in storages), f"rank {hvd.rank()}"
+    assert all(any(inside(p, s) for s in storages)
+               for p in model.parameters() if p.requires_grad), f"rank {hvd.rank()}"
+
+
+def test_misuse_raises_on_every_rank_and_training_goes_on():
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   shard="optimizer_state")
+    x, y = make_data()
+    opt.zero_grad()
+    backward(model, x[0], y[0])
+    with pytest.raises(OutstandingAllreduceError, match="zero_grad.*still in flight"):
+        opt.zero_grad()
+    with pytest.raises(RuntimeError, match=r"parameter '4\.(weight|bias)' received more than "
+                                           r"backward_passes_per_step=1"):
+        backward(model, x[0], y[0])
+    opt.step()  # waits for what the first backward started
+    opt.zero_grad()
+    backward(model, x[1], y[1])
+    opt.step()
+    assert not opt._overlap_handles, f"rank {hvd.rank()}"
+
+
+def test_an_optimizer_built_again_takes_the_hooks_over():
+    """A second sharded optimizer over the same model: only it starts allreduces from backward,
+    and the first one, stepped no more, leaves nothing in flight."""
+    x, y = make_data(dtype=torch.float32)
+    ref = make_model(dtype=torch.float32)
+    ref_opt = wrap(torch.optim.Adam(ref.parameters(), lr=0.01), ref, None)
+    model = make_model(dtype=torch.float32)
+    old = wrap(torch.optim.Adam(model.parameters(), lr=0.01), model, "gradients")
+    opt = wrap(torch.optim.Adam(model.parameters(), lr=0.01), model, "gradients")
+    for s in range(3):
+        for m, o in ((ref, ref_opt), (model, opt)):
+            o.zero_grad()
+            backward(m, x[s], y[s])
+            o.step()
+        assert not old._overlap_handles, f"rank {hvd.rank()}"
+    assert_same(model, ref, rtol=0, atol=0, what="rebuilt")
