@@ -6,19 +6,21 @@ Run under the launcher, e.g.::
     horovodliterun -np 2 python benchmarks/sharded_optimizer.py            # memory and time
     horovodliterun -np 2 python benchmarks/sharded_optimizer.py --equality  # 200-step equality
 
-Memory: per-rank bytes of the optimizer state (every tensor of ``opt.state``; for ZeRO its
-local optimizer's state) and, for ``shard="gradients"``, of the reduced gradient kept after
-synchronize. Time: the median of ``--steps`` measured steps (forward, backward, step) after
-warm-up steps; the ranks start each step together (a barrier), the competitors take turns step
-by step (in a rotating order) and rank 0 prints. ``--equality`` trains a smaller float32 model
-for 200 steps through the unsharded and the sharded optimizer from the same start and prints the
-largest difference of the parameters relative to the largest parameter, and whether they are
-bit-identical, per optimizer and option.
+Memory: per-rank bytes of the optimizer state (every tensor of ``opt.state``; for ZeRO its local
+optimizer's state); for ``shard="gradients"``, of the reduced gradient kept after an explicit
+synchronize(); and the peak of one step's gradients, buffers and optimizer temporaries
+(``step_peak``; not for ZeRO, whose DDP buckets it cannot see). Time: the median of ``--steps``
+measured steps (forward, backward, step) after warm-up steps; the ranks start each step together
+(a barrier), the competitors take turns step by step (in a rotating order) and rank 0 prints.
+``--equality`` trains a smaller float32 model for 200 steps through the unsharded and the
+sharded optimizer from the same start and prints the largest difference of the parameters
+relative to the largest parameter, and whether they are bit-identical, per optimizer and option.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import tempfile
@@ -26,6 +28,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
 
 import horovodlite.torch as hvd
 
@@ -59,7 +62,33 @@ def build_hvd(args, shard):
     model = make_model(args.width, args.layers)
     opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4),
                                    named_parameters=model.named_parameters(), shard=shard)
-    return model, opt, lambda: state_bytes(opt.state), lambda: kept_grads(model, opt, args)
+    return (model, opt, lambda: state_bytes(opt.state), lambda: kept_grads(model, opt, args),
+            lambda: step_peak(model, opt, args))
+
+
+def step_peak(model, opt, args):
+    """Peak bytes of what one step adds to the parameters and optimizer state: gradients,
+    communication buffers and the optimizer's temporaries. The gradient storage held from the
+    last step after zero_grad(set_to_none=False) (buckets whose views .grad are), plus the
+    highest the CPU allocator's bytes rose above that during forward, backward and step, from
+    torch.profiler's memory events."""
+    opt.zero_grad(set_to_none=False)
+    tensors = [p.grad for p in model.parameters() if p.grad is not None]
+    for b in getattr(opt, "_shard_buckets", []):
+        tensors += [t for t in (b.flat, b.grad) if t is not None]
+    held = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in tensors}.values())
+    x, y = batch(args.width, args.rows, 0)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    now = peak = 0
+    for e in events:
+        now += e.nbytes()
+        peak = max(peak, now)
+    return held + peak
 
 
 def kept_grads(model, opt, args):
@@ -91,7 +120,7 @@ def build_zero(args):
                                 world_size=hvd.size())
     model = DistributedDataParallel(make_model(args.width, args.layers))
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4)
-    return model, opt, lambda: state_bytes(opt.optim.state), lambda: 0
+    return model, opt, lambda: state_bytes(opt.optim.state), lambda: 0, lambda: math.nan
 
 
 def memory_and_time(args):
@@ -108,14 +137,15 @@ def memory_and_time(args):
     times = {name: [] for name in names}
     for r in range(args.warmup + args.steps):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            model, opt, _, _ = runs[name]
+            model, opt, _, _, _ = runs[name]
             t = one_step(model, opt, args, r)
             if r >= args.warmup:
                 times[name].append(t)
     rows = {}
     for name in names:
-        _, _, state, grads = runs[name]
-        values = [statistics.median(times[name]), state(), grads()]
+        _, _, state, grads, peak = runs[name]
+        step_bytes = peak()  # before grads(): its synchronize() changes how the next step goes
+        values = [statistics.median(times[name]), state(), grads(), step_bytes]
         rows[name] = hvd.allgather(torch.tensor([values], dtype=torch.float64))
     if hvd.rank() == 0:
         n = hvd.size()
@@ -124,12 +154,13 @@ def memory_and_time(args):
         print(f"np {n}: {params * 4 / 2 ** 20:.1f} MiB of fp32 parameters, Adam, "
               f"{args.rows} rows/rank, median of {args.steps} rounds")
         print("| optimizer | state MiB/rank (max) | x unsharded | x 1/N | grads kept MiB/rank "
-              "| step s (rank 0) | x unsharded |")
-        print("|---|---|---|---|---|---|---|")
+              "| step peak MiB/rank | step s (rank 0) | x unsharded |")
+        print("|---|---|---|---|---|---|---|---|")
         for name, g in rows.items():
             state = g[:, 1].max().item()
             print(f"| {name} | {state / 2 ** 20:.1f} | {state / full:.3f} | "
                   f"{state / full * n:.3f} | {g[:, 2].max().item() / 2 ** 20:.1f} | "
+                  f"{g[:, 3].max().item() / 2 ** 20:.1f} | "
                   f"{g[0, 0].item():.3f} | {g[0, 0].item() / base:.2f} |")
 
 

@@ -2,9 +2,10 @@
 optimizer state of 1/N of the parameters (ZeRO stages 1 and 2), with the results of the unsharded
 optimizer.
 
-Layout. The parameters that require a gradient are put in *buckets*, one per param group, dtype,
-device and state signature (``sharded_state.signature``: parameters whose scalar state differs,
-e.g. a layer unfrozen later with a smaller Adam ``step``, cannot share one copy of it). Each
+Layout. The parameters that require a gradient are put in *buckets*, runs of at most
+BUCKET_BYTES of one param group, dtype, device and state signature (``sharded_state.signature``:
+parameters whose scalar state differs, e.g. a layer unfrozen later with a smaller Adam ``step``,
+cannot share one copy of it). Each
 bucket is one flat vector split into N equal contiguous ranges (``shard_layout.ShardLayout``);
 rank r owns range r of every bucket. The parameters live in their bucket: each one's ``.data``
 is a view of the bucket's ``params_flat``. The *inner optimizer* is a fresh instance of the
@@ -81,6 +82,10 @@ MODES = ("optimizer_state", "gradients")
 # than its reducescatter and allgather on one host (docs/sharded_optimizer.md), and the gradients
 # are then reduced exactly as the unsharded optimizer's fused allreduce reduces them.
 COLLECTIVES = ("allreduce", "reducescatter")
+# A bucket's largest size in bytes (HOROVOD_SHARDED_BUCKET_BYTES; DDP's bucket_cap_mb default):
+# with shard="gradients" the flat gradients of the buckets in flight are all that exists of the
+# gradient at once besides this rank's ranges. A larger parameter is a bucket alone.
+BUCKET_BYTES = 25 * 2 ** 20
 
 
 @dataclasses.dataclass(eq=False)
@@ -114,6 +119,11 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
             raise HorovodArgumentError(
                 f"HOROVOD_SHARDED_COLLECTIVES must be one of {', '.join(COLLECTIVES)}, got "
                 f"{self._shard_wire!r}")
+        cap = os.environ.get("HOROVOD_SHARDED_BUCKET_BYTES", str(BUCKET_BYTES))
+        if not cap.isdigit() or int(cap) < 1:
+            raise HorovodArgumentError(
+                f"HOROVOD_SHARDED_BUCKET_BYTES must be a positive number of bytes, got {cap!r}")
+        self._shard_cap = int(cap)
         self.backward_passes_per_step = passes
         self._shard_names = names or {}
         self._shard_buckets = []
@@ -159,7 +169,8 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
                 keyed.setdefault((g, p.dtype, p.device, signature(state, p)), []).append(p)
         size, rank = self._shard_size, self._shard_rank
         buckets, inner_groups = [], []
-        for (g, dtype, device, _), params in keyed.items():
+        for (g, dtype, device, _), params in [(key, chunk) for key, ps in keyed.items()
+                                              for chunk in _chunks(ps, self._shard_cap)]:
             layout = ShardLayout([p.numel() for p in params], size)
             params_flat = torch.empty(layout.padded, dtype=dtype, device=device)
             with torch.no_grad():
@@ -210,14 +221,21 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
             # parameter's place in the flat vector is a tensor of its own, so from three ranks
             # on the ring sums the gradients exactly as the unsharded optimizer does.
             flats = self._overlap_finish()
-            if agree and not keep:
+            if agree and not keep and None not in flats:
                 # shard="gradients": the whole reduced gradient exists only now. Its norm, as
                 # torch.nn.utils.clip_grad_norm_ takes it, for clip_grad_norm_ (a few scalars).
                 self._shard_norm = total_norm(self._shard_full_grads(flats), 2.0)
             outs = []
             for b, flat in zip(self._shard_buckets, flats):
                 lo, hi = b.layout.range(self._shard_rank)
-                outs.append(flat[lo:hi] if keep or agree else flat[lo:hi].clone())
+                if flat is None:  # retired during backward: b.grad is its range already
+                    outs.append(b.grad)
+                else:
+                    outs.append(flat[lo:hi] if keep or agree else flat[lo:hi].clone())
+            # shard="gradients": a step without an explicit synchronize() lets the next one
+            # retire buckets during backward; one with it keeps them whole until it (its
+            # norm and .grad views need them), as code does the same every step.
+            self._overlap_early = not keep and not agree
         else:
             flats = [self._shard_flatten(b, keep) for b in self._shard_buckets]
             prescale, postscale = self._shard_scale
@@ -268,19 +286,20 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
                 p.grad = None
         return flat
 
-    def _shard_expose(self, b: _Bucket, flat: torch.Tensor, out: torch.Tensor) -> None:
+    def _shard_expose(self, b: _Bucket, flat: torch.Tensor | None, out: torch.Tensor) -> None:
         """shard="gradients", explicit ``synchronize()``: keeps this rank's reduced range
         ``out`` inside a copy of the flat vector's span of the parameters crossing the range
         (``ShardLayout.extent``), and gives those parameters ``.grad`` views of it: code that
         reads or edits ``.grad`` in place between ``synchronize()`` and ``step()`` (GradScaler's
         unscale_) reaches the range the inner optimizer steps with. The others keep no
-        ``.grad``. After the reducescatter the parts outside the range are zeros."""
+        ``.grad``. After the reducescatter, or for a bucket retired during backward
+        (``_overlap_retire``), the parts outside the range are zeros."""
         lo, hi = b.layout.range(self._shard_rank)
         elo, ehi = b.layout.extent(self._shard_rank)
         with torch.no_grad():
-            if self._shard_wire == "allreduce":
+            if flat is not None and self._shard_wire == "allreduce":
                 kept = flat[elo:ehi].clone()
-            else:
+            else:  # only the range was reduced (or kept: a bucket retired during backward)
                 kept = torch.zeros(ehi - elo, dtype=out.dtype, device=out.device)
                 kept[lo - elo:hi - elo].copy_(out)
         b.grad = kept[lo - elo:hi - elo]
@@ -390,6 +409,19 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         self.backward_passes_per_step = int(passes)
+
+
+def _chunks(params: list, cap: int) -> list:
+    """``params`` cut, in order, into runs of at most ``cap`` bytes (a larger one alone)."""
+    out, run, size = [], [], 0
+    for p in params:
+        n = p.numel() * p.element_size()
+        if run and size + n > cap:
+            out.append(run)
+            run, size = [], 0
+        run.append(p)
+        size += n
+    return out + [run] if run else out
 
 
 def check_sharding_args(optimizer, shard, compression, op, groups, num_groups,

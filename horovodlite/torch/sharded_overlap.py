@@ -29,6 +29,7 @@ from horovodlite._extension import load
 from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.torch.distributed_optimizer import OutstandingAllreduceError
 from horovodlite.torch.mpi_ops import allreduce_async_, synchronize
+from horovodlite.torch.submission import poll
 
 _C = load()
 
@@ -43,7 +44,8 @@ class ShardedOverlap:
         """Forgets this step's launches (after the wait, or when the layout is rebuilt)."""
         self._overlap_flats = {}  # bucket index -> this step's flat gradient
         self._overlap_started = set()  # (bucket index, parameter index) started this step
-        self._overlap_handles = []
+        self._overlap_handles = {}  # bucket index -> its allreduces in flight
+        self._overlap_queue = []  # buckets wholly started, in order, not yet retired
         self._overlap_counts = {}  # parameter -> backward passes seen this step
         self._overlap_live = None  # this step may overlap (None: no hook ran yet)
 
@@ -54,6 +56,9 @@ class ShardedOverlap:
         self._overlap_where = {}
         if not hasattr(self, "_overlap_hooks"):
             self._overlap_hooks = {}
+            # shard="gradients": retire each bucket as soon as its allreduces ended, keeping
+            # only this rank's range (see _overlap_retire); learnt from the previous step
+            self._overlap_early = False
         if self._shard_wire != "allreduce":
             return
         me = weakref.ref(self)
@@ -118,15 +123,33 @@ class ShardedOverlap:
         # shard="optimizer_state": .grad becomes the place (the reduced gradient once
         # synchronize() waited); shard="gradients": only the reduced range will be kept.
         p.grad = place.view(p.shape) if self._shard_mode == "optimizer_state" else None
-        self._overlap_handles.append(allreduce_async_(
+        handles = self._overlap_handles.setdefault(bi, [])
+        handles.append(allreduce_async_(
             place, name=f"{self._shard_prefix}.grads.{bi}.{pi}", op=self._shard_op,
             prescale_factor=self._shard_scale[0], postscale_factor=self._shard_scale[1],
             process_set=self.process_set))
         self._overlap_started.add((bi, pi))
+        if self._overlap_early:
+            if len(handles) == len(b.params):
+                self._overlap_queue.append(bi)
+            while self._overlap_queue and all(
+                    poll(h) for h in self._overlap_handles[self._overlap_queue[0]]):
+                self._overlap_retire(self._overlap_queue.pop(0))
+
+    def _overlap_retire(self, bi: int) -> None:
+        """shard="gradients", step() without an explicit synchronize() last step: bucket
+        ``bi``'s allreduces ended, so only this rank's range of it is kept and its flat gradient
+        goes, while backward still runs: the full gradient never exists at once."""
+        for h in self._overlap_handles.pop(bi):
+            synchronize(h)
+        b = self._shard_buckets[bi]
+        lo, hi = b.layout.range(self._shard_rank)
+        b.grad = self._overlap_flats.pop(bi)[lo:hi].clone()
 
     def _overlap_finish(self) -> list:
         """Starts every allreduce no hook started, waits for all of them, and returns each
-        bucket's reduced flat gradient."""
+        bucket's reduced flat gradient, or None for a bucket retired already (its range is in
+        ``b.grad``)."""
         for b in self._shard_buckets:
             for p in b.params:
                 if p.grad is not None and p.grad.is_sparse:
@@ -136,23 +159,24 @@ class ShardedOverlap:
             for pi in range(len(b.params)):
                 if (bi, pi) not in self._overlap_started:
                     self._overlap_start(bi, pi)
-        flats = [self._overlap_flats[bi] for bi in range(len(self._shard_buckets))]
+        flats = [self._overlap_flats.get(bi) for bi in range(len(self._shard_buckets))]
         self._overlap_wait()
         return flats
 
     def _overlap_wait(self) -> None:
         handles = self._overlap_handles
         self._overlap_reset()
-        for h in handles:
-            synchronize(h)
+        for bucket in handles.values():
+            for h in bucket:
+                synchronize(h)
 
     def _overlap_check_idle(self, what: str) -> None:
-        if self._overlap_handles:
+        if any(self._overlap_handles.values()):
             raise OutstandingAllreduceError(
                 f"optimizer.{what} was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(): the allreduces of "
-                f"{len(self._overlap_handles)} parameters' gradients are still in flight. Call "
-                "optimizer.step() (or optimizer.synchronize()) first.")
+                f"{sum(map(len, self._overlap_handles.values()))} parameters' gradients are "
+                "still in flight. Call optimizer.step() (or optimizer.synchronize()) first.")
 
 
 def _hook_for(ref):

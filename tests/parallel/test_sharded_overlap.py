@@ -3,6 +3,8 @@ keeping the parameters in its buckets' storage: the allreduces are in flight whe
 returns, no gradient is copied with ``zero_grad(set_to_none=False)``, and the results stay the
 unsharded optimizer's (same bits in float32). Every rank asserts."""
 
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -41,7 +43,8 @@ def test_backward_starts_every_allreduce(mode):
     opt.zero_grad()
     backward(model, x[0], y[0])
     n = laid_out(opt)
-    assert len(opt._overlap_started) == n == len(opt._overlap_handles), f"rank {hvd.rank()}"
+    in_flight = sum(map(len, opt._overlap_handles.values()))
+    assert len(opt._overlap_started) == n == in_flight, f"rank {hvd.rank()}"
     flats = opt._overlap_flats
     for bi, b in enumerate(opt._shard_buckets):
         for p in b.params:
@@ -137,3 +140,84 @@ def test_an_optimizer_built_again_takes_the_hooks_over():
             o.step()
         assert not old._overlap_handles, f"rank {hvd.rank()}"
     assert_same(model, ref, rtol=0, atol=0, what="rebuilt")
+
+
+def slow_first_layer(model, opt):
+    """Backward waits before the first layer's gradient until the allreduces of the first
+    bucket started have ended, so the first layer's hook finds them ended when it polls."""
+
+    def wait(grad):
+        deadline = time.monotonic() + 60
+        while (opt._overlap_queue and time.monotonic() < deadline
+               and not all(hvd.poll(h) for h in opt._overlap_handles[opt._overlap_queue[0]])):
+            time.sleep(0.001)
+        return grad
+
+    return model[0].weight.register_hook(wait)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_small_buckets_same_bits(mode, monkeypatch):
+    """Buckets of at most 200 bytes (several per model): float32 Adam gives the unsharded
+    optimizer's bits; with shard="gradients" and step() alone, buckets are retired during
+    backward from the second step on."""
+    monkeypatch.setenv("HOROVOD_SHARDED_BUCKET_BYTES", "200")
+    x, y = make_data(steps=6, dtype=torch.float32)
+    runs = []
+    for shard_mode in (None, mode):
+        model = make_model(dtype=torch.float32)
+        opt = wrap(torch.optim.Adam(model.parameters(), lr=0.01), model, shard_mode)
+        for s in range(6):
+            opt.zero_grad()
+            if shard_mode is None:
+                backward(model, x[s], y[s])
+            else:
+                wait = slow_first_layer(model, opt)
+                backward(model, x[s], y[s])
+                wait.remove()
+                assert len(opt._shard_buckets) >= 3, f"rank {hvd.rank()}"
+                whole = len(opt._overlap_flats)
+                if mode == "gradients" and s >= 1:
+                    assert whole < len(opt._shard_buckets), f"rank {hvd.rank()} step {s}"
+                else:
+                    assert whole == len(opt._shard_buckets), f"rank {hvd.rank()} step {s}"
+            opt.step()
+        runs.append(model)
+    assert_same(runs[1], runs[0], rtol=0, atol=0, what="small buckets")
+
+
+def test_clipping_after_buckets_were_retired(monkeypatch):
+    """shard="gradients": steps with step() alone, then one with synchronize() and clipping
+    (its buckets were retired during backward, so the norm comes from the ranks' ranges, in
+    float64), then step() alone again: the unsharded optimizer's parameters to 1e-12."""
+    monkeypatch.setenv("HOROVOD_SHARDED_BUCKET_BYTES", "200")
+
+    x, y = make_data(steps=4)
+    runs = []
+    for shard_mode in (None, "gradients"):
+        model = make_model()
+        opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model,
+                   shard_mode)
+        for s in range(4):
+            opt.zero_grad()
+            if shard_mode is None:
+                backward(model, x[s], y[s])
+            else:
+                wait = slow_first_layer(model, opt)
+                backward(model, x[s], y[s])
+                wait.remove()
+                if s == 2:
+                    assert len(opt._overlap_flats) < len(opt._shard_buckets), f"{hvd.rank()}"
+            if s != 2:
+                opt.step()
+                continue
+            opt.synchronize()
+            if shard_mode is None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
+                opt.clip_grad_norm_(0.05)
+                opt.step()
+        runs.append(model)
+    assert_same(runs[1], runs[0], what="clipped after retiring")
