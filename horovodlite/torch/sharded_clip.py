@@ -24,14 +24,12 @@ class ShardedClipping:
         mine = {id(p) for b in self._shard_buckets for p in b.params}
         return [p for p in index_params(self.param_groups) if id(p) in mine]
 
-    def _shard_full_grads(self, flats) -> list:
-        """Each parameter's view of the whole reduced gradient in ``flats`` (one per bucket),
-        in ``_shard_params()`` order."""
-        views = {}
-        for b, flat in zip(self._shard_buckets, flats):
-            for p, view in zip(b.params, b.layout.split(flat, [p.shape for p in b.params])):
-                views[id(p)] = view
-        return [views[id(p)] for p in self._shard_params()]
+    def _shard_full_grads(self, grads) -> list:
+        """The parameters' whole reduced gradients (``grads``: a list per bucket, in its
+        order), in ``_shard_params()`` order."""
+        whole = {id(p): g for b, gs in zip(self._shard_buckets, grads)
+                 for p, g in zip(b.params, gs)}
+        return [whole[id(p)] for p in self._shard_params()]
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False,

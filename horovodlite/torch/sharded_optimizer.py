@@ -220,18 +220,23 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
             # Started by the hooks during backward (sharded_overlap.py), the rest now; each
             # parameter's place in the flat vector is a tensor of its own, so from three ranks
             # on the ring sums the gradients exactly as the unsharded optimizer does.
+            # shard="optimizer_state": each bucket's flat gradient; shard="gradients": its
+            # parameters' reduced gradients, or None for a bucket retired during backward
+            # (b.grad is its range already).
             flats = self._overlap_finish()
             if agree and not keep and None not in flats:
                 # shard="gradients": the whole reduced gradient exists only now. Its norm, as
                 # torch.nn.utils.clip_grad_norm_ takes it, for clip_grad_norm_ (a few scalars).
                 self._shard_norm = total_norm(self._shard_full_grads(flats), 2.0)
             outs = []
-            for b, flat in zip(self._shard_buckets, flats):
+            for bi, (b, flat) in enumerate(zip(self._shard_buckets, flats)):
                 lo, hi = b.layout.range(self._shard_rank)
-                if flat is None:  # retired during backward: b.grad is its range already
-                    outs.append(b.grad)
+                if keep:
+                    outs.append(flat[lo:hi])
+                elif flat is None or agree:  # _shard_expose keeps what it needs
+                    outs.append(b.grad if flat is None else None)
                 else:
-                    outs.append(flat[lo:hi] if keep or agree else flat[lo:hi].clone())
+                    outs.append(self._shard_range_of(bi, flat))
             # shard="gradients": a step without an explicit synchronize() lets the next one
             # retire buckets during backward; one with it keeps them whole until it (its
             # norm and .grad views need them), as code does the same every step.
@@ -245,7 +250,7 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
                 postscale_factor=postscale))
         for b, flat, out in zip(self._shard_buckets, flats, outs):
             if not keep and agree:
-                self._shard_expose(b, flat, out)
+                self._shard_expose(b, flat if self._shard_wire == "allreduce" else None, out)
                 continue
             if keep:
                 lo, hi = b.layout.range(self._shard_rank)
@@ -286,27 +291,32 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
                 p.grad = None
         return flat
 
-    def _shard_expose(self, b: _Bucket, flat: torch.Tensor | None, out: torch.Tensor) -> None:
+    def _shard_expose(self, b: _Bucket, grads: list | None, out) -> None:
         """shard="gradients", explicit ``synchronize()``: keeps this rank's reduced range
-        ``out`` inside a copy of the flat vector's span of the parameters crossing the range
-        (``ShardLayout.extent``), and gives those parameters ``.grad`` views of it: code that
-        reads or edits ``.grad`` in place between ``synchronize()`` and ``step()`` (GradScaler's
-        unscale_) reaches the range the inner optimizer steps with. The others keep no
-        ``.grad``. After the reducescatter, or for a bucket retired during backward
-        (``_overlap_retire``), the parts outside the range are zeros."""
+        inside a copy of the span of the parameters crossing it (``ShardLayout.extent``), and
+        gives those parameters ``.grad`` views of it: code that reads or edits ``.grad`` in
+        place between ``synchronize()`` and ``step()`` (GradScaler's unscale_) reaches the range
+        the inner optimizer steps with. The others keep no ``.grad``. The span is copied from
+        the parameters' reduced ``grads``; where only the range ``out`` is known (after the
+        reducescatter, or for a bucket retired during backward) the rest of it is zeros."""
         lo, hi = b.layout.range(self._shard_rank)
         elo, ehi = b.layout.extent(self._shard_rank)
+        offsets, total = b.layout.offsets, b.layout.total
         with torch.no_grad():
-            if flat is not None and self._shard_wire == "allreduce":
-                kept = flat[elo:ehi].clone()
-            else:  # only the range was reduced (or kept: a bucket retired during backward)
+            if grads is not None:
+                kept = torch.empty(ehi - elo, dtype=b.shard.dtype, device=b.shard.device)
+                for piece in b.layout.pieces(self._shard_rank):
+                    i = piece.index
+                    kept[offsets[i] - elo:offsets[i + 1] - elo].copy_(grads[i].reshape(-1))
+                kept[max(total, elo) - elo:].zero_()  # padding, if the span reaches it
+            else:
                 kept = torch.zeros(ehi - elo, dtype=out.dtype, device=out.device)
                 kept[lo - elo:hi - elo].copy_(out)
         b.grad = kept[lo - elo:hi - elo]
         for piece in b.layout.pieces(self._shard_rank):
             i = piece.index
             p = b.params[i]
-            p.grad = kept[b.layout.offsets[i] - elo:b.layout.offsets[i + 1] - elo].view(p.shape)
+            p.grad = kept[offsets[i] - elo:offsets[i + 1] - elo].view(p.shape)
 
     def _shard_agree_nonfinite(self) -> None:
         local = any(not bool(torch.isfinite(b.grad).all()) for b in self._shard_buckets)

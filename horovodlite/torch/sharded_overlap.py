@@ -2,14 +2,17 @@
 with the default collectives (an allreduce).
 
 Every parameter of a bucket has a post-accumulate-grad hook. On its
-``backward_passes_per_step``-th backward pass of a step, the hook writes the gradient into the
-parameter's place in the bucket's flat gradient (nothing to write when ``.grad`` already is that
-place: ``shard="optimizer_state"`` after ``zero_grad(set_to_none=False)``), lets go of its own
-gradient tensor, and starts the allreduce of that place; the background thread runs it while
-backward goes on. ``synchronize()`` starts what no hook started (a parameter without a gradient
-on this rank goes out as zeros, a gradient set by hand as it is) and waits for all of them.
+``backward_passes_per_step``-th backward pass of a step, the hook starts the allreduce of the
+parameter's gradient; the background thread runs it while backward goes on. With
+``shard="optimizer_state"`` the gradient is first written into the parameter's place in the
+bucket's flat gradient, which ``.grad`` then is (nothing to write when ``.grad`` already is that
+place: after ``zero_grad(set_to_none=False)``). With ``shard="gradients"`` the gradient tensor
+is reduced where it is and ``.grad`` is dropped; once a bucket's allreduces ended, this rank's
+range is copied out of them (``_overlap_retire``) and they go. ``synchronize()`` starts what no
+hook started (a parameter without a gradient on this rank goes out as zeros, a gradient set by
+hand as it is) and waits for all of them.
 
-Each parameter goes out as a tensor of its own, named by its bucket and place, whichever way it
+Each parameter goes out as a tensor of its own, named by its bucket and index, whichever way it
 started, so ranks that started it differently (one from its hook, one in ``synchronize()``)
 still meet, and the ring sums each element in the order the unsharded optimizer's per-parameter
 allreduce sums it. The hooks hold the optimizer weakly; a parameter's hooks act only for the
@@ -34,6 +37,9 @@ from horovodlite.torch.submission import poll
 _C = load()
 
 _OWNER = "_hvdl_shard_owner"  # attribute of a parameter: weakref to the optimizer laying it out
+# shard="gradients", retiring during backward: wholly started buckets whose allreduces may be
+# in flight at once before backward waits for the oldest (its parameters' backward hook does).
+IN_FLIGHT = 1
 
 
 class ShardedOverlap:
@@ -42,7 +48,9 @@ class ShardedOverlap:
 
     def _overlap_reset(self) -> None:
         """Forgets this step's launches (after the wait, or when the layout is rebuilt)."""
-        self._overlap_flats = {}  # bucket index -> this step's flat gradient
+        # bucket index -> what this step reduces: shard="optimizer_state" the flat gradient,
+        # shard="gradients" the list of its parameters' gradient tensors (None: not yet)
+        self._overlap_flats = {}
         self._overlap_started = set()  # (bucket index, parameter index) started this step
         self._overlap_handles = {}  # bucket index -> its allreduces in flight
         self._overlap_queue = []  # buckets wholly started, in order, not yet retired
@@ -94,62 +102,80 @@ class ShardedOverlap:
             f"DistributedOptimizer(shard=...): parameter {self._shard_name(p)} has a sparse "
             "gradient; sharding needs dense gradients (use shard=None)")
 
-    def _overlap_flat(self, bi: int) -> torch.Tensor:
+    def _overlap_place(self, bi: int, pi: int, grad) -> torch.Tensor:
+        """shard="optimizer_state": ``grad`` written into parameter ``pi``'s place in bucket
+        ``bi``'s flat gradient, which is returned."""
+        b = self._shard_buckets[bi]
         flat = self._overlap_flats.get(bi)
         if flat is None:
-            b = self._shard_buckets[bi]
-            flat = b.flat if self._shard_mode == "optimizer_state" else None
+            flat = b.flat
             if flat is None:
                 flat = torch.empty(b.layout.padded, dtype=b.shard.dtype, device=b.shard.device)
                 flat[b.layout.total:].zero_()  # padding: stepped on by the last rank
             self._overlap_flats[bi] = flat
-        return flat
-
-    def _overlap_start(self, bi: int, pi: int) -> None:
-        """Writes parameter ``pi`` of bucket ``bi``'s gradient into its place in the flat
-        gradient and starts the allreduce of that place."""
-        b = self._shard_buckets[bi]
-        p = b.params[pi]
-        place = self._overlap_flat(bi)[b.layout.offsets[pi]:b.layout.offsets[pi + 1]]
-        grad = p.grad
-        if grad is not None and grad.is_sparse:
-            self._overlap_wait()  # what was started must end before the error
-            raise self._shard_sparse_error(p)
+        place = flat[b.layout.offsets[pi]:b.layout.offsets[pi + 1]]
         with torch.no_grad():
             if grad is None:
                 place.zero_()
             elif grad.data_ptr() != place.data_ptr() or grad.numel() != place.numel():
                 place.copy_(grad.reshape(-1))
-        # shard="optimizer_state": .grad becomes the place (the reduced gradient once
-        # synchronize() waited); shard="gradients": only the reduced range will be kept.
-        p.grad = place.view(p.shape) if self._shard_mode == "optimizer_state" else None
+        return place
+
+    def _overlap_start(self, bi: int, pi: int) -> None:
+        """Starts the allreduce of parameter ``pi`` of bucket ``bi``'s gradient."""
+        b = self._shard_buckets[bi]
+        p = b.params[pi]
+        grad = p.grad
+        if grad is not None and grad.is_sparse:
+            self._overlap_wait()  # what was started must end before the error
+            raise self._shard_sparse_error(p)
+        if self._shard_mode == "optimizer_state":
+            # .grad becomes the place (the reduced gradient once synchronize() waited)
+            tensor = self._overlap_place(bi, pi, grad)
+            p.grad = tensor.view(p.shape)
+        else:
+            # shard="gradients": reduced where it is (only this rank's range will be kept)
+            if grad is None:
+                tensor = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            else:
+                tensor = grad if grad.is_contiguous() else grad.contiguous()
+            self._overlap_flats.setdefault(bi, [None] * len(b.params))[pi] = tensor
+            p.grad = None
         handles = self._overlap_handles.setdefault(bi, [])
         handles.append(allreduce_async_(
-            place, name=f"{self._shard_prefix}.grads.{bi}.{pi}", op=self._shard_op,
+            tensor, name=f"{self._shard_prefix}.grads.{bi}.{pi}", op=self._shard_op,
             prescale_factor=self._shard_scale[0], postscale_factor=self._shard_scale[1],
             process_set=self.process_set))
         self._overlap_started.add((bi, pi))
         if self._overlap_early:
             if len(handles) == len(b.params):
                 self._overlap_queue.append(bi)
-            while self._overlap_queue and all(
-                    poll(h) for h in self._overlap_handles[self._overlap_queue[0]]):
-                self._overlap_retire(self._overlap_queue.pop(0))
+            queue = self._overlap_queue
+            # Retire what has ended; and wait for the oldest while more than IN_FLIGHT
+            # buckets are in flight, so that they bound the memory of the gradients.
+            while queue and (len(queue) > IN_FLIGHT
+                             or all(poll(h) for h in self._overlap_handles[queue[0]])):
+                self._overlap_retire(queue.pop(0))
 
     def _overlap_retire(self, bi: int) -> None:
         """shard="gradients", step() without an explicit synchronize() last step: bucket
-        ``bi``'s allreduces ended, so only this rank's range of it is kept and its flat gradient
-        goes, while backward still runs: the full gradient never exists at once."""
+        ``bi``'s allreduces ended, so only this rank's range of it is kept and its gradients
+        go, while backward still runs: the full gradient never exists at once."""
         for h in self._overlap_handles.pop(bi):
             synchronize(h)
+        self._shard_buckets[bi].grad = self._shard_range_of(bi, self._overlap_flats.pop(bi))
+
+    def _shard_range_of(self, bi: int, tensors: list) -> torch.Tensor:
+        """This rank's range of bucket ``bi``, copied out of its parameters' ``tensors``."""
         b = self._shard_buckets[bi]
-        lo, hi = b.layout.range(self._shard_rank)
-        b.grad = self._overlap_flats.pop(bi)[lo:hi].clone()
+        out = torch.empty(b.layout.shard, dtype=b.shard.dtype, device=b.shard.device)
+        with torch.no_grad():
+            return b.layout.gather_shard(tensors, self._shard_rank, out)
 
     def _overlap_finish(self) -> list:
-        """Starts every allreduce no hook started, waits for all of them, and returns each
-        bucket's reduced flat gradient, or None for a bucket retired already (its range is in
-        ``b.grad``)."""
+        """Starts every allreduce no hook started, waits for all of them, and returns what each
+        bucket reduced (its flat gradient, or with shard="gradients" its parameters' gradient
+        tensors), or None for a bucket retired already (its range is in ``b.grad``)."""
         for b in self._shard_buckets:
             for p in b.params:
                 if p.grad is not None and p.grad.is_sparse:
