@@ -105,14 +105,17 @@ def test_below_min_np_the_job_ends_saying_why():
     assert took < 60, f"{took:.0f} s\n{out}"
 
 
-def test_growing_from_2_to_3_workers_with_host_discovery(tmp_path):
+@pytest.mark.parametrize("shard", [None, "optimizer_state"])
+def test_growing_from_2_to_3_workers_with_host_discovery(tmp_path, shard):
     """The discovery script lists 2 slots, then 3: the driver starts a third worker, the two
     running ones meet it at their next commit (HostsUpdatedInterrupt), it receives the state
-    by the sync, and all three finish with identical weights."""
+    by the sync, and all three finish with identical weights. With a sharded optimizer the
+    joining worker holds no state: rank 0's snapshot is laid out over the 3 ranks."""
     slots, script = discovery_script(tmp_path, "localhost:2\n")
     cmd = [sys.executable, "-m", "horovodlite.runner.launch", "--max-np", "3",
            "--host-discovery-script", str(script), "-np", "2", sys.executable, SCRIPT,
-           "--compare", "ranks", "--step-seconds", "0.1", "--epochs", "6"]
+           "--compare", "ranks", "--step-seconds", "0.1", "--epochs", "6",
+           *(["--shard", shard] if shard else [])]
     rc, out, _ = run_with_event(cmd, tmp_path / "job.log", 2,
                                 lambda: slots.write_text("localhost:3\n"), 120, cwd=ROOT,
                                 env={"HVDL_DISCOVERY_INTERVAL": "0.2"})
@@ -121,6 +124,9 @@ def test_growing_from_2_to_3_workers_with_host_discovery(tmp_path):
     assert re.search(r"horovodliterun: added 1 worker on \S+:1 \(host discovery\); they join "
                      r"at the next commit", out), out
     assert re.search(r"hvd.elastic: continuing from commit \d+ with 2 -> 3 ranks", out), out
+    if shard:  # 65 momentum values: 22 per rank at 3 ranks (one of them padding on the last)
+        assert sorted(re.findall(r"SHARD rank (\d) holds 22 of 65 momentum values", out)) == \
+            ["0", "1", "2"], out
 
 
 def test_a_host_that_lost_a_worker_is_blacklisted_or_cools_down(tmp_path):

@@ -205,6 +205,18 @@ class ShardedOverlap:
                 "still in flight. Call optimizer.step() (or optimizer.synchronize()) first.")
 
 
+    def _hvd_abandon_step(self) -> None:
+        """Drops this step after a failure (``hvd.elastic`` rolls back): its allreduces died
+        with the runtime at the elastic reset, so they are not waited for, and its gradients
+        and reduced ranges are cleared."""
+        self._overlap_reset()
+        self._shard_synced = False
+        for b in self._shard_buckets:
+            b.grad = None
+            for p in b.params:
+                p.grad = None
+
+
 def _hook_for(ref):
     def hook(p):
         opt = ref()

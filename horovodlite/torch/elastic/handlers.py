@@ -22,7 +22,9 @@ survives the loss of any rank: after a reset that changed the ranks, ``on_reset`
 commit's snapshot out over the ranks now in the job (local: every survivor holds the same
 snapshot), and ``sync`` then only checks that every rank holds the same layout and takes rank
 0's param-group options (one small ``allgather_object``): each range of the state has exactly
-one holder, so there is nothing else to make equal.
+one holder, so there is nothing else to make equal. A worker that joins holds no state: the
+sync after that reset sends rank 0's snapshot to every rank (``broadcast_object``), and each
+lays it out over the ranks now in the job.
 """
 
 from __future__ import annotations
@@ -86,6 +88,15 @@ class OptimizerHandler(StateHandler):
     die with the runtime at the reset), so the retried step starts clean - also after a
     ``HostsUpdatedInterrupt``, which resets without restoring."""
 
+    def __init__(self, name: str, value) -> None:
+        if not isinstance(value, _ShardedOptimizer):
+            super().__init__(name, value)
+            return
+        # A sharded optimizer's state_dict() is collective, and a worker that joins a running
+        # job builds its TorchState alone: no snapshot yet. hvd.elastic.run starts with a sync,
+        # which ends with save() on every rank.
+        self.name, self.value, self._saved = name, value, None
+
     def _abandon_step(self) -> None:
         abandon = getattr(self.value, "_hvd_abandon_step", None)
         if abandon is not None:
@@ -95,12 +106,14 @@ class OptimizerHandler(StateHandler):
 
     def restore(self) -> None:
         self._abandon_step()  # load_state_dict refuses while reductions are in flight
-        super().restore()
+        if self._saved is not None:
+            super().restore()
 
     def on_reset(self) -> None:
         self._abandon_step()
         opt = self.value
-        if (isinstance(opt, _ShardedOptimizer)
+        self._reset = True  # the next sync follows a reset (see _sync_sharded)
+        if (isinstance(opt, _ShardedOptimizer) and self._saved is not None
                 and opt._shard_ranks() != (opt._shard_size, opt._shard_rank)):
             # The ranks changed: the shards of lost ranks are gone, and the survivors' shards
             # are cut for the old number of ranks. Lay the snapshot out over the ranks now in
@@ -123,13 +136,23 @@ class OptimizerHandler(StateHandler):
         from the shards is the same seen from any rank. What ranks may hold apart are the
         layout, the state's entries, its scalars (``step``) and the param-group options: one
         small allgather compares them; options are then taken from rank 0. Ranks that differ
-        otherwise (a rank that joined without the state, the state of frozen parameters, which
-        every rank keeps whole) take the full path, which raises on every rank when only some
-        ranks hold state."""
+        otherwise: after a reset (a rank joined without the state, the job grew), rank 0's
+        snapshot, which its optimizer holds since the reset, goes to every rank
+        (``broadcast_object`` of the full state) and each lays it out over the ranks now; else
+        (the state of frozen parameters, which every rank keeps whole, or a state loaded on
+        some ranks only) the full path, which raises on every rank when only some ranks hold
+        state."""
         opt = self.value
-        every = allgather_object(_shard_summary(opt), name=f"elastic.{self.name}")
+        summary = {**_shard_summary(opt), "reset": getattr(self, "_reset", False)}
+        self._reset = False
+        every = allgather_object(summary, name=f"elastic.{self.name}")
         if every[0]["parked"] or any(s["layout"] != every[0]["layout"] for s in every):
-            broadcast_optimizer_state(opt, root_rank=0)
+            if every[0]["reset"]:
+                opt.load_state_dict(broadcast_object(
+                    self._saved if opt._shard_ranks()[1] == 0 else None, 0,
+                    name=f"elastic.{self.name}.state"))
+            else:
+                broadcast_optimizer_state(opt, root_rank=0)
             return
         for group, options in zip(opt.param_groups, every[0]["options"]):
             group.update(options)
