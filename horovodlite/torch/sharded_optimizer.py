@@ -5,36 +5,38 @@ optimizer.
 Layout. The parameters that require a gradient are put in *buckets*, runs of at most
 BUCKET_BYTES of one param group, dtype, device and state signature (``sharded_state.signature``:
 parameters whose scalar state differs, e.g. a layer unfrozen later with a smaller Adam ``step``,
-cannot share one copy of it). Each
-bucket is one flat vector split into N equal contiguous ranges (``shard_layout.ShardLayout``);
-rank r owns range r of every bucket. The parameters live in their bucket: each one's ``.data``
-is a view of the bucket's ``params_flat``. The *inner optimizer* is a fresh instance of the
-wrapped optimizer's class whose parameters are this rank's ranges of those vectors (views, so
-its step writes the parameters), one param group per bucket with the hyperparameters of the
-bucket's param group; ``opt.state`` is its state, so it holds only this rank's shards.
+cannot share one copy of it). Each bucket is one flat vector split into N equal contiguous
+ranges (``shard_layout.ShardLayout``); rank r owns range r of every bucket. The parameters live
+in their bucket: each one's ``.data`` is a view of the bucket's ``params_flat``. The *inner
+optimizer* is a fresh instance of the wrapped optimizer's class whose parameters are this rank's
+ranges of those vectors (views, so its step writes the parameters), one param group per bucket
+with the hyperparameters of the bucket's param group; ``opt.state`` is its state, so it holds
+only this rank's shards.
 
 Step protocol (collective; every rank calls it in the same order):
 
 1. ``synchronize()`` (``step()`` calls it unless it already ran since ``zero_grad()``): the
-   gradients of each bucket are laid into a flat vector (zeros for a parameter without a gradient
-   on this rank, as the unsharded optimizer does) and averaged (see COLLECTIVES: by default an
-   allreduce of each parameter's place, most of them started by backward's hooks while it runs,
-   sharded_overlap.py; a grouped reducescatter with HOROVOD_SHARDED_COLLECTIVES=reducescatter);
-   rank r keeps the reduced range r. With
-   ``shard="optimizer_state"`` the flat vector is kept and the parameters' ``.grad`` become views
-   into it. After the allreduce every rank holds the whole reduced gradient (the same bits on
-   every rank, as the unsharded optimizer's), so the flat vector keeps all of it: ``.grad`` is the
-   unsharded optimizer's gradient, and ``GradScaler`` or ``torch.nn.utils.clip_grad_norm_`` see
-   it whole on every rank. After a reducescatter only this rank's range is reduced: the rest of
-   the flat vector is zeroed. With ``shard="gradients"`` the flat vector is freed and ``.grad`` is
-   None: only the reduced range stays. An explicit ``synchronize()`` keeps the range inside the
-   span of the parameters crossing it and gives those parameters ``.grad`` views of it
-   (``_shard_expose``), and over the allreduce first takes torch's L2 norm of the whole gradient
-   (``clip_grad_norm_`` uses it; a few scalars, no memory of the gradient's size). Where ranks
-   see different parts (the reducescatter, ``shard="gradients"``), an explicit ``synchronize()``
-   also agrees across ranks whether any reduced gradient is inf/nan (one scalar allreduce); if
-   so, every rank writes a NaN into its range, so ``GradScaler``'s check, which then only sees
-   this rank's part, finds it on every rank and all ranks skip the step and back off alike.
+   gradients of each bucket (zeros for a parameter without a gradient on this rank, as the
+   unsharded optimizer does) are averaged (see COLLECTIVES: by default an allreduce of each
+   parameter's gradient, most of them started by backward's hooks while it runs,
+   sharded_overlap.py; a grouped reducescatter of the bucket's flat vector with
+   HOROVOD_SHARDED_COLLECTIVES=reducescatter); rank r keeps the reduced range r. With
+   ``shard="optimizer_state"`` the flat vector is kept and the parameters' ``.grad`` become
+   views into it. After the allreduce every rank holds the whole reduced gradient (the same bits
+   on every rank, as the unsharded optimizer's), so the flat vector keeps all of it: ``.grad``
+   is the unsharded optimizer's gradient, and ``GradScaler`` or
+   ``torch.nn.utils.clip_grad_norm_`` see it whole on every rank. After a reducescatter only
+   this rank's range is reduced: the rest of the flat vector is zeroed. With
+   ``shard="gradients"`` the gradients are freed once the range is copied out of them (bucket by
+   bucket, during backward where it can: sharded_overlap.py) and ``.grad`` is None: only the
+   reduced range stays. An explicit ``synchronize()`` keeps the range inside the span of the
+   parameters crossing it and gives those parameters ``.grad`` views of it (``_shard_expose``),
+   and over the allreduce first takes torch's L2 norm of the whole gradient (``clip_grad_norm_``
+   uses it; a few scalars, no memory of the gradient's size). Where ranks see different parts
+   (the reducescatter, ``shard="gradients"``), an explicit ``synchronize()`` also agrees across
+   ranks whether any reduced gradient is inf/nan (one scalar allreduce); if so, every rank
+   writes a NaN into its range, so ``GradScaler``'s check, which then only sees this rank's
+   part, finds it on every rank and all ranks skip the step and back off alike.
 2. ``step()``: takes back into the bucket a parameter whose ``.data`` was replaced since (in-place
    edits, e.g. a broadcast, are there already), mirrors each param group's current
    hyperparameters into its buckets' inner groups (LR schedulers edit ``param_groups``), runs
@@ -83,8 +85,8 @@ MODES = ("optimizer_state", "gradients")
 # are then reduced exactly as the unsharded optimizer's fused allreduce reduces them.
 COLLECTIVES = ("allreduce", "reducescatter")
 # A bucket's largest size in bytes (HOROVOD_SHARDED_BUCKET_BYTES; DDP's bucket_cap_mb default):
-# with shard="gradients" the flat gradients of the buckets in flight are all that exists of the
-# gradient at once besides this rank's ranges. A larger parameter is a bucket alone.
+# with shard="gradients" the gradients of at most two buckets exist at once besides this rank's
+# ranges (sharded_overlap.IN_FLIGHT). A larger parameter is a bucket alone.
 BUCKET_BYTES = 25 * 2 ** 20
 
 
