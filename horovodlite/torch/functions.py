@@ -104,6 +104,9 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
                 f"broadcast_optimizer_state: {unsupported.__name__} is not "
                 "supported; broadcast the model and recreate the optimizer"
             )
+    sharded = getattr(optimizer, "_shard_broadcast", None)  # DistributedOptimizer(shard=...)
+    if sharded is not None and sharded(root_rank):
+        return
     state_dict = optimizer.state_dict()
     structure = {"param_groups": state_dict["param_groups"], "state": {}}
     local_tensors = {}

@@ -4,7 +4,10 @@ format (the shards allgathered), this rank's shard, and loading either at any nu
 
 from __future__ import annotations
 
+import torch
+
 from horovodlite.common.exceptions import HorovodArgumentError
+from horovodlite.common.process_sets import _id_of
 from horovodlite.torch.collectives import grouped_allgather_async
 from horovodlite.torch.functions import allgather_object
 from horovodlite.torch.mpi_ops import synchronize
@@ -103,6 +106,47 @@ class ShardedCheckpoints:
                 if s:
                     states[p] = s
         return states
+
+    def _shard_summary(self) -> dict:
+        """What the ranks must agree on for their shards to form one state (small: no tensor
+        data): the number of ranks, each bucket's parameters and sizes, its state entries
+        (element-wise: dtype and length; scalars: their values), whether frozen parameters hold
+        state, and the param-group options."""
+        index = {id(p): i for i, p in enumerate(index_params(self.param_groups))}
+        inner = self._shard_inner
+        buckets = []
+        for b in self._shard_buckets:
+            st = inner.state.get(b.shard, {}) if inner is not None else {}
+            entries = []
+            for key, value in st.items():
+                if not isinstance(value, torch.Tensor):
+                    entries.append((str(key), repr(value)))
+                elif value.shape == b.shard.shape and key != "step":  # element-wise
+                    entries.append((str(key), str(value.dtype), value.numel()))
+                else:
+                    entries.append((str(key), str(value.dtype), value.reshape(-1).tolist()))
+            buckets.append((b.group, [index[id(p)] for p in b.params], b.layout.numels,
+                            sorted(entries)))
+        return {"layout": (self._shard_size, buckets), "parked": bool(self._shard_parked),
+                "options": [{k: v for k, v in g.items() if k != "params"}
+                            for g in self.param_groups]}
+
+    def _shard_broadcast(self, root_rank: int) -> bool:
+        """``hvd.broadcast_optimizer_state`` on a sharded optimizer, without moving the state
+        where it need not: each range of the element-wise state has one holder, so when every
+        rank holds the same layout, entries and scalars (one small allgather compares them),
+        the state assembled from the shards is the root's already, and only the root's
+        param-group options are taken. Returns False where the state must travel (the ranks
+        differ, or frozen parameters hold state): the caller's full path then gathers it."""
+        every = allgather_object(self._shard_summary(), name=f"{self._shard_prefix}.bcast",
+                                 process_set=self.process_set)
+        if every[0]["parked"] or any(s["layout"] != every[0]["layout"] for s in every):
+            return False
+        ranks = self.process_set.ranks if _id_of(self.process_set) else None
+        root = ranks.index(root_rank) if ranks else root_rank
+        for group, options in zip(self.param_groups, every[root]["options"]):
+            group.update(options)
+        return True
 
     def _shard_check_same_state(self, where, tensors) -> None:
         """Every rank must hold the same state entries before they are allgathered (a rank

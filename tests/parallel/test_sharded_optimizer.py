@@ -412,9 +412,13 @@ def test_checkpoints_round_trip():
         continue_training(m2, o2)
         assert_same(m2, ref, what="after loading")
     # Horovod's start-of-training pattern: broadcast_optimizer_state, once every rank loaded.
+    # Every rank holds its shard of the same state: only rank 0's options travel.
     m4, o4 = fresh_sharded()
     o4.load_state_dict(full)
+    if hvd.rank() != 0:
+        o4.param_groups[0]["lr"] = 123.0
     hvd.broadcast_optimizer_state(o4, root_rank=0)
+    assert o4.param_groups[0]["lr"] == full["param_groups"][0]["lr"], f"rank {hvd.rank()}"
     assert_same_state(o4.state_dict(), full)
     if hvd.size() > 1:  # loaded on one rank only: each rank holds a shard, so refused by all
         m5, o5 = fresh_sharded()

@@ -41,7 +41,6 @@ from horovodlite.torch.functions import (
     broadcast_parameters,
 )
 from horovodlite.torch.sharded_optimizer import _ShardedOptimizer
-from horovodlite.torch.sharded_state import index_params
 
 
 class StateHandler:
@@ -143,7 +142,7 @@ class OptimizerHandler(StateHandler):
         some ranks only) the full path, which raises on every rank when only some ranks hold
         state."""
         opt = self.value
-        summary = {**_shard_summary(opt), "reset": getattr(self, "_reset", False)}
+        summary = {**opt._shard_summary(), "reset": getattr(self, "_reset", False)}
         self._reset = False
         every = allgather_object(summary, name=f"elastic.{self.name}")
         if every[0]["parked"] or any(s["layout"] != every[0]["layout"] for s in every):
@@ -156,31 +155,6 @@ class OptimizerHandler(StateHandler):
             return
         for group, options in zip(opt.param_groups, every[0]["options"]):
             group.update(options)
-
-
-def _shard_summary(opt) -> dict:
-    """What a sharded optimizer's ranks must agree on (small: no tensor data): the number of
-    ranks, each bucket's parameters and sizes, its state entries (element-wise: dtype and
-    length; scalars: their values), whether frozen parameters hold state, and the param-group
-    options."""
-    index = {id(p): i for i, p in enumerate(index_params(opt.param_groups))}
-    inner = opt._shard_inner
-    buckets = []
-    for b in opt._shard_buckets:
-        st = inner.state.get(b.shard, {}) if inner is not None else {}
-        entries = []
-        for key, value in st.items():
-            if not isinstance(value, torch.Tensor):
-                entries.append((str(key), repr(value)))
-            elif value.shape == b.shard.shape and key != "step":  # element-wise
-                entries.append((str(key), str(value.dtype), value.numel()))
-            else:
-                entries.append((str(key), str(value.dtype), value.reshape(-1).tolist()))
-        buckets.append((b.group, [index[id(p)] for p in b.params], b.layout.numels,
-                        sorted(entries)))
-    return {"layout": (opt._shard_size, buckets), "parked": bool(opt._shard_parked),
-            "options": [{k: v for k, v in g.items() if k != "params"}
-                        for g in opt.param_groups]}
 
 
 class SamplerHandler(StateHandler):
