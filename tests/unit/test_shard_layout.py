@@ -140,3 +140,18 @@ def test_state_shape_mismatch_names_the_parameter():
     full["state"][0]["exp_avg"] = torch.zeros(2, 3)
     with pytest.raises(ValueError, match=r"'exp_avg' of parameter w has shape \[2, 3\]"):
         from_torch(full, [{"params": params}], names={params[0]: "w"})
+
+
+def test_buckets_are_runs_of_at_most_the_cap_in_order():
+    """The sharded optimizer cuts each param group's parameters (of one dtype and device: CUDA
+    stand-ins on the meta device here, nothing allocated) into runs of at most the cap in bytes,
+    in order; a parameter larger than the cap is a run alone."""
+    from horovodlite.torch.sharded_optimizer import _chunks
+    sizes = [10, 20, 30, 100, 5, 5, 60, 1]  # float32 elements: 4 bytes each
+    params = [torch.empty(n, device="meta") for n in sizes]
+    runs = _chunks(params, cap=4 * 60)
+    assert [[p.numel() for p in run] for run in runs] == [[10, 20, 30], [100], [5, 5], [60],
+                                                          [1]]
+    assert [p for run in runs for p in run] == params
+    assert _chunks([], cap=1) == []
+    assert [len(run) for run in _chunks(params, cap=1)] == [1] * len(params)
