@@ -46,7 +46,8 @@ class ShardedClipping:
         ``synchronize()`` before the whole gradient was dropped. The inf norm is exact
         everywhere (one scalar allreduce of the ranks' maxima). Otherwise (other norm types
         with ``shard="gradients"``, a gradient edited since ``synchronize()`` - by GradScaler's
-        ``unscale_`` -, a second clip in one step, the reducescatter collectives)
+        ``unscale_`` -, a second clip in one step, the reducescatter collectives, buckets
+        retired during backward because the step before had no explicit ``synchronize()``)
         the norm is formed from the ranks' ranges in float64 (one scalar allreduce) and may
         differ from torch's in its last bits."""
         if not self._shard_synced:

@@ -32,7 +32,8 @@ Step protocol (collective; every rank calls it in the same order):
    reduced range stays. An explicit ``synchronize()`` keeps the range inside the span of the
    parameters crossing it and gives those parameters ``.grad`` views of it (``_shard_expose``),
    and over the allreduce first takes torch's L2 norm of the whole gradient (``clip_grad_norm_``
-   uses it; a few scalars, no memory of the gradient's size). Where ranks see different parts
+   uses it; a few scalars, no memory of the gradient's size), unless buckets were retired during
+   backward (the step before had no explicit ``synchronize()``). Where ranks see different parts
    (the reducescatter, ``shard="gradients"``), an explicit ``synchronize()`` also agrees across
    ranks whether any reduced gradient is inf/nan (one scalar allreduce); if so, every rank
    writes a NaN into its range, so ``GradScaler``'s check, which then only sees this rank's
@@ -85,8 +86,8 @@ MODES = ("optimizer_state", "gradients")
 # are then reduced exactly as the unsharded optimizer's fused allreduce reduces them.
 COLLECTIVES = ("allreduce", "reducescatter")
 # A bucket's largest size in bytes (HOROVOD_SHARDED_BUCKET_BYTES; DDP's bucket_cap_mb default):
-# with shard="gradients" the gradients of at most two buckets exist at once besides this rank's
-# ranges (sharded_overlap.IN_FLIGHT). A larger parameter is a bucket alone.
+# with shard="gradients" a bucket's gradients are freed once its allreduces ended (polled during
+# backward, sharded_overlap.py). A larger parameter is a bucket alone.
 BUCKET_BYTES = 25 * 2 ** 20
 
 
@@ -154,6 +155,7 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
         """Buckets and inner optimizer from per-parameter ``states`` (local: every rank builds
         the same layout from the same parameters and states). The number of ranks is read
         again, so loading a full state after an elastic reset lays it out over the ranks left."""
+        self._overlap_refuse_rebuild()
         self._shard_size, self._shard_rank = self._shard_ranks()
         keyed: dict = {}
         seen = set()
@@ -375,6 +377,10 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
                         for p in b.params:
                             p.grad = None  # views of the kept span (_shard_expose), if any
                 self._shard_gather_params()
+                # The parameters changed through views of their buckets' storage, which
+                # autograd does not count: a graph kept from before the step must see it.
+                torch.autograd.graph.increment_version(
+                    [p for b in self._shard_buckets for p in b.params])
         summary.step_completed()
         return loss
 

@@ -10,23 +10,32 @@ place: after ``zero_grad(set_to_none=False)``). With ``shard="gradients"`` the g
 is reduced where it is and ``.grad`` is dropped; once a bucket's allreduces ended, this rank's
 range is copied out of them (``_overlap_retire``) and they go. ``synchronize()`` starts what no
 hook started (a parameter without a gradient on this rank goes out as zeros, a gradient set by
-hand as it is) and waits for all of them.
+hand without backward as it is) and waits for all of them. A gradient replaced or edited after
+its hook ran is not seen (as with Horovod's hooks): edit gradients with a tensor hook, or after
+``synchronize()``.
 
 Each parameter goes out as a tensor of its own, named by its bucket and index, whichever way it
 started, so ranks that started it differently (one from its hook, one in ``synchronize()``)
 still meet, and the ring sums each element in the order the unsharded optimizer's per-parameter
-allreduce sums it. The hooks hold the optimizer weakly; a parameter's hooks act only for the
-sharded optimizer that laid it out last (``_OWNER``), so an optimizer built again over the same
-model does not leave the old one's allreduces in flight. A step in which the parameters
-requiring a gradient changed (frozen, unfrozen, a param group added) is not overlapped: its
-``synchronize()`` lays the buckets out again first.
+allreduce sums it. A parameter has one such hook, for the sharded optimizer that laid it out
+last (``_HOOKS``, which holds both weakly), so an optimizer built again over the same model takes
+the hooks over and the old one starts nothing. A step in which the parameters requiring a
+gradient changed (frozen, unfrozen, a param group added) before backward is not overlapped: its
+``synchronize()`` lays the buckets out again first. Laying them out again while this step's
+allreduces are in flight (a change between backward and step, ``load_state_dict``) raises.
+
+A hook never waits for an allreduce: a rank may start a parameter only in ``synchronize()`` (it
+has no gradient there), and waiting in backward for it could wait forever. Retiring a bucket
+during backward therefore depends on its allreduces having ended when a later hook polls.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from horovodlite._extension import load
 from horovodlite.common.exceptions import HorovodArgumentError
@@ -36,10 +45,8 @@ from horovodlite.torch.submission import poll
 
 _C = load()
 
-_OWNER = "_hvdl_shard_owner"  # attribute of a parameter: weakref to the optimizer laying it out
-# shard="gradients", retiring during backward: wholly started buckets whose allreduces may be
-# in flight at once before backward waits for the oldest (its parameters' backward hook does).
-IN_FLIGHT = 1
+# parameter -> (weakref to the sharded optimizer that laid it out last, its hook's handle)
+_HOOKS = WeakIdKeyDictionary()
 
 
 class ShardedOverlap:
@@ -62,25 +69,32 @@ class ShardedOverlap:
         every parameter in a bucket."""
         self._overlap_reset()
         self._overlap_where = {}
-        if not hasattr(self, "_overlap_hooks"):
-            self._overlap_hooks = {}
+        if not hasattr(self, "_overlap_lock"):
+            # hooks of parameters on different devices may run on autograd's device threads
+            self._overlap_lock = threading.Lock()
             # shard="gradients": retire each bucket as soon as its allreduces ended, keeping
             # only this rank's range (see _overlap_retire); learnt from the previous step
             self._overlap_early = False
         if self._shard_wire != "allreduce":
             return
-        me = weakref.ref(self)
         for bi, b in enumerate(self._shard_buckets):
             for pi, p in enumerate(b.params):
                 self._overlap_where[p] = (bi, pi)
-                setattr(p, _OWNER, me)
-                if p not in self._overlap_hooks:
-                    self._overlap_hooks[p] = p.register_post_accumulate_grad_hook(
-                        _hook_for(me))
+                held = _HOOKS.get(p)
+                if held is not None and held[0]() is self:
+                    continue
+                if held is not None:
+                    held[1].remove()  # another optimizer's (or a dead one's)
+                me = weakref.ref(self)
+                _HOOKS[p] = (me, p.register_post_accumulate_grad_hook(_hook_for(me)))
 
     def _overlap_hook(self, p) -> None:
+        with self._overlap_lock:
+            self._overlap_hook_locked(p)
+
+    def _overlap_hook_locked(self, p) -> None:
         where = self._overlap_where.get(p)
-        if where is None or getattr(p, _OWNER, lambda: None)() is not self:
+        if where is None:
             return
         if self._overlap_live is None:
             self._overlap_live = self._shard_active_signature() == self._shard_signature
@@ -151,10 +165,8 @@ class ShardedOverlap:
             if len(handles) == len(b.params):
                 self._overlap_queue.append(bi)
             queue = self._overlap_queue
-            # Retire what has ended; and wait for the oldest while more than IN_FLIGHT
-            # buckets are in flight, so that they bound the memory of the gradients.
-            while queue and (len(queue) > IN_FLIGHT
-                             or all(poll(h) for h in self._overlap_handles[queue[0]])):
+            # Retire what has ended (polled: a hook never waits, see the module's docstring).
+            while queue and all(poll(h) for h in self._overlap_handles[queue[0]]):
                 self._overlap_retire(queue.pop(0))
 
     def _overlap_retire(self, bi: int) -> None:
@@ -185,6 +197,12 @@ class ShardedOverlap:
             for pi in range(len(b.params)):
                 if (bi, pi) not in self._overlap_started:
                     self._overlap_start(bi, pi)
+        # Every rank has started everything now, so waiting is safe: the buckets wholly
+        # started during backward are retired in the order they were, each freed before the
+        # next is waited for.
+        for bi in self._overlap_queue:
+            self._overlap_retire(bi)
+        self._overlap_queue = []
         flats = [self._overlap_flats.get(bi) for bi in range(len(self._shard_buckets))]
         self._overlap_wait()
         return flats
@@ -204,6 +222,21 @@ class ShardedOverlap:
                 f"{sum(map(len, self._overlap_handles.values()))} parameters' gradients are "
                 "still in flight. Call optimizer.step() (or optimizer.synchronize()) first.")
 
+    def _overlap_refuse_rebuild(self) -> None:
+        """Before the buckets are laid out again: raises, on every rank alike (the layout
+        changes on all of them), if this step's allreduces are in flight, after waiting for
+        them, so nothing is left in flight; the step is dropped."""
+        if not any(getattr(self, "_overlap_handles", {}).values()):
+            return
+        count = sum(map(len, self._overlap_handles.values()))
+        self._overlap_wait()
+        self._shard_synced = False
+        raise OutstandingAllreduceError(
+            "DistributedOptimizer(shard=...): the buckets must be laid out again (the parameters "
+            "requiring a gradient changed, a param group was added, or a state was loaded) "
+            f"after loss.backward() started this step's allreduces ({count} parameters); do "
+            "that before backward or after step(). This step's gradients were dropped: call "
+            "zero_grad() and run it again.")
 
     def _hvd_abandon_step(self) -> None:
         """Drops this step after a failure (``hvd.elastic`` rolls back): its allreduces died

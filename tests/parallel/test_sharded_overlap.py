@@ -3,6 +3,7 @@ keeping the parameters in its buckets' storage: the allreduces are in flight whe
 returns, no gradient is copied with ``zero_grad(set_to_none=False)``, and the results stay the
 unsharded optimizer's (same bits in float32). Every rank asserts."""
 
+import io
 import time
 
 import pytest
@@ -223,3 +224,68 @@ def test_clipping_after_buckets_were_retired(monkeypatch):
                 opt.step()
         runs.append(model)
     assert_same(runs[1], runs[0], what="clipped after retiring")
+
+
+def test_a_layer_used_on_one_rank_with_buckets_retired(monkeypatch):
+    """shard="gradients", small buckets, step() alone: a layer used on rank 0 only is started
+    by rank 0's hook and by the other ranks' synchronize(); no rank waits for it in backward,
+    and the parameters are the unsharded optimizer's."""
+    monkeypatch.setenv("HOROVOD_SHARDED_BUCKET_BYTES", "80")
+    x, y = make_data(steps=4)
+    runs = []
+    for shard_mode in (None, "gradients"):
+        torch.manual_seed(3)
+        layers = torch.nn.ModuleList([torch.nn.Linear(5, 5).double() for _ in range(4)])
+        side = torch.nn.Linear(5, 5).double()
+        params = [*layers.parameters(), *side.parameters()]
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1, momentum=0.9),
+                                       shard=shard_mode)
+        for s in range(4):
+            opt.zero_grad()
+            h = shard(x[s])
+            for layer in layers:
+                h = torch.tanh(layer(h))
+            if hvd.rank() == 0:
+                h = h + side(h)
+            F.mse_loss(h[:, :3], shard(y[s])).backward()
+            opt.step()
+        runs.append(params)
+    for p, q in zip(*runs[::-1]):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14, msg=f"rank {hvd.rank()}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_layout_change_after_backward_raises_on_every_rank(mode):
+    """Freezing a layer between backward and step() (the buckets must be laid out again while
+    the allreduces are in flight) raises on every rank, leaves nothing in flight, and the
+    next step trains."""
+    model = make_model()
+    opt = wrap(torch.optim.Adam(model.parameters(), lr=0.01), model, mode)
+    x, y = make_data()
+    opt.zero_grad()
+    backward(model, x[0], y[0])
+    model[2].weight.requires_grad_(False)
+    with pytest.raises(OutstandingAllreduceError, match="laid out again.*dropped"):
+        opt.step()
+    assert not any(opt._overlap_handles.values()), f"rank {hvd.rank()}"
+    before = model[0].weight.detach().clone()
+    opt.zero_grad()
+    backward(model, x[1], y[1])
+    opt.step()
+    assert not torch.equal(model[0].weight, before), f"rank {hvd.rank()}"
+
+
+def test_parameters_pickle_and_autograd_sees_the_step():
+    """The optimizer leaves nothing unpicklable on the parameters, and a graph kept across
+    step() is refused by autograd as with the unsharded optimizer (the step changed the
+    parameters through their buckets' storage)."""
+    model = make_model()
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, "optimizer_state")
+    x, y = make_data()
+    torch.save(model, io.BytesIO())
+    opt.zero_grad()
+    loss = F.mse_loss(model(shard(x[0])), shard(y[0]))
+    loss.backward(retain_graph=True)
+    opt.step()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

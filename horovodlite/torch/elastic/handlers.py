@@ -33,6 +33,7 @@ import copy
 
 import torch
 
+from horovodlite.common import basics
 from horovodlite.torch.elastic.sampler import ElasticSampler
 from horovodlite.torch.functions import (
     allgather_object,
@@ -148,7 +149,7 @@ class OptimizerHandler(StateHandler):
         if every[0]["parked"] or any(s["layout"] != every[0]["layout"] for s in every):
             if every[0]["reset"]:
                 opt.load_state_dict(broadcast_object(
-                    self._saved if opt._shard_ranks()[1] == 0 else None, 0,
+                    self._saved if basics.rank() == 0 else None, 0,
                     name=f"elastic.{self.name}.state"))
             else:
                 broadcast_optimizer_state(opt, root_rank=0)
