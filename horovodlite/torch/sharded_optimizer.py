@@ -234,11 +234,13 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
                 self._shard_norm = total_norm(self._shard_full_grads(flats), 2.0)
             outs = []
             for bi, (b, flat) in enumerate(zip(self._shard_buckets, flats)):
-                lo, hi = b.layout.range(self._shard_rank)
                 if keep:
+                    lo, hi = b.layout.range(self._shard_rank)
                     outs.append(flat[lo:hi])
-                elif flat is None or agree:  # _shard_expose keeps what it needs
-                    outs.append(b.grad if flat is None else None)
+                elif flat is None:  # retired during backward
+                    outs.append(b.grad)
+                elif agree:  # _shard_expose copies what it keeps from the gradients
+                    outs.append(None)
                 else:
                     outs.append(self._shard_range_of(bi, flat))
             # shard="gradients": a step without an explicit synchronize() lets the next one
@@ -246,6 +248,9 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
             # norm and .grad views need them), as code does the same every step.
             self._overlap_early = not keep and not agree
         else:
+            sparse = self._shard_sparse_param()
+            if sparse is not None:
+                raise self._shard_sparse_error(sparse)
             flats = [self._shard_flatten(b, keep) for b in self._shard_buckets]
             prescale, postscale = self._shard_scale
             outs = synchronize(grouped_reducescatter_async(
@@ -283,9 +288,6 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
     def _shard_flatten(self, b: _Bucket, keep: bool) -> torch.Tensor:
         """The reducescatter's input: the bucket's gradients end to end (zeros for a parameter
         without one); with shard="gradients" the parameters' own gradients are dropped."""
-        for p in b.params:
-            if p.grad is not None and p.grad.is_sparse:
-                raise self._shard_sparse_error(p)
         flat = b.flat if keep and b.flat is not None else torch.empty(
             b.layout.padded, dtype=b.shard.dtype, device=b.shard.device)
         with torch.no_grad():

@@ -111,6 +111,11 @@ class ShardedOverlap:
     def _shard_name(self, p) -> str:
         return self._shard_names.get(p, f"of shape {list(p.shape)}")
 
+    def _shard_sparse_param(self):
+        """The first parameter in a bucket whose gradient is sparse, or None."""
+        return next((p for b in self._shard_buckets for p in b.params
+                     if p.grad is not None and p.grad.is_sparse), None)
+
     def _shard_sparse_error(self, p) -> HorovodArgumentError:
         return HorovodArgumentError(
             f"DistributedOptimizer(shard=...): parameter {self._shard_name(p)} has a sparse "
@@ -188,11 +193,10 @@ class ShardedOverlap:
         """Starts every allreduce no hook started, waits for all of them, and returns what each
         bucket reduced (its flat gradient, or with shard="gradients" its parameters' gradient
         tensors), or None for a bucket retired already (its range is in ``b.grad``)."""
-        for b in self._shard_buckets:
-            for p in b.params:
-                if p.grad is not None and p.grad.is_sparse:
-                    self._overlap_wait()  # what was started must end before the error
-                    raise self._shard_sparse_error(p)
+        sparse = self._shard_sparse_param()
+        if sparse is not None:
+            self._overlap_wait()  # what was started must end before the error
+            raise self._shard_sparse_error(sparse)
         for bi, b in enumerate(self._shard_buckets):
             for pi in range(len(b.params)):
                 if (bi, pi) not in self._overlap_started:
