@@ -58,7 +58,8 @@ def one_step(model, opt, args, step):
     return time.perf_counter() - t0
 
 
-def build_hvd(args, shard):
+def build_hvd(args, shard, overlap="0"):
+    os.environ["HOROVOD_SHARDED_OVERLAP_BUCKETS"] = overlap  # read by the constructor
     model = make_model(args.width, args.layers)
     opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4),
                                    named_parameters=model.named_parameters(), shard=shard)
@@ -67,8 +68,9 @@ def build_hvd(args, shard):
 
 
 def step_peak(model, opt, args):
-    """Peak bytes of what one step adds to the parameters and optimizer state: gradients,
-    communication buffers and the optimizer's temporaries. The gradient storage held from the
+    """Peak bytes of what one step adds to the parameters and optimizer state: before the
+    inner optimizer's step (gradients and communication buffers), and over the whole step
+    (with the optimizer's temporaries). The gradient storage held from the
     last step after zero_grad(set_to_none=False) (buckets whose views .grad are), plus the
     highest the CPU allocator's bytes rose above that during forward, backward and step, from
     torch.profiler's memory events."""
@@ -82,13 +84,19 @@ def step_peak(model, opt, args):
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         F.mse_loss(model(x), y).backward()
         opt.step()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    now = peak = 0
+    events = sorted(prof.profiler.kineto_results.events(), key=lambda e: e.start_ns())
+    # the inner optimizer's step (torch's profiler names it Optimizer.step#<class>.step)
+    inner = [e.start_ns() for e in events
+             if e.name() == "Optimizer.step#Adam.step"]
+    inner_at = inner[-1] if inner else math.inf
+    now = peak = before = 0
     for e in events:
-        now += e.nbytes()
-        peak = max(peak, now)
-    return held + peak
+        if e.name() == "[memory]":
+            now += e.nbytes()
+            peak = max(peak, now)
+            if e.start_ns() < inner_at:
+                before = peak
+    return held + before, held + peak
 
 
 def kept_grads(model, opt, args):
@@ -120,7 +128,8 @@ def build_zero(args):
                                 world_size=hvd.size())
     model = DistributedDataParallel(make_model(args.width, args.layers))
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4)
-    return model, opt, lambda: state_bytes(opt.optim.state), lambda: 0, lambda: math.nan
+    return (model, opt, lambda: state_bytes(opt.optim.state), lambda: 0,
+            lambda: (math.nan, math.nan))
 
 
 def memory_and_time(args):
@@ -129,7 +138,8 @@ def memory_and_time(args):
     params = sum(p.numel() for p in make_model(args.width, args.layers).parameters())
     builders = {"unsharded": lambda: build_hvd(args, None),
                 "shard=optimizer_state": lambda: build_hvd(args, "optimizer_state"),
-                "shard=gradients": lambda: build_hvd(args, "gradients")}
+                "shard=gradients": lambda: build_hvd(args, "gradients"),
+                "shard=gradients, overlap all": lambda: build_hvd(args, "gradients", "all")}
     if not args.no_zero:
         builders["torch ZeRO over DDP"] = lambda: build_zero(args)
     runs = {name: build() for name, build in builders.items()}
@@ -145,7 +155,7 @@ def memory_and_time(args):
     for name in names:
         _, _, state, grads, peak = runs[name]
         step_bytes = peak()  # before grads(): its synchronize() changes how the next step goes
-        values = [statistics.median(times[name]), state(), grads(), step_bytes]
+        values = [statistics.median(times[name]), state(), grads(), *step_bytes]
         rows[name] = hvd.allgather(torch.tensor([values], dtype=torch.float64))
     if hvd.rank() == 0:
         n = hvd.size()
@@ -154,13 +164,14 @@ def memory_and_time(args):
         print(f"np {n}: {params * 4 / 2 ** 20:.1f} MiB of fp32 parameters, Adam, "
               f"{args.rows} rows/rank, median of {args.steps} rounds")
         print("| optimizer | state MiB/rank (max) | x unsharded | x 1/N | grads kept MiB/rank "
-              "| step peak MiB/rank | step s (rank 0) | x unsharded |")
-        print("|---|---|---|---|---|---|---|---|")
+              "| grads+comm peak MiB/rank | step peak MiB/rank | step s (rank 0) "
+              "| x unsharded |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for name, g in rows.items():
             state = g[:, 1].max().item()
             print(f"| {name} | {state / 2 ** 20:.1f} | {state / full:.3f} | "
                   f"{state / full * n:.3f} | {g[:, 2].max().item() / 2 ** 20:.1f} | "
-                  f"{g[:, 3].max().item() / 2 ** 20:.1f} | "
+                  f"{g[:, 3].max().item() / 2 ** 20:.1f} | {g[:, 4].max().item() / 2 ** 20:.1f} | "
                   f"{g[0, 0].item():.3f} | {g[0, 0].item() / base:.2f} |")
 
 

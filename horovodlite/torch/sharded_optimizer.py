@@ -68,7 +68,7 @@ from horovodlite.torch.mpi_ops import allreduce, grouped_allreduce_async_, synch
 from horovodlite.torch.shard_layout import ShardLayout, check_elementwise
 from horovodlite.torch.sharded_checkpoints import ShardedCheckpoints
 from horovodlite.torch.sharded_clip import ShardedClipping, total_norm
-from horovodlite.torch.sharded_overlap import ShardedOverlap
+from horovodlite.torch.sharded_overlap import ShardedOverlap, overlap_limit
 from horovodlite.torch.sharded_state import (
     from_torch,
     signature,
@@ -127,6 +127,7 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
             raise HorovodArgumentError(
                 f"HOROVOD_SHARDED_BUCKET_BYTES must be a positive number of bytes, got {cap!r}")
         self._shard_cap = int(cap)
+        self._overlap_limit = overlap_limit()  # HOROVOD_SHARDED_OVERLAP_BUCKETS
         self.backward_passes_per_step = passes
         self._shard_names = names or {}
         self._shard_buckets = []

@@ -31,7 +31,11 @@ during backward therefore depends on its allreduces having ended when a later ho
 
 from __future__ import annotations
 
+import math
+import os
 import threading
+import time
+import warnings
 import weakref
 
 import torch
@@ -44,6 +48,23 @@ from horovodlite.torch.mpi_ops import allreduce_async_, synchronize
 from horovodlite.torch.submission import poll
 
 _C = load()
+
+# The longest a hook waits for a bucket's allreduces (see the module's docstring).
+WAIT_SECONDS = 2.0
+
+
+def overlap_limit() -> float:
+    """``HOROVOD_SHARDED_OVERLAP_BUCKETS``: how many wholly started buckets may be in flight
+    while backward goes on (``all``: backward never waits)."""
+    value = os.environ.get("HOROVOD_SHARDED_OVERLAP_BUCKETS", "0").strip()
+    if value == "all":
+        return math.inf
+    if not value.isdigit():
+        raise HorovodArgumentError(
+            "HOROVOD_SHARDED_OVERLAP_BUCKETS must be a number of buckets (0, 1, ...) or 'all', "
+            f"got {value!r}")
+    return int(value)
+
 
 # parameter -> (weakref to the sharded optimizer that laid it out last, its hook's handle)
 _HOOKS = WeakIdKeyDictionary()
@@ -169,10 +190,40 @@ class ShardedOverlap:
         if self._overlap_early:
             if len(handles) == len(b.params):
                 self._overlap_queue.append(bi)
-            queue = self._overlap_queue
-            # Retire what has ended (polled: a hook never waits, see the module's docstring).
-            while queue and all(poll(h) for h in self._overlap_handles[queue[0]]):
-                self._overlap_retire(queue.pop(0))
+            self._overlap_drain()
+
+    def _overlap_drain(self) -> None:
+        """Retires, in order, the buckets wholly started on this rank whose allreduces ended.
+        While more than ``HOROVOD_SHARDED_OVERLAP_BUCKETS`` of them are in flight, waits for
+        the oldest first (bounded: see the module's docstring)."""
+        queue = self._overlap_queue
+        while queue:
+            if not all(poll(h) for h in self._overlap_handles[queue[0]]):
+                if len(queue) <= self._overlap_limit or not self._overlap_wait_for(queue[0]):
+                    return
+            self._overlap_retire(queue.pop(0))
+
+    def _overlap_wait_for(self, bi: int) -> bool:
+        """Waits up to ``WAIT_SECONDS`` for bucket ``bi``'s allreduces; False if they did not
+        end by then, and backward stops waiting from then on (with a warning)."""
+        handles = self._overlap_handles[bi]
+        deadline = time.monotonic() + WAIT_SECONDS
+        pause = 5e-5
+        while not all(poll(h) for h in handles):
+            if time.monotonic() > deadline:
+                self._overlap_limit = math.inf
+                names = ", ".join(self._shard_name(p) for p in self._shard_buckets[bi].params)
+                warnings.warn(
+                    f"rank {_C.rank()}: DistributedOptimizer(shard=\"gradients\"): backward "
+                    f"waited {WAIT_SECONDS:g} s for the allreduce of bucket {bi} ({names}), "
+                    "which some rank has not started (a parameter without a gradient on some "
+                    "ranks?); backward no longer waits, so up to the whole gradient may be in "
+                    "flight at once (HOROVOD_SHARDED_OVERLAP_BUCKETS)", RuntimeWarning,
+                    stacklevel=2)
+                return False
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+        return True
 
     def _overlap_retire(self, bi: int) -> None:
         """shard="gradients", step() without an explicit synchronize() last step: bucket

@@ -228,8 +228,11 @@ def test_clipping_after_buckets_were_retired(monkeypatch):
 
 def test_a_layer_used_on_one_rank_with_buckets_retired(monkeypatch):
     """shard="gradients", small buckets, step() alone: a layer used on rank 0 only is started
-    by rank 0's hook and by the other ranks' synchronize(); no rank waits for it in backward,
-    and the parameters are the unsharded optimizer's."""
+    by rank 0's hook and by the other ranks' synchronize(); rank 0 waits for it in backward
+    and the others for the next bucket, which rank 0 has not reached, until one gives up
+    (sharded_overlap.WAIT_SECONDS); the parameters are the unsharded optimizer's."""
+    from horovodlite.torch import sharded_overlap
+    monkeypatch.setattr(sharded_overlap, "WAIT_SECONDS", 0.5)
     monkeypatch.setenv("HOROVOD_SHARDED_BUCKET_BYTES", "80")
     x, y = make_data(steps=4)
     runs = []
@@ -252,6 +255,95 @@ def test_a_layer_used_on_one_rank_with_buckets_retired(monkeypatch):
         runs.append(params)
     for p, q in zip(*runs[::-1]):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14, msg=f"rank {hvd.rank()}")
+
+
+@pytest.mark.parametrize("limit", ["0", "1", "all"])
+def test_backward_waits_while_more_buckets_than_the_limit_are_in_flight(limit, monkeypatch):
+    """shard="gradients", step() alone, small buckets: once the previous step taught the
+    optimizer to retire buckets during backward, at most HOROVOD_SHARDED_OVERLAP_BUCKETS
+    buckets wholly started on this rank are left unretired when each hook returns (0: every
+    bucket is retired before backward goes on); the parameters stay the unsharded
+    optimizer's."""
+    monkeypatch.setenv("HOROVOD_SHARDED_BUCKET_BYTES", "200")
+    monkeypatch.setenv("HOROVOD_SHARDED_OVERLAP_BUCKETS", limit)
+    x, y = make_data(steps=3)
+    runs = []
+    for shard_mode in (None, "gradients"):
+        model = make_model()
+        opt = wrap(torch.optim.Adam(model.parameters(), lr=0.01), model, shard_mode)
+        most = []
+        if shard_mode:
+            def count(p, opt=opt, most=most):
+                most.append(len(opt._overlap_queue))
+            hooks = [p.register_post_accumulate_grad_hook(count) for p in model.parameters()]
+        for s in range(3):
+            opt.zero_grad()
+            backward(model, x[s], y[s])
+            opt.step()
+        if shard_mode:
+            for h in hooks:
+                h.remove()
+            assert len(opt._shard_buckets) >= 3, f"rank {hvd.rank()}"
+            # the counting hooks run after the optimizer's (registered first), last step only
+            last = most[-len(list(model.parameters())):]
+            if limit != "all":
+                assert max(last) <= int(limit), f"rank {hvd.rank()}: {last}"
+        runs.append(model)
+    assert_same(runs[1], runs[0], what=f"HOROVOD_SHARDED_OVERLAP_BUCKETS={limit}")
+
+
+def test_ranks_waiting_for_each_others_unused_layers_stop_waiting(monkeypatch):
+    """A layer used on rank 0 only and another on rank 1 only, each its own bucket: a rank's
+    backward would wait for a bucket another rank starts only in synchronize(), or only after
+    its own wait. A rank stops waiting after sharded_overlap.WAIT_SECONDS with a warning naming
+    the bucket, which ends the others' waits, and the step gives the unsharded optimizer's
+    parameters."""
+    import warnings
+
+    from horovodlite.torch import sharded_overlap
+    monkeypatch.setattr(sharded_overlap, "WAIT_SECONDS", 0.5)
+    monkeypatch.setenv("HOROVOD_SHARDED_BUCKET_BYTES", "120")
+    x, y = make_data(steps=3)
+    runs = []
+    for shard_mode in (None, "gradients"):
+        torch.manual_seed(3)
+        base = torch.nn.Linear(5, 5).double()
+        sides = torch.nn.ModuleList([torch.nn.Linear(5, 5).double() for _ in range(2)])
+        params = [*base.parameters(), *sides.parameters()]
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1, momentum=0.9),
+                                       named_parameters=[("base." + n, p) for n, p in
+                                                         base.named_parameters()] +
+                                       [("sides." + n, p) for n, p in sides.named_parameters()],
+                                       shard=shard_mode)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for s in range(3):  # the second step retires buckets during backward
+                opt.zero_grad()
+                h = torch.tanh(base(shard(x[s])))
+                if hvd.size() > 1 and hvd.rank() < 2:
+                    h = h + sides[hvd.rank()](h)
+                F.mse_loss(h[:, :3], shard(y[s])).backward()
+                opt.step()
+        if shard_mode and hvd.size() > 1:
+            said = [str(w.message) for w in caught if "backward waited" in str(w.message)]
+            assert len(said) <= 1, f"rank {hvd.rank()}: {said}"
+            for text in said:
+                assert f"rank {hvd.rank()}:" in text, text
+                assert "(base." in text or "(sides." in text, text
+            # whichever rank gives up first lets the others' waits end
+            warned = hvd.allreduce(torch.tensor([float(len(said))]), op=hvd.Sum,
+                                   name="overlap.warned")
+            assert warned.item() >= 1, f"rank {hvd.rank()}"
+        runs.append(params)
+    for p, q in zip(*runs[::-1]):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14, msg=f"rank {hvd.rank()}")
+
+
+def test_a_bad_overlap_limit_is_named(monkeypatch):
+    monkeypatch.setenv("HOROVOD_SHARDED_OVERLAP_BUCKETS", "some")
+    model = make_model()
+    with pytest.raises(hvd.HorovodArgumentError, match="HOROVOD_SHARDED_OVERLAP_BUCKETS"):
+        wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, "gradients")
 
 
 @pytest.mark.parametrize("mode", MODES)
