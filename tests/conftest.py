@@ -9,8 +9,8 @@ Two lanes, and late lanes. The whole builds (tests/test_install.py, tests/test_l
 a quarter of the suite's time, all of it compiling), the sdist and the docs builds
 (tests/test_sdist.py, tests/test_docs.py) and then the single-process tests (tests/unit) form the
 "build" lane; every other test that runs a multi-rank job forms "main", but tests/test_parallel.py:
-its jobs (each tests/parallel file at one number of ranks) form one *late* lane per number of
-ranks. Under pytest-xdist (``-n 2``, the README's test command) each lane is one work unit of the
+its jobs (all tests/parallel files at one number of ranks, one job per launcher) form one *late*
+lane per number of ranks. Under pytest-xdist (``-n 2``, the README's test command) each lane is one work unit of the
 scheduler below, so it runs on one worker of its own, in collection order. The two lanes start
 first, one on each worker; xdist hands a late lane to a worker only when its lane is nearly done,
 so the late lanes fill whichever worker ends first (the build lane, most of the time) instead of

@@ -4,6 +4,13 @@ some of them under ``horovodliterun --gloo`` (the controller without MPI) for N 
 Each rank runs pytest on the file and asserts on its own; a failing rank makes the launcher exit
 non-zero, and a hang is bounded by a timeout (the stall inspector turns a missing collective into
 an error on every rank first). On failure the tail of every rank's output is shown.
+
+One test per file and number of ranks, but one job for all the files of a launcher and number of
+ranks selected in the session (``SOLO`` files run alone): starting ranks costs seconds a job,
+which for 23 files at 1, 2 and 3 ranks was most of this module's 13 minutes. The first test of a
+batch runs the job; each rank reports every file's outcome (tests/parallel/conftest.py), and a
+file's test fails if a rank failed in it, if not every rank reported it, or with the job's
+output if the job failed without saying where.
 ``launch_command`` builds the launch for each launcher; a new launcher is one more entry there
 and in ``CASES``.
 """
@@ -32,6 +39,10 @@ GLOO = ["test_allreduce.py", "test_collectives.py", "test_errors.py", "test_opti
         "test_sharded_overlap.py", "test_bucket_views.py"]
 CASES = ([("mpi", m, n) for m in PARALLEL for n in SIZES] +
          [("gloo", m, n) for m in GLOO for n in SIZES if n in (2, 3)])
+# Files that start horovodlite differently from the others (process sets made dynamic or not at
+# init), so they need ranks of their own.
+SOLO = {"test_process_sets.py"}
+_BATCHES = {}  # (launcher, np) -> (job, {file: [each rank's report of it]})
 
 
 def launch_command(launcher: str, np_: int, launch_args: tuple = ()) -> list:
@@ -49,16 +60,19 @@ def _mpi_built() -> bool:
     return mpi_built()
 
 
-def run_parallel(np_: int, target: str, extra_env: dict | None = None,
+def run_parallel(np_: int, target: str | list, extra_env: dict | None = None,
                  timeout: int = TIMEOUT, launch_args: tuple = (),
-                 on_host: list | None = None, launcher: str = "mpi") -> subprocess.CompletedProcess:
-    """Runs ``pytest target`` on every rank; returns the CompletedProcess (output combined).
+                 on_host: list | None = None, launcher: str = "mpi",
+                 test_timeout: int | None = None) -> subprocess.CompletedProcess:
+    """Runs ``pytest target`` (a path or a list of them) on every rank; returns the
+    CompletedProcess (output combined).
 
     The job runs in its own process group so that a timeout kills every rank, and its output
     goes to a file so that a hang still shows what each rank printed last. ``launch_args`` go
     to horovodliterun (e.g. -H for test hosts); ``on_host`` prefixes the launch (e.g. the test
     hosts' ``hostctl.sh run hvdl-host0``, to launch from that host as on a cluster);
-    ``launcher`` is one of ``launch_command``'s.
+    ``launcher`` is one of ``launch_command``'s. A list of paths runs on after a failure
+    (``-x`` for one path); ``test_timeout`` bounds each test (default: ``timeout``).
     """
     env = dict(os.environ)
     env.update({
@@ -71,9 +85,10 @@ def run_parallel(np_: int, target: str, extra_env: dict | None = None,
     })
     env.update(extra_env or {})
     cmd = [*(on_host or []), *launch_command(launcher, np_, launch_args),
-           sys.executable, "-m", "pytest", "-x", "-q",
+           sys.executable, "-m", "pytest", *(["-x"] if isinstance(target, str) else []), "-q",
            "-p", "no:cacheprovider",
-           "--timeout", str(max(timeout - 30, 60)), "-o", "addopts=", target]
+           "--timeout", str(max(min(timeout, test_timeout or timeout) - 30, 60)),
+           "-o", "addopts=", *([target] if isinstance(target, str) else target)]
     with tempfile.TemporaryFile(mode="w+") as log:
         proc = subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -95,14 +110,56 @@ def _as_tuple(proc: subprocess.CompletedProcess) -> tuple:
 
 @pytest.mark.parametrize("launcher, module, np_", CASES,
                          ids=[f"{launcher}-{m}-np{n}" for launcher, m, n in CASES])
-def test_parallel(launcher, module, np_):
+def test_parallel(launcher, module, np_, request):
     if launcher == "mpi" and not _mpi_built():
         pytest.skip("this build has no MPI")
-    proc = retry_if_launcher_did_not_start(
-        lambda: _as_tuple(run_parallel(np_, f"tests/parallel/{module}", launcher=launcher)))[2]
-    if proc.returncode != 0:
-        pytest.fail(f"{launcher} np={np_} {module} failed (exit {proc.returncode}):\n"
-                    f"{proc.stdout[-10000:]}")
+    if module in SOLO:
+        proc = retry_if_launcher_did_not_start(lambda: _as_tuple(
+            run_parallel(np_, f"tests/parallel/{module}", launcher=launcher)))[2]
+        if proc.returncode != 0:
+            pytest.fail(f"{launcher} np={np_} {module} failed (exit {proc.returncode}):\n"
+                        f"{proc.stdout[-10000:]}")
+        return
+    if (launcher, np_) not in _BATCHES:
+        _BATCHES[(launcher, np_)] = _run_batch(launcher, np_, _batch_of(request, launcher, np_))
+    proc, reports = _BATCHES[(launcher, np_)]
+    mine = reports.get(module, [])
+    failed = [t for r in mine for t in r["failed"]]
+    if failed or len(mine) != np_ or not any(r["passed"] + r["skipped"] for r in mine):
+        why = (f"failed on some rank: {sorted(set(failed))}" if failed else
+               f"reported by {len(mine)} of {np_} ranks")
+        pytest.fail(f"{launcher} np={np_} {module} {why} (the job of {len(reports)} files "
+                    f"exited {proc.returncode}):\n{proc.stdout[-10000:]}")
+
+
+def _batch_of(request, launcher: str, np_: int) -> list:
+    """The files of this launcher and number of ranks that this session runs, but SOLO ones."""
+    out = []
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if (item.originalname == "test_parallel" and params.get("launcher") == launcher
+                and params.get("np_") == np_ and params["module"] not in SOLO):
+            out.append(params["module"])
+    return out
+
+
+def _run_batch(launcher: str, np_: int, files: list) -> tuple:
+    """One job running ``files``: its CompletedProcess and each file's reports."""
+    import json
+    with tempfile.TemporaryDirectory(prefix="hvdl-batch-") as folder:
+        def attempt():
+            for old in Path(folder).glob("report-*.json"):
+                old.unlink()
+            return _as_tuple(run_parallel(
+                np_, [f"tests/parallel/{f}" for f in files], launcher=launcher,
+                timeout=2 * TIMEOUT, test_timeout=TIMEOUT,
+                extra_env={"HVDL_PARALLEL_REPORT": folder}))
+        proc = retry_if_launcher_did_not_start(attempt)[2]
+        reports = {}
+        for path in Path(folder).glob("report-*.json"):
+            for file, outcome in json.loads(path.read_text()).items():
+                reports.setdefault(file, []).append(outcome)
+    return proc, reports
 
 
 def test_process_set_barriers_at_np4():

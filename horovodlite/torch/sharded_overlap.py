@@ -24,9 +24,13 @@ gradient changed (frozen, unfrozen, a param group added) before backward is not 
 ``synchronize()`` lays the buckets out again first. Laying them out again while this step's
 allreduces are in flight (a change between backward and step, ``load_state_dict``) raises.
 
-A hook never waits for an allreduce: a rank may start a parameter only in ``synchronize()`` (it
-has no gradient there), and waiting in backward for it could wait forever. Retiring a bucket
-during backward therefore depends on its allreduces having ended when a later hook polls.
+With ``shard="gradients"`` and ``step()`` alone, a hook retires the buckets wholly started on
+this rank whose allreduces ended, in order; while more than ``HOROVOD_SHARDED_OVERLAP_BUCKETS``
+(default 0) are still in flight it waits for the oldest, so backward holds at most that many
+buckets' full gradients besides the one being filled and the kept ranges. The wait is bounded
+(``WAIT_SECONDS``): a rank may start a parameter only in ``synchronize()`` (it has no gradient
+there), and then some rank's wait can only end once another rank gives up its own. A rank whose
+wait runs out warns and stops waiting for the rest of training; results never depend on it.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ from horovodlite.torch.submission import poll
 
 _C = load()
 
-# The longest a hook waits for a bucket's allreduces (see the module's docstring).
+# The longest a hook waits for a bucket's allreduces (see the module's docstring): longer than
+# a 25 MiB allreduce over a 1 Gbit/s link with a straggling rank, short enough to be one stall.
 WAIT_SECONDS = 2.0
 
 
