@@ -217,7 +217,10 @@ class ShardedOverlap:
         while not all(poll(h) for h in handles):
             if time.monotonic() > deadline:
                 self._overlap_limit = math.inf
-                names = ", ".join(self._shard_name(p) for p in self._shard_buckets[bi].params)
+                params = self._shard_buckets[bi].params
+                names = ", ".join(self._shard_name(p) for p in params[:3])
+                if len(params) > 3:
+                    names += f" and {len(params) - 3} more"
                 warnings.warn(
                     f"rank {_C.rank()}: DistributedOptimizer(shard=\"gradients\"): backward "
                     f"waited {WAIT_SECONDS:g} s for the allreduce of bucket {bi} ({names}), "
