@@ -10,16 +10,16 @@ a quarter of the suite's time, all of it compiling), the sdist and the docs buil
 (tests/test_sdist.py, tests/test_docs.py) and then the single-process tests (tests/unit) form the
 "build" lane; every other test that runs a multi-rank job forms "main", but tests/test_parallel.py:
 its jobs (all tests/parallel files at one number of ranks, one job per launcher) form one *late*
-lane per number of ranks. Under pytest-xdist (``-n 2``, the README's test command) each lane is one work unit of the
-scheduler below, so it runs on one worker of its own, in collection order. The two lanes start
-first, one on each worker; xdist hands a late lane to a worker only when its lane is nearly done,
-so the late lanes fill whichever worker ends first (the build lane, most of the time) instead of
-leaving it idle while the other still has a quarter hour to go. Until then no two multi-rank jobs
-overlap; a late lane's jobs (correctness checks, with generous timeouts) may overlap the other
-lane's last tests. The build lane runs at a low CPU priority (``nice 19`` for the builds, 10 for
-the unit tests, whose subprocesses must not starve), filling the time the main lane's jobs leave
-the CPUs idle (waits, timeouts, sleeping ranks); a late lane runs at the worker's first priority
-again. Without xdist everything runs in one process, in order.
+lane per number of ranks. Under pytest-xdist (``-n 2``, the README's test command) each lane is one
+work unit of the scheduler below, so it runs on one worker of its own, in collection order. The two
+lanes start first, one on each worker; xdist hands a late lane to a worker only when its lane is
+nearly done, so the late lanes fill whichever worker ends first (the build lane, most of the time)
+instead of leaving it idle while the other still has a quarter hour to go. Until then no two
+multi-rank jobs overlap; a late lane's jobs (correctness checks, with generous timeouts) may
+overlap the other lane's last tests. The build lane runs at a low CPU priority (``nice 19`` for the
+builds, 10 for the unit tests, whose subprocesses must not starve), filling the time the main
+lane's jobs leave the CPUs idle (waits, timeouts, sleeping ranks); a late lane runs at the worker's
+first priority again. Without xdist everything runs in one process, in order.
 
 Why a scheduler of our own: xdist's ``--dist loadgroup`` finds a test's group in a ``@group``
 suffix that its worker writes into ``item._nodeid``; from pytest 9.2 a node's id lives elsewhere,

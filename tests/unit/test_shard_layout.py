@@ -155,3 +155,40 @@ def test_buckets_are_runs_of_at_most_the_cap_in_order():
     assert [p for run in runs for p in run] == params
     assert _chunks([], cap=1) == []
     assert [len(run) for run in _chunks(params, cap=1)] == [1] * len(params)
+
+
+def test_buckets_keep_each_parameter_on_its_device():
+    """The sharded optimizer's layout (built locally, here for rank 1 of 3 without a runtime)
+    over one param group mixing CPU parameters and CUDA stand-ins on the meta device: one bucket
+    per device, each bucket's storage, shard and reduced range on its parameters' device, and
+    every parameter a view of its bucket's storage of its own shape."""
+    from horovodlite.common.reduce_ops import Average
+    from horovodlite.torch.sharded_optimizer import _ShardedOptimizer
+
+    class Stand(_ShardedOptimizer, torch.optim.Adam):
+        def _shard_ranks(self):
+            return 3, 1
+
+    cpu = [torch.nn.Parameter(torch.randn(n)) for n in (5, 7)]
+    meta = [torch.nn.Parameter(torch.empty(2, n, device="meta")) for n in (2, 9)]
+    values = [p.detach().clone() for p in cpu]
+    opt = Stand.__new__(Stand)
+    torch.optim.Adam.__init__(opt, [cpu[0], meta[0], cpu[1], meta[1]], lr=0.1)
+    opt._shard_setup(torch.optim.Adam, "gradients", Average, 1.0, 1.0, None, "t", 1, {})
+    by_device = {b.params_flat.device.type: b for b in opt._shard_buckets}
+    assert sorted(by_device) == ["cpu", "meta"] and len(opt._shard_buckets) == 2
+    assert by_device["cpu"].params == cpu and by_device["meta"].params == meta
+    for b in opt._shard_buckets:
+        assert b.shard.device == b.params_flat.device
+        lo, hi = b.layout.range(1)
+        assert b.shard.numel() == hi - lo
+    flat = by_device["cpu"].params_flat
+    for p, v in zip(cpu, values):
+        assert p.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+        assert torch.equal(p.detach(), v)
+    assert [p.shape for p in meta] == [torch.Size([2, 2]), torch.Size([2, 9])]
+    assert all(p.device.type == "meta" for p in meta)
+    bi = opt._shard_buckets.index(by_device["meta"])
+    grads = [torch.ones(2, 2, device="meta"), torch.ones(2, 9, device="meta")]
+    out = opt._shard_range_of(bi, grads)
+    assert out.device.type == "meta" and out.numel() == by_device["meta"].layout.shard
