@@ -5,21 +5,23 @@ tests/parallel  every test runs on all ranks under MPI; tests/test_parallel.py l
                 file with horovodliterun at np = 1, 2 and 3. They are only collected inside such
                 a launch (HVDL_PARALLEL_WORKER=1).
 
-Two lanes, and late lanes. The whole builds (tests/test_install.py, tests/test_libstdcxx_build.py:
-a quarter of the suite's time, all of it compiling), the sdist and the docs builds
-(tests/test_sdist.py, tests/test_docs.py) and then the single-process tests (tests/unit) form the
-"build" lane; every other test that runs a multi-rank job forms "main", but tests/test_parallel.py:
-its jobs (all tests/parallel files at one number of ranks, one job per launcher) form one *late*
-lane per number of ranks. Under pytest-xdist (``-n 2``, the README's test command) each lane is one
-work unit of the scheduler below, so it runs on one worker of its own, in collection order. The two
-lanes start first, one on each worker; xdist hands a late lane to a worker only when its lane is
-nearly done, so the late lanes fill whichever worker ends first (the build lane, most of the time)
-instead of leaving it idle while the other still has a quarter hour to go. Until then no two
-multi-rank jobs overlap; a late lane's jobs (correctness checks, with generous timeouts) may
-overlap the other lane's last tests. The build lane runs at a low CPU priority (``nice 19`` for the
-builds, 10 for the unit tests, whose subprocesses must not starve), filling the time the main
-lane's jobs leave the CPUs idle (waits, timeouts, sleeping ranks); a late lane runs at the worker's
-first priority again. Without xdist everything runs in one process, in order.
+Two lanes, and late lanes. The whole builds (tests/test_install.py, tests/test_libstdcxx_build.py,
+tests/test_sanitizers.py: most of this lane's time, all of it compiling), the sdist and the docs
+builds (tests/test_sdist.py, tests/test_docs.py) form the "build" lane; every other test (the
+multi-rank jobs, then the single-process tests of tests/unit) forms "main", but
+tests/test_parallel.py: its jobs (all tests/parallel files at one number of ranks, one job per
+launcher) form one *late* lane per number of ranks. Under pytest-xdist (``-n 2``, the README's test
+command) each lane is one work unit of the scheduler below, so it runs on one worker of its own, in
+collection order. The two lanes start first, one on each worker; xdist hands a late lane to a
+worker only when its lane is nearly done, so the late lanes fill whichever worker ends first
+instead of leaving it idle while the other still has minutes to go. Until then no two multi-rank
+jobs overlap; a late lane's jobs (correctness checks, with generous timeouts) may overlap the other
+lane's last tests. The build lane runs at a low CPU priority (``nice 19``), filling the time the
+main lane's jobs leave the CPUs idle (waits, timeouts, sleeping ranks); a late lane runs at the
+worker's first priority again. The unit tests were in the build lane (at nice 10) until the late
+lanes shrank to one job per launcher and number of ranks (by the per-file times of a whole run, the
+build lane would then have ended about ten minutes after the other). Without xdist everything runs
+in one process, in order.
 
 Why a scheduler of our own: xdist's ``--dist loadgroup`` finds a test's group in a ``@group``
 suffix that its worker writes into ``item._nodeid``; from pytest 9.2 a node's id lives elsewhere,
@@ -65,7 +67,7 @@ def lane_of(path) -> str:
     tests/test_parallel.py "late-npN" (N: the number of ranks in the test's id; "late-" without
     one)."""
     file = _file_of(path)
-    if file.name in BUILDS or file.parent.name == "unit":
+    if file.name in BUILDS:
         return "build"
     if file.name == LATE:
         ranks = re.search(r"(np\d+)\]$", str(path))
@@ -74,11 +76,9 @@ def lane_of(path) -> str:
 
 
 def _niceness(path) -> int:
-    """The priority a test runs at in an xdist worker: 19 for whole builds, 10 for unit tests,
-    the worker's own for the main and late lanes."""
-    if lane_of(path) != "build":
-        return _BASE_NICENESS
-    return 19 if _file_of(path).name in BUILDS else 10
+    """The priority a test runs at in an xdist worker: 19 for whole builds, the worker's own for
+    the main and late lanes."""
+    return 19 if lane_of(path) == "build" else _BASE_NICENESS
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -31,7 +31,7 @@ def test_x(i):
     with open(os.environ["LANES_LOG"], "a") as log:
         print("RAN", os.environ["PYTEST_XDIST_WORKER"], where, os.getpriority(0, 0), file=log)
 """
-# tests/test_install.py: a whole build (nice 19); tests/unit: unit tests (10); the rest: main.
+# tests/test_install.py: a whole build (nice 19); tests/unit and the rest: main.
 DUMMY_FILES = ("tests/test_install.py", "tests/unit/test_u.py",
                "tests/test_a.py", "tests/test_b.py")
 # tests/test_parallel.py: a late lane per number of ranks, at the worker's own priority.
@@ -57,8 +57,8 @@ def test_lane_of_every_kind_of_test_file():
     lane_of = _conftest().lane_of
     assert lane_of("tests/test_install.py::test_x[1]") == "build"
     assert lane_of("tests/test_libstdcxx_build.py::TestA::test_b") == "build"
-    assert lane_of("tests/unit/test_shm.py::test_y") == "build"
-    assert lane_of(ROOT / "tests/unit/test_shm.py") == "build"
+    assert lane_of("tests/unit/test_shm.py::test_y") == "main"
+    assert lane_of(ROOT / "tests/unit/test_shm.py") == "main"
     assert lane_of("tests/test_parallel.py::test_parallel[mpi-test_allreduce.py-np2]") == \
         "late-np2"
     assert lane_of("tests/test_parallel.py::test_process_set_barriers_at_np4") == "late-"
@@ -129,15 +129,14 @@ def test_each_lane_on_one_worker_at_its_priority(fresh_runner, tmp_path):
     for lane in ("np1", "np2"):
         assert len({w for w, _, ranks in late if ranks == lane}) == 1, late  # one worker each
     assert {int(n) for _, n, _ in late} == {os.getpriority(os.PRIO_PROCESS, 0)}, late
-    build = by_file["tests/test_install.py"] | by_file["unit/test_u.py"]
-    main = by_file["tests/test_a.py"] | by_file["tests/test_b.py"]
+    build = by_file["tests/test_install.py"]
+    main = by_file["tests/test_a.py"] | by_file["tests/test_b.py"] | by_file["unit/test_u.py"]
     build_workers = {w for w, _ in build}
     main_workers = {w for w, _ in main}
     assert len(build_workers) == 1 and len(main_workers) == 1, by_file
     assert build_workers != main_workers, by_file
     own = os.getpriority(os.PRIO_PROCESS, 0)
     assert {n for _, n in by_file["tests/test_install.py"]} == {19}, by_file
-    assert {n for _, n in by_file["unit/test_u.py"]} <= {10, 19}, by_file
     assert {n for _, n in main} == {own}, by_file  # never the build lane's priority
 
 
@@ -150,5 +149,5 @@ def test_broken_lanes_stop_the_session_with_one_message(fresh_runner, tmp_path):
     assert len(ran) < 4 * len(DUMMY_FILES), out[-3000:]
     # No worker ran tests of both lanes: the guard refused the second lane before it started.
     for worker in {w for w, _, _, _ in ran}:
-        lanes = {d == "unit" or f == "test_install.py" for w, d, f, _ in ran if w == worker}
+        lanes = {f == "test_install.py" for w, d, f, _ in ran if w == worker}
         assert len(lanes) == 1, ran
