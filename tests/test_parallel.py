@@ -87,7 +87,7 @@ def run_parallel(np_: int, target: str | list, extra_env: dict | None = None,
     cmd = [*(on_host or []), *launch_command(launcher, np_, launch_args),
            sys.executable, "-m", "pytest", *(["-x"] if isinstance(target, str) else []), "-q",
            "-p", "no:cacheprovider",
-           "--timeout", str(max(min(timeout, test_timeout or timeout) - 30, 60)),
+           "--timeout", str(max((test_timeout or timeout) - 30, 60)),
            "-o", "addopts=", *([target] if isinstance(target, str) else target)]
     with tempfile.TemporaryFile(mode="w+") as log:
         proc = subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdout=log,
@@ -125,8 +125,13 @@ def test_parallel(launcher, module, np_, request):
     proc, reports = _BATCHES[(launcher, np_)]
     mine = reports.get(module, [])
     failed = [t for r in mine for t in r["failed"]]
-    if failed or len(mine) != np_ or not any(r["passed"] + r["skipped"] for r in mine):
+    # a job that failed with no failing test reported anywhere (a crash at exit) fails them all
+    unexplained = proc.returncode != 0 and not any(
+        r["failed"] for rs in reports.values() for r in rs)
+    if (failed or unexplained or len(mine) != np_
+            or not any(r["passed"] + r["skipped"] for r in mine)):
         why = (f"failed on some rank: {sorted(set(failed))}" if failed else
+               "the job failed without naming a test" if unexplained else
                f"reported by {len(mine)} of {np_} ranks")
         pytest.fail(f"{launcher} np={np_} {module} {why} (the job of {len(reports)} files "
                     f"exited {proc.returncode}):\n{proc.stdout[-10000:]}")

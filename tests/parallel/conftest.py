@@ -1,6 +1,9 @@
 """Runs on every rank: starts horovodlite when the test session starts (so skip conditions can
 use hvd.size()) and shuts it down at the end."""
 
+import json
+import os
+
 import pytest
 
 import horovodlite.torch as hvd
@@ -33,8 +36,6 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
-    import json
-    import os
     folder = os.environ.get("HVDL_PARALLEL_REPORT")
     if folder:
         with open(os.path.join(folder, f"report-{os.getpid()}.json"), "w") as f:

@@ -226,14 +226,19 @@ def test_clipping_after_buckets_were_retired(monkeypatch):
     assert_same(runs[1], runs[0], what="clipped after retiring")
 
 
+def short_waits(monkeypatch, bucket_bytes: int) -> None:
+    """Small buckets, and backward's wait for a bucket given up after 0.5 s instead of 2."""
+    from horovodlite.torch import sharded_overlap
+    monkeypatch.setattr(sharded_overlap, "WAIT_SECONDS", 0.5)
+    monkeypatch.setenv("HOROVOD_SHARDED_BUCKET_BYTES", str(bucket_bytes))
+
+
 def test_a_layer_used_on_one_rank_with_buckets_retired(monkeypatch):
     """shard="gradients", small buckets, step() alone: a layer used on rank 0 only is started
     by rank 0's hook and by the other ranks' synchronize(); rank 0 waits for it in backward
     and the others for the next bucket, which rank 0 has not reached, until one gives up
     (sharded_overlap.WAIT_SECONDS); the parameters are the unsharded optimizer's."""
-    from horovodlite.torch import sharded_overlap
-    monkeypatch.setattr(sharded_overlap, "WAIT_SECONDS", 0.5)
-    monkeypatch.setenv("HOROVOD_SHARDED_BUCKET_BYTES", "80")
+    short_waits(monkeypatch, bucket_bytes=80)
     x, y = make_data(steps=4)
     runs = []
     for shard_mode in (None, "gradients"):
@@ -300,9 +305,7 @@ def test_ranks_waiting_for_each_others_unused_layers_stop_waiting(monkeypatch):
     parameters."""
     import warnings
 
-    from horovodlite.torch import sharded_overlap
-    monkeypatch.setattr(sharded_overlap, "WAIT_SECONDS", 0.5)
-    monkeypatch.setenv("HOROVOD_SHARDED_BUCKET_BYTES", "120")
+    short_waits(monkeypatch, bucket_bytes=120)
     x, y = make_data(steps=3)
     runs = []
     for shard_mode in (None, "gradients"):
