@@ -46,7 +46,7 @@ from horovodlite._extension import load
 _C = load()
 
 COMM = MPI.COMM_WORLD
-CONFIGS = ("on", "on-aligned", "on-set_to_none", "off", "one-tensor", "mpi",
+CONFIGS = ("on", "on-held", "on-aligned", "on-set_to_none", "off", "one-tensor", "mpi",
            "mpi-after-backward")
 
 
@@ -70,11 +70,13 @@ def gradient_bytes(model) -> int:
     return sum(storages.values())
 
 
-def spans(start: float, end: float) -> tuple:
-    """(the slowest rank's own span, last end - last start) of one step, on every rank."""
-    times = COMM.allgather((start, end))
-    return (max(e - s for s, e in times),
-            max(e for _, e in times) - max(s for s, _ in times))
+def spans(begin: float, start: float, end: float) -> tuple:
+    """(the slowest rank's own span, last end - last start, the slowest rank's whole step from
+    `begin`) of one step, on every rank."""
+    times = COMM.allgather((begin, start, end))
+    return (max(e - s for _, s, e in times),
+            max(e for _, _, e in times) - max(s for _, s, _ in times),
+            max(e - b for b, _, e in times))
 
 
 def main() -> None:
@@ -90,11 +92,13 @@ def main() -> None:
     numel = args.kib * 1024 // 4
     total = args.params * numel * 4
     models, opts = {}, {}
-    for name, view in (("on", True), ("off", False)):
+    for name, view in (("on", True), ("on-held", True), ("off", False)):
         models[name] = Model(args.params, numel)
         opts[name] = hvd.DistributedOptimizer(
             torch.optim.SGD(models[name].parameters(), lr=0.0),
             named_parameters=models[name].named_parameters(), bucket_view=view)
+    # HOROVOD_BUCKET_SEND_NOW=0 for this one: its bucket waits like other new work.
+    opts["on-held"]._hvd_reducer.set_send_buckets_now(False)
     raw = torch.ones(total // 4)
     # Raw MPI after backward: gradients as views of one flat tensor, made by hand.
     by_hand = Model(args.params, numel)
@@ -102,8 +106,9 @@ def main() -> None:
     for k, p in enumerate(by_hand.parameters()):
         p.grad = flat[k * numel:(k + 1) * numel]
 
-    def step(name: str, set_to_none: bool, aligned: bool = False) -> float:
+    def step(name: str, set_to_none: bool, aligned: bool = False) -> tuple:
         model, opt = models[name], opts[name]
+        begin = time.perf_counter()
         opt.zero_grad(set_to_none=set_to_none)
         model.loss().backward()
         if aligned:  # the ranks' ends of backward together: no rank's time waits for another's
@@ -113,28 +118,30 @@ def main() -> None:
         t1 = time.perf_counter()
         with opt.skip_synchronize():
             opt.step()
-        return t0, t1
+        return begin, t0, t1
 
-    def mpi_step() -> float:
+    def mpi_step() -> tuple:
         t0 = time.perf_counter()
         COMM.Allreduce(MPI.IN_PLACE, raw.numpy(), op=MPI.SUM)
-        return t0, time.perf_counter()
+        return t0, t0, time.perf_counter()
 
     def mpi_after_backward() -> tuple:
+        begin = time.perf_counter()
         flat.zero_()
         by_hand.loss().backward()
         t0 = time.perf_counter()
         COMM.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
-        return t0, time.perf_counter()
+        return begin, t0, time.perf_counter()
 
     one = torch.ones(total // 4)
 
-    def one_tensor() -> float:  # the core's best case: one tensor of the same bytes, in place
+    def one_tensor() -> tuple:  # the core's best case: one tensor of the same bytes, in place
         t0 = time.perf_counter()
         hvd.allreduce_(one, op=hvd.Sum, name="bucket_views.one_tensor")
-        return t0, time.perf_counter()
+        return t0, t0, time.perf_counter()
 
-    runners = {"on": lambda: step("on", False), "on-aligned": lambda: step("on", False, True),
+    runners = {"on": lambda: step("on", False), "on-held": lambda: step("on-held", False),
+               "on-aligned": lambda: step("on", False, True),
                "on-set_to_none": lambda: step("on", True),
                "off": lambda: step("off", False), "one-tensor": one_tensor, "mpi": mpi_step,
                "mpi-after-backward": mpi_after_backward}
@@ -151,14 +158,15 @@ def main() -> None:
     grads_off = gradient_bytes(models["off"])
     fusion_after = _C.stats()["fusion_buffer_bytes"]
 
-    rounds = {c: [] for c in CONFIGS}  # per round: (median own span, median after-last span)
+    # per round: (median own span, median after-last span, median whole step)
+    rounds = {c: [] for c in CONFIGS}
     copies = []
     for _ in range(args.rounds):
         for name in CONFIGS:
             COMM.Barrier()
             samples = [spans(*runners[name]()) for _ in range(args.steps)]
             rounds[name].append(tuple(statistics.median(s[i] for s in samples)
-                                      for i in range(2)))
+                                      for i in range(3)))
             if name == "on":
                 copies.append(sum(b["copies"] for b in opts["on"].bucket_report()["buckets"]))
     if hvd.rank() != 0:
@@ -185,6 +193,15 @@ def main() -> None:
                          f"{min(ratios):>7.2f}-{max(ratios):<6.2f}")
             print(f"{name:<19}{1e3 * statistics.median(times):>10.2f}"
                   f"{1e3 * min(times):>8.2f}-{1e3 * max(times):<7.2f}{cols}")
+    print("whole step: the slowest rank's zero_grad, forward, backward and synchronize() "
+          "(what moved into backward counts here)")
+    print(f"{'config':<19}{'median ms':>10}{'range ms':>16}{'x MPI after bwd':>17}{'range x':>14}")
+    for name in ("on", "on-held", "on-set_to_none", "off", "mpi-after-backward"):
+        times = [r[2] for r in rounds[name]]
+        ratios = [t[2] / m[2] for t, m in zip(rounds[name], rounds["mpi-after-backward"])]
+        print(f"{name:<19}{1e3 * statistics.median(times):>10.2f}"
+              f"{1e3 * min(times):>8.2f}-{1e3 * max(times):<7.2f}"
+              f"{statistics.median(ratios):>17.2f}{min(ratios):>7.2f}-{max(ratios):<6.2f}")
     print(f"memory (bytes per rank): gradients on {grads_on} + fusion buffer {fusion_on} "
           f"= {(grads_on + fusion_on) / total:.3f}x the gradient bytes; "
           f"off: gradients {grads_off}, fusion buffer after both ran {fusion_after}")

@@ -11,9 +11,10 @@ of a shared machine hit every configuration alike:
    4-byte allreduce (hvd.allreduce, ~25 us). No synchronous data-parallel library can beat
    it: a step lasts as long as the slower rank's, and on a shared machine the ranks' step times
    vary independently (the gap between the two ceilings);
-3. horovodlite's DistributedOptimizer (gradients in flat buckets, docs/bucket_views.md), and
-   the same with ``bucket_view=False`` (each gradient reduced on its own through the fusion
-   buffer: the path before bucket views);
+3. horovodlite's DistributedOptimizer (gradients in flat buckets, docs/bucket_views.md), the
+   same with each ready bucket held until the optimizer waits (``HOROVOD_BUCKET_SEND_NOW=0``),
+   and with ``bucket_view=False`` (each gradient reduced on its own through the fusion buffer:
+   the path before bucket views);
 4. DDP on gloo, initialised with env:// (MASTER_ADDR/MASTER_PORT set here, rank and world size
    from hvd.rank()/hvd.size());
 5. Horovod's DistributedOptimizer, if ``import horovod.torch`` works.
@@ -222,11 +223,13 @@ def run_ceiling(args, synchronized=False):
     return gather_runs(run)
 
 
-def run_horovodlite(args, bucket_view=True):
+def run_horovodlite(args, bucket_view=True, send_now=True):
     model = make_model(args.model)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                    named_parameters=model.named_parameters(),
                                    bucket_view=bucket_view)
+    if not send_now:  # as HOROVOD_BUCKET_SEND_NOW=0: a ready bucket waits like other new work
+        opt._hvd_reducer.set_send_buckets_now(False)
     batch = make_batch(args.model, args.batch_size, hvd.rank())
     return gather_runs(time_steps(model, opt, batch, args.warmup, args.steps))
 
@@ -337,6 +340,8 @@ def print_table(args, results, horovod_missing):
     print(f"throughput horovodlite / DDP: {ours / ddp:.2f}x")
     per_grad = stats[f"hvdl per-gradient np={n}"]
     print(f"throughput horovodlite (bucket views) / per-gradient path: {ours / per_grad:.2f}x")
+    held = stats[f"hvdl buckets held np={n}"]
+    print(f"throughput horovodlite / buckets held until the optimizer waits: {ours / held:.2f}x")
     hv = stats.get(f"Horovod np={n}")
     print("throughput horovodlite / Horovod: "
           + (f"{ours / hv:.2f}x" if hv else "n/a (Horovod not installed)"))
@@ -385,13 +390,15 @@ def main():
     horovod = load_horovod()
     init_gloo()
     results = {CEILING: [], SYNC_CEILING: [], f"horovodlite np={n}": [],
-               f"hvdl per-gradient np={n}": [], f"DDP gloo np={n}": []}
+               f"hvdl buckets held np={n}": [], f"hvdl per-gradient np={n}": [],
+               f"DDP gloo np={n}": []}
     if horovod is not None:
         results[f"Horovod np={n}"] = []
     for _ in range(args.rounds):  # each entry: one round's Run of every rank
         results[CEILING].append(run_ceiling(args))
         results[SYNC_CEILING].append(run_ceiling(args, synchronized=True))
         results[f"horovodlite np={n}"].append(run_horovodlite(args))
+        results[f"hvdl buckets held np={n}"].append(run_horovodlite(args, send_now=False))
         results[f"hvdl per-gradient np={n}"].append(run_horovodlite(args, bucket_view=False))
         dist.barrier()
         results[f"DDP gloo np={n}"].append(run_ddp(args))

@@ -90,6 +90,10 @@ class Context {
   // Submits entries as one handle (a grouped op submits several). Any thread.
   Status Submit(std::vector<TensorEntry> entries, std::vector<Request> requests,
                 std::shared_ptr<void> payload, int* handle);
+  // Any thread: what is queued goes out now instead of being held back to fuse with later
+  // submissions (HOROVOD_CYCLE_TIME, HOROVOD_HOLD_UNTIL_WAIT). For work that is already fused:
+  // a ready gradient bucket, whose reduction can then overlap the rest of backward.
+  void SendNow() { queue_->SendNow(); }
 
   const Topology& topology() const { return comm_.topology; }
   const Config& config() const { return config_; }

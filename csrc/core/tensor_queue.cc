@@ -69,6 +69,7 @@ void TensorQueue::PopRequests(std::vector<Request>* out) {
   out->clear();
   std::lock_guard<std::mutex> lock(mu_);
   out->swap(new_requests_);
+  send_now_ = false;
 }
 
 bool TensorQueue::Take(const std::string& key, TensorEntry* out) {
@@ -129,16 +130,37 @@ void TensorQueue::WaitForArrival(uint64_t seen, std::chrono::steady_clock::time_
   woken_ = false;
 }
 
-void TensorQueue::WaitForWake(std::chrono::steady_clock::time_point deadline) {
+void TensorQueue::WaitForWake(uint64_t seen, std::chrono::steady_clock::time_point deadline,
+                              bool send_now_ends) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_until(lock, deadline, [&] { return woken_; });
+  cv_.wait_until(lock, deadline,
+                 [&] { return wakes_ != seen || (send_now_ends && send_now_); });
   woken_ = false;
+}
+
+uint64_t TensorQueue::wakes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wakes_;
+}
+
+void TensorQueue::SendNow() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    send_now_ = true;
+  }
+  cv_.notify_one();
+}
+
+bool TensorQueue::send_now() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return send_now_;
 }
 
 void TensorQueue::Wake() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     woken_ = true;
+    ++wakes_;
   }
   cv_.notify_one();
 }

@@ -82,9 +82,17 @@ class TensorQueue {
   void WaitForRequests(std::chrono::steady_clock::time_point deadline);
   // Blocks until more than `seen` requests were ever added, Wake() is called, or `deadline`.
   void WaitForArrival(uint64_t seen, std::chrono::steady_clock::time_point deadline);
-  // Blocks until Wake() is called or `deadline` passes (arrivals do not end it).
-  void WaitForWake(std::chrono::steady_clock::time_point deadline);
+  // Blocks until Wake() is called after the `seen`-th wake (wakes() before the caller checked
+  // its reasons to stop waiting: an older wake is stale), SendNow() is asked (when
+  // `send_now_ends` it), or `deadline` passes. Arrivals do not end it.
+  void WaitForWake(uint64_t seen, std::chrono::steady_clock::time_point deadline,
+                   bool send_now_ends);
   void Wake();
+  uint64_t wakes() const;  // monotonic count of Wake() calls
+  // Asks the loop to send what is queued without holding it back (Context::SendNow): ends a
+  // WaitForWake, and stays asked until the next PopRequests takes the queued requests.
+  void SendNow();
+  bool send_now() const;
   bool HasNew() const;
   // Monotonic count of requests ever added (batching detects quiet gaps with it).
   uint64_t arrivals() const;
@@ -106,6 +114,8 @@ class TensorQueue {
   std::vector<Request> new_requests_;
   uint64_t arrivals_ = 0;
   bool woken_ = false;
+  uint64_t wakes_ = 0;
+  bool send_now_ = false;
   bool arrival_waiter_ = false;  // the loop waits in WaitForRequests/WaitForArrival
   bool closed_ = false;
   Status closed_status_;

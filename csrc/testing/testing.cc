@@ -34,6 +34,7 @@ void RegisterScaleTesting(py::module_& m);   // testing/testing_scale.cc
 void RegisterFaultTesting(py::module_& m);   // testing/testing_faults.cc
 void RegisterNoticeTesting(py::module_& m);  // testing/testing_notices.cc
 void RegisterStreamFailureTesting(py::module_& m);  // testing/testing_stream_failure.cc
+void RegisterQueueTesting(py::module_& m);   // testing/testing_queue.cc
 namespace {
 
 template <typename T>
@@ -436,6 +437,7 @@ void RegisterTesting(py::module_& m) {
   RegisterCommTesting(m);
   RegisterShmTesting(m);
   RegisterHandleTesting(m);
+  RegisterQueueTesting(m);
   RegisterScaleTesting(m);
   RegisterFaultTesting(m);
   RegisterNoticeTesting(m);

@@ -290,6 +290,7 @@ void RegisterGradReducer(py::module_& m) {
       .def("set_buckets", &GradReducer::SetBuckets, py::arg("members"), py::arg("negotiated"),
            py::arg("labels"))
       .def("clear_buckets", &GradReducer::ClearBuckets)
+      .def("set_send_buckets_now", &GradReducer::SetSendBucketsNow, py::arg("now"))
       .def("ready_order", &GradReducer::ReadyOrder)
       .def("layout_key", &GradReducer::LayoutKey)
       .def("bucket_report", [](const GradReducer& r) {

@@ -291,6 +291,9 @@ void GradReducer::LaunchBucketLocked(Bucket& b, std::exception_ptr* error) {
                         std::vector<std::string>(views.size(), site_));
     }
     in_flight_ += static_cast<int>(b.members.size());
+    // A bucket is fused already: holding it back to batch it with later gradients would only
+    // delay it to the end of backward, where nothing is left to overlap it with.
+    if (send_buckets_now_) ctx.SendNow();
   } catch (...) {
     *error = std::current_exception();
   }

@@ -113,6 +113,10 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
                   const std::vector<std::string>& negotiated,
                   const std::vector<std::string>& labels);
   void ClearBuckets();  // back to one allreduce per gradient; gradients keep their values
+  // Whether a ready bucket goes out at once (Context::SendNow), overlapping the rest of
+  // backward (default), or is held like other work until the optimizer waits
+  // (HOROVOD_BUCKET_SEND_NOW=0).
+  void SetSendBucketsNow(bool now) { send_buckets_now_ = now; }
   struct BucketInfo {
     std::string name;          // negotiated name
     int64_t bytes = 0;
@@ -170,6 +174,7 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
   int in_flight_ = 0;
   bool fired_ = false;
   bool detached_ = false;
+  std::atomic<bool> send_buckets_now_{true};
   std::exception_ptr launch_error_;  // LaunchMissing's first failure, for WaitAll
   std::atomic<bool> site_fetched_{false};
   std::string site_;

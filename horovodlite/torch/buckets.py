@@ -44,18 +44,30 @@ _C = load()
 _LABEL_MEMBERS = 3
 
 
+def _switch(var: str, default: str) -> bool:
+    value = os.environ.get(var, "").strip().lower() or default
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise HorovodArgumentError(f"{var} must be 0 or 1, got {value!r}")
+
+
+def send_buckets_now() -> bool:
+    """``HOROVOD_BUCKET_SEND_NOW`` (default on): a bucket whose gradients are all ready goes out
+    at once, its allreduce overlapping the rest of backward, instead of being held back, like
+    other new work, to fuse with what comes later (``HOROVOD_CYCLE_TIME``,
+    ``HOROVOD_HOLD_UNTIL_WAIT``): a bucket is fused already."""
+    return _switch("HOROVOD_BUCKET_SEND_NOW", "1")
+
+
 def bucket_view_enabled(argument) -> bool:
     """The constructor's ``bucket_view`` argument, else ``HOROVOD_BUCKET_VIEW`` (default on)."""
     if argument is not None:
         if not isinstance(argument, bool):
             raise HorovodArgumentError(f"bucket_view must be a bool or None, got {argument!r}")
         return argument
-    value = os.environ.get("HOROVOD_BUCKET_VIEW", "1").strip().lower()
-    if value in ("0", "false", "no", "off"):
-        return False
-    if value in ("", "1", "true", "yes", "on"):
-        return True
-    raise HorovodArgumentError(f"HOROVOD_BUCKET_VIEW must be 0 or 1, got {value!r}")
+    return _switch("HOROVOD_BUCKET_VIEW", "1")
 
 
 def plan_buckets(order, nbytes, keys, threshold: int) -> list:
@@ -276,4 +288,4 @@ class BucketLayout:
 
 
 __all__ = ["BucketLayout", "agreed_order", "bucket_view_enabled", "check_same_params",
-           "device_can_bucket", "plan_buckets"]
+           "device_can_bucket", "plan_buckets", "send_buckets_now"]

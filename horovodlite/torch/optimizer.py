@@ -22,7 +22,7 @@ from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import ProcessSet, _id_of, global_process_set
 from horovodlite.common.reduce_ops import Adasum, Average, Sum
 from horovodlite.torch.adasum_optimizer import _AdasumDeltaOptimizer
-from horovodlite.torch.buckets import BucketLayout, bucket_view_enabled
+from horovodlite.torch.buckets import BucketLayout, bucket_view_enabled, send_buckets_now
 from horovodlite.torch.compression import Compression
 from horovodlite.torch.distributed_optimizer import _C, _check_passes, _DistributedOptimizer
 from horovodlite.torch.in_flight import InFlight, hook_site
@@ -233,6 +233,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     _check_args(optimizer, compression, op, gradient_predivide_factor, process_set)
     _check_passes(backward_passes_per_step)
     bucket_view = bucket_view_enabled(bucket_view)
+    send_now = send_buckets_now()
     if shard is not None:
         return _sharded(optimizer, named_parameters, compression, backward_passes_per_step, op,
                         gradient_predivide_factor, num_groups, groups, sparse_as_dense,
@@ -255,6 +256,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             and _native_hooks_enabled()):
         reducer = _C.GradReducer(op, prescale, postscale, ps_id, int(backward_passes_per_step),
                                  hook_site)
+        reducer.set_send_buckets_now(send_now)
     native = []  # parameters on the C++ reducer, by its index
     state = dict(
         backward_passes_per_step=int(backward_passes_per_step),
