@@ -9,7 +9,10 @@ a rank whose backward ended later), and ``after last``, from the moment the last
 backward to the moment the last rank finished ``synchronize()`` (the time the reduction adds
 after the last gradient exists; the ranks share one host, so one monotonic clock). Each round runs,
 one after the other, ``--steps`` steps of: bucket views on (``zero_grad(set_to_none=False)``), on
-with ``set_to_none=True`` (one copy per gradient), off (``bucket_view=False``), and one raw
+with each ready bucket held until ``synchronize()`` waits (``on-held``, as
+``HOROVOD_BUCKET_SEND_NOW=0``; with ``HOROVOD_HOLD_UNTIL_WAIT`` on, as by default on a host
+with no core to spare, ``on`` holds it too), on with ``set_to_none=True`` (one copy per
+gradient), off (``bucket_view=False``), and one raw
 ``MPI_Allreduce`` (mpi4py) of the same total bytes, and ``hvd.allreduce_`` of one tensor of
 those bytes (the core's best case: negotiation plus one in-place MPI call); a round's figure is
 the median step. The tables give the median over rounds, the range, and the ratio to raw MPI
@@ -22,6 +25,10 @@ and the timed span: the ranks' backward passes end at different times, and witho
 slowest rank's figure includes waiting for the other rank's backward (the raw MPI call starts
 aligned).
 
+A last table gives each configuration's whole step - zero_grad, forward, backward and
+``synchronize()``, slowest rank - against the same step with a raw ``MPI_Allreduce`` after
+backward: what a bucket sent during backward takes from backward counts there.
+
 Memory: there are no allocator statistics for CPU tensors, so the report counts what holds
 gradient bytes - the parameters' gradients (distinct storages) and the core's fusion buffer -
 after bucket views alone have run (the fusion buffer only ever grows, so it is read before the
@@ -29,6 +36,7 @@ per-gradient path runs).
 
     horovodliterun -np 2 python benchmarks/bucket_views.py
     horovodliterun -np 2 python benchmarks/bucket_views.py --rounds 7 --steps 20
+    HOROVOD_HOLD_UNTIL_WAIT=0 horovodliterun -np 2 python benchmarks/bucket_views.py
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""The training examples and the train-step benchmark run end to end at np=2.
+"""The training examples and the benchmarks run end to end at np=2.
 
 pytorch_digits.py must reach its 95% test-accuracy bar (``--check`` exits 1 below it); the
-synthetic benchmark and benchmarks/train_step.py run with tiny settings and must print their
-reports (their numbers are not asserted: timings depend on the machine).
+synthetic benchmark, benchmarks/train_step.py and benchmarks/bucket_views.py run with tiny
+settings and must print their reports (their numbers are not asserted: timings depend on the
+machine).
 """
 
 from __future__ import annotations
@@ -54,8 +55,18 @@ def test_train_step_benchmark_prints_its_table():
                  "--rounds", "1")
     for row in ("ceiling (no comm.)", "ceiling, 4 B sync/step", "horovodlite np=2",
                 "hvdl per-gradient np=2", "bucket views) / per-gradient path", "DDP gloo np=2",
+                "hvdl buckets held np=2", "buckets held until the optimizer waits",
                 "not installed", "horovodlite / synchronized ceiling",
                 "throughput horovodlite / DDP", "of ceiling", "cpu hvdl-bg"):
+        assert row in out, f"missing {row!r} in:\n{out}"
+
+
+def test_bucket_views_benchmark_prints_its_tables():
+    out = launch("benchmarks/bucket_views.py", "--params", "20", "--kib", "16", "--rounds", "1",
+                 "--steps", "2", "--warmup", "2")
+    for row in ("buckets: 1 (320 KiB)", "copies per step with set_to_none=False: [0]",
+                "own: the slowest rank", "after last:", "whole step:", "on-held",
+                "mpi-after-backward", "= 1.000x the gradient bytes"):
         assert row in out, f"missing {row!r} in:\n{out}"
 
 
