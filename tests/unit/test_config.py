@@ -65,6 +65,20 @@ def test_configuration_page_documents_every_knob():
     assert not missing, f"docs/configuration.md's table lacks {missing}"
 
 
+def test_the_generated_knob_table_is_what_the_script_writes():
+    """`python scripts/knob_table.py --update` rewrites the table between the markers from the
+    C++ knobs: a row written there by hand (a knob read in Python) would be dropped by it."""
+    import importlib.util
+
+    root = Path(__file__).parents[2]
+    spec = importlib.util.spec_from_file_location("knob_table", root / "scripts/knob_table.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    page = (root / "docs" / "configuration.md").read_text()
+    inner = page.split(script.START + "\n", 1)[1].split("\n" + script.END, 1)[0]
+    assert inner == script.table()
+
+
 @pytest.mark.parametrize("mode,allowed,local_rank,local_size,cpu", [
     ("auto", [0, 1], 0, 2, 0),
     ("auto", [0, 1], 1, 2, 1),
