@@ -112,10 +112,11 @@ void GlooWatchdog::Run() {
   }
 }
 
-Status GlooWatchdog::Explain(const Status& failure) {
+Status GlooWatchdog::Explain(const Status& failure, const std::function<bool()>& explained) {
   if (failure.ok()) return failure;
   const auto deadline = Clock::now() + kExplainSilence + kBeat;
   while (Clock::now() < deadline) {
+    if (explained && explained()) return failure;
     std::vector<int> silent = Silent(kExplainSilence);
     if (!silent.empty()) {
       return Status(failure.code(), "lost " + Describe(silent) + " (no heartbeat for " +

@@ -38,8 +38,10 @@ class GlooWatchdog {
   // Starts the thread; `lost` runs on it at most once.
   void Watch(std::function<void(const std::string& why)> lost);
   // Any thread: `failure` (a failed Gloo operation) rewritten to name the ranks whose heartbeats
-  // stopped, waiting up to a few heartbeats for them; unchanged if none stopped.
-  Status Explain(const Status& failure);
+  // stopped, waiting up to a few heartbeats for them; unchanged if none stopped. The wait ends
+  // early once `explained()` (when given) is true: another source (the launcher's notice of a
+  // lost host) has said why, and the caller uses that.
+  Status Explain(const Status& failure, const std::function<bool()>& explained = {});
 
  private:
   void Run();

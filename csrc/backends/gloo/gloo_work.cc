@@ -59,7 +59,12 @@ Status WaitWork(const c10::intrusive_ptr<c10d::Work>& work, const std::string& w
   Status s = Wait(work, what, waits);
   if (!s.ok() && waits->cancelled) return waits->Cancelled();
   if (s.ok() || waits->watchdog == nullptr) return s;
-  return waits->watchdog->Explain(s);
+  // A peer's connection closing (it was cancelled after learning of a lost host) fails this
+  // wait before this rank heard why: the launcher's notice may cancel the group while the
+  // watchdog still waits for the lost rank's silence, and then names the lost host.
+  Status explained = waits->watchdog->Explain(s, [waits] { return waits->cancelled.load(); });
+  if (waits->cancelled) return waits->Cancelled();
+  return explained;
 }
 
 }  // namespace hvdl
