@@ -10,9 +10,7 @@ backward to the moment the last rank finished ``synchronize()`` (the time the re
 after the last gradient exists; the ranks share one host, so one monotonic clock). Each round runs,
 one after the other, ``--steps`` steps of: bucket views on (``zero_grad(set_to_none=False)``), on
 with each ready bucket held until ``synchronize()`` waits (``on-held``, as
-``HOROVOD_BUCKET_SEND_NOW=0``; with ``HOROVOD_HOLD_UNTIL_WAIT`` on, as by default on a host
-with no core to spare, ``on`` holds it too), on with ``set_to_none=True`` (one copy per
-gradient), off (``bucket_view=False``), and one raw
+``HOROVOD_BUCKET_SEND_NOW=0``), on with ``set_to_none=True`` (one copy per gradient), off (``bucket_view=False``), and one raw
 ``MPI_Allreduce`` (mpi4py) of the same total bytes, and ``hvd.allreduce_`` of one tensor of
 those bytes (the core's best case: negotiation plus one in-place MPI call); a round's figure is
 the median step. The tables give the median over rounds, the range, and the ratio to raw MPI

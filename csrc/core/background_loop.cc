@@ -164,17 +164,18 @@ void BackgroundLoop::WaitBeforeCycle(bool progressed, bool others_pending) {
   const auto start = Clock::now();
   // Wakes from before these checks are stale (a user thread that blocked during the last
   // cycle): only a later one ends the hold. Work asked to go now (a ready gradient bucket:
-  // fused already) is not batched - unless this host holds work until a wait: with no core to
-  // spare, reducing it during backward only takes CPU from backward (see below).
+  // fused already, one allreduce whenever it goes) is neither batched nor held, as DDP
+  // launches a bucket from its hook: at np 2 on 2 cores, where the hold is on, sending the
+  // bucket at once left the whole step as it was and cut the time after backward to about a
+  // tenth (docs/bucket_views.md).
   const uint64_t wakes = d_.queue->wakes();
-  const bool send_now = !d_.hold_until_wait && d_.queue->send_now();
-  if (!Hurry() && !send_now && !shutdown_requested_ && !aborted_) {
+  if (!Hurry() && !d_.queue->send_now() && !shutdown_requested_ && !aborted_) {
     // On a host whose training threads fill every core, work sent while backward still runs
     // only takes CPU from it: a small ResNet's gradients arriving over ~20 ms went out in 2-3
     // pieces per step (each a negotiation and a wake-up); holding them until the optimizer
     // waits made the step 2.3% faster at np 2 on 2 cores (A/B in one job, 7 of 8 pairs).
     const microseconds hold = d_.hold_until_wait ? std::max(limit, kMaxHold) : limit;
-    d_.queue->WaitForWake(wakes, start + hold, /*send_now_ends=*/!d_.hold_until_wait);
+    d_.queue->WaitForWake(wakes, start + hold);
     if (!Urgent()) return;
   }
   const microseconds gap = std::clamp(limit / 100, microseconds{0}, microseconds{10});

@@ -130,11 +130,9 @@ void TensorQueue::WaitForArrival(uint64_t seen, std::chrono::steady_clock::time_
   woken_ = false;
 }
 
-void TensorQueue::WaitForWake(uint64_t seen, std::chrono::steady_clock::time_point deadline,
-                              bool send_now_ends) {
+void TensorQueue::WaitForWake(uint64_t seen, std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_until(lock, deadline,
-                 [&] { return wakes_ != seen || (send_now_ends && send_now_); });
+  cv_.wait_until(lock, deadline, [&] { return wakes_ != seen || send_now_; });
   woken_ = false;
 }
 

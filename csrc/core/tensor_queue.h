@@ -83,10 +83,9 @@ class TensorQueue {
   // Blocks until more than `seen` requests were ever added, Wake() is called, or `deadline`.
   void WaitForArrival(uint64_t seen, std::chrono::steady_clock::time_point deadline);
   // Blocks until Wake() is called after the `seen`-th wake (wakes() before the caller checked
-  // its reasons to stop waiting: an older wake is stale), SendNow() is asked (when
-  // `send_now_ends` it), or `deadline` passes. Arrivals do not end it.
-  void WaitForWake(uint64_t seen, std::chrono::steady_clock::time_point deadline,
-                   bool send_now_ends);
+  // its reasons to stop waiting: an older wake is stale), SendNow() is asked, or `deadline`
+  // passes. Arrivals do not end it.
+  void WaitForWake(uint64_t seen, std::chrono::steady_clock::time_point deadline);
   void Wake();
   uint64_t wakes() const;  // monotonic count of Wake() calls
   // Asks the loop to send what is queued without holding it back (Context::SendNow): ends a

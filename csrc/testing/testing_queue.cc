@@ -21,9 +21,7 @@ using Clock = std::chrono::steady_clock;
 //   "wake"      a Wake() from another thread during the wait;
 //   "send_now"  a SendNow() from another thread during the wait;
 //   "send_now_before"  SendNow() before the wait (it stays asked until PopRequests);
-//   "popped"    SendNow(), then PopRequests() took the requests: asked no more;
-//   "send_now_held"  a SendNow() during a wait that SendNow does not end (a host that holds
-//               work until a thread waits).
+//   "popped"    SendNow(), then PopRequests() took the requests: asked no more.
 bool WaitEndsEarly(const std::string& kind, int wait_ms) {
   TensorQueue queue;
   if (kind == "stale") queue.Wake();
@@ -36,13 +34,13 @@ bool WaitEndsEarly(const std::string& kind, int wait_ms) {
   std::thread other([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     if (kind == "wake") queue.Wake();
-    if (kind == "send_now" || kind == "send_now_held") queue.SendNow();
+    if (kind == "send_now") queue.SendNow();
   });
   const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
   bool early;
   {
     py::gil_scoped_release nogil;
-    queue.WaitForWake(seen, deadline, /*send_now_ends=*/kind != "send_now_held");
+    queue.WaitForWake(seen, deadline);
     early = Clock::now() < deadline;
     other.join();
   }

@@ -3,7 +3,7 @@
 // The only code (with bindings.cc) that includes torch headers.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <memory>
 #include <string>

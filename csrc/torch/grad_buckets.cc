@@ -21,6 +21,7 @@
 // event recorded on each other stream) for every stream a member became ready on. With one
 // stream, the usual case, that is nothing: stream order already puts every member's
 // accumulation (and any copy into the view, made on the same stream) before the event.
+#include <ATen/ops/zeros.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/variable.h>

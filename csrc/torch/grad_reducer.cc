@@ -1,5 +1,6 @@
 #include "torch/grad_reducer.h"
 
+#include <ATen/ops/zeros_like.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 

@@ -49,7 +49,7 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "core/context.h"
 #include "core/handle_table.h"
@@ -114,8 +114,8 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
                   const std::vector<std::string>& labels);
   void ClearBuckets();  // back to one allreduce per gradient; gradients keep their values
   // Whether a ready bucket goes out at once (Context::SendNow), overlapping the rest of
-  // backward (default; a host that holds work until a wait still holds it), or waits like other
-  // new work for HOROVOD_CYCLE_TIME or a wait (HOROVOD_BUCKET_SEND_NOW=0).
+  // backward, on every host (default), or waits like other new work for HOROVOD_CYCLE_TIME, or
+  // for a wait where the host holds work (HOROVOD_BUCKET_SEND_NOW=0).
   void SetSendBucketsNow(bool now) { send_buckets_now_ = now; }
   struct BucketInfo {
     std::string name;          // negotiated name

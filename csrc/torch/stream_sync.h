@@ -14,7 +14,7 @@
 // where CUDA tensors never get past argument checking and these functions report that.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <memory>
 

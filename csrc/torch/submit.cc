@@ -1,5 +1,7 @@
 #include "torch/submit.h"
 
+#include <ATen/ops/empty.h>
+
 #include "common/errors.h"
 #include "torch/stream_sync.h"
 

@@ -4,7 +4,7 @@
 // found before anything was enqueued, InternalError otherwise.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <memory>

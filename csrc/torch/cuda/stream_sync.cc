@@ -1,6 +1,8 @@
 // torch/stream_sync.h for CUDA builds: raw CUDA events on torch's current streams.
 #include "torch/stream_sync.h"
 
+#include <ATen/ops/empty.h>
+
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
