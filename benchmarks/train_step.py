@@ -172,17 +172,18 @@ class Run:
         self.cpu = {}
 
 
-def time_steps(model, optimizer, batch, warmup, steps, after_step=None):
+def time_steps(model, optimizer, batch, args, after_step=None):
     """Times ``steps`` steps after ``warmup`` untimed ones: each step's wall time, its forward +
     backward part (gradient hooks included) and its optimizer.step() part (for horovodlite and
     Horovod: waiting for the reductions, then the update; ``after_step`` counts in it), and each
     thread's CPU over them."""
     x, y = batch
+    warmup, steps, set_to_none = args.warmup, args.steps, args.zero_grad == "none"
     run = Run()
 
     def step(record):
         t0 = time.perf_counter()
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=set_to_none)
         F.cross_entropy(model(x), y).backward()
         t1 = time.perf_counter()
         optimizer.step()
@@ -218,7 +219,7 @@ def run_ceiling(args, synchronized=False):
     tiny = torch.zeros(1)
     sync = (lambda: hvd.allreduce_(tiny, name="step.sync", op=hvd.Sum)) if synchronized else None
     dist.barrier()  # start together (gloo's barrier sleeps; nothing of horovodlite is pending)
-    run = time_steps(model, opt, batch, args.warmup, args.steps, sync)
+    run = time_steps(model, opt, batch, args, sync)
     dist.barrier()
     return gather_runs(run)
 
@@ -231,7 +232,7 @@ def run_horovodlite(args, bucket_view=True, send_now=True):
     if not send_now:  # as HOROVOD_BUCKET_SEND_NOW=0: a ready bucket waits like other new work
         opt._hvd_reducer.set_send_buckets_now(False)
     batch = make_batch(args.model, args.batch_size, hvd.rank())
-    return gather_runs(time_steps(model, opt, batch, args.warmup, args.steps))
+    return gather_runs(time_steps(model, opt, batch, args))
 
 
 def init_gloo():
@@ -253,7 +254,7 @@ def run_ddp(args):
     model = torch.nn.parallel.DistributedDataParallel(make_model(args.model))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     batch = make_batch(args.model, args.batch_size, hvd.rank())
-    return gather_runs(time_steps(model, opt, batch, args.warmup, args.steps))
+    return gather_runs(time_steps(model, opt, batch, args))
 
 
 def load_horovod():
@@ -271,7 +272,7 @@ def run_horovod(horovod, args):
         torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
         named_parameters=model.named_parameters())
     batch = make_batch(args.model, args.batch_size, hvd.rank())
-    return gather_runs(time_steps(model, opt, batch, args.warmup, args.steps))
+    return gather_runs(time_steps(model, opt, batch, args))
 
 
 def step_times(runs, synchronized):
@@ -363,6 +364,10 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20, help="timed steps per run")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--zero-grad", choices=["none", "zeros"], default="none",
+                   help="how each step clears the gradients: zero_grad(set_to_none=True), torch's "
+                        "default (bucket views then copy each fresh gradient into its bucket "
+                        "once), or set_to_none=False (zeroed in place: no copy)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: horovodlite vs DDP (NCCL) vs no communication on GPUs")
     p.add_argument("--amp", choices=["bf16"], default=None,
