@@ -4,22 +4,22 @@ one run.
 The model is ``--params`` parameters of ``--kib`` KiB each (float32) with a cheap backward
 (gradient = a constant), so little communication overlaps with backward. Timed: from the end of
 ``loss.backward()`` to the end of ``optimizer.synchronize()``, two ways: ``own``, the slowest
-rank's span from its own end of backward (what one rank's profile shows; it includes waiting for
-a rank whose backward ended later), and ``after last``, from the moment the last rank finished
-backward to the moment the last rank finished ``synchronize()`` (the time the reduction adds
-after the last gradient exists; the ranks share one host, so one monotonic clock). Each round runs,
-one after the other, ``--steps`` steps of: bucket views on (``zero_grad(set_to_none=False)``), on
-with each ready bucket held until ``synchronize()`` waits (``on-held``, as
-``HOROVOD_BUCKET_SEND_NOW=0``), on with ``set_to_none=True`` (one copy per gradient), off (``bucket_view=False``), and one raw
-``MPI_Allreduce`` (mpi4py) of the same total bytes, and ``hvd.allreduce_`` of one tensor of
-those bytes (the core's best case: negotiation plus one in-place MPI call); a round's figure is
-the median step. The tables give the median over rounds, the range, and the ratio to raw MPI
-(timed the same way) of the same round. ``mpi-after-backward`` is raw MPI as a user without
-any library would get it from the end of backward: the same model with its gradients set by
-hand to views of one flat tensor, backward, then ``MPI_Allreduce`` of that tensor in place (a
-Sum, like the ``mpi`` row, which runs without a backward before it: memory and caches are in
-another state after one). ``on-aligned`` is ``on`` with a barrier between the end of backward
-and the timed span: the ranks' backward passes end at different times, and without it the
+rank's span from its own end of backward (what one rank's profile shows; it includes waiting for a
+rank whose backward ended later), and ``after last``, from the moment the last rank finished
+backward to the moment the last rank finished ``synchronize()`` (the time the reduction adds after
+the last gradient exists; the ranks share one host, so one monotonic clock). Each round runs, one
+after the other, ``--steps`` steps of: bucket views on (``zero_grad(set_to_none=False)``), on with
+each ready bucket held until ``synchronize()`` waits (``on-held``, as
+``HOROVOD_BUCKET_SEND_NOW=0``), on with ``set_to_none=True`` (one copy per gradient), off
+(``bucket_view=False``), and one raw ``MPI_Allreduce`` (mpi4py) of the same total bytes, and
+``hvd.allreduce_`` of one tensor of those bytes (the core's best case: negotiation plus one
+in-place MPI call); a round's figure is the median step. The tables give the median over rounds,
+the range, and the ratio to raw MPI (timed the same way) of the same round. ``mpi-after-backward``
+is raw MPI as a user without any library would get it from the end of backward: the same model with
+its gradients set by hand to views of one flat tensor, backward, then ``MPI_Allreduce`` of that
+tensor in place (a Sum, like the ``mpi`` row, which runs without a backward before it: memory and
+caches are in another state after one). ``on-aligned`` is ``on`` with a barrier between the end of
+backward and the timed span: the ranks' backward passes end at different times, and without it the
 slowest rank's figure includes waiting for the other rank's backward (the raw MPI call starts
 aligned).
 
