@@ -113,8 +113,9 @@ const std::vector<Knob>& Table() {
       {{"HOROVOD_HOLD_UNTIL_WAIT", "auto",
         "1: hold new tensors (up to 100 ms, at least the cycle time) until a thread waits on a "
         "handle (synchronize, or poll of an unfinished one), so a training step's gradients go "
-        "out as one batch when backward is done instead of in pieces that take CPU from it. "
-        "auto: when this host runs at least as many ranks as it has usable CPUs; 0: never."},
+        "out as one batch when backward is done instead of in pieces that take CPU from it "
+        "(a ready gradient bucket still goes out at once: HOROVOD_BUCKET_SEND_NOW). auto: when "
+        "this host runs at least as many ranks as it has usable CPUs; 0: never."},
        [](auto& n, auto& v, Config* c) { return ParseToggle(n, v, &c->hold_until_wait); }},
       {{"HOROVOD_BIND_RANKS", "0",
         "Pin each rank (the thread that calls init, and the threads and processes it starts "
