@@ -47,6 +47,12 @@ import pytest
 
 collect_ignore = [] if os.environ.get("HVDL_PARALLEL_WORKER") else ["parallel"]
 
+# The test hosts (tests/hosts) run ip and tc, root's tools in /usr/sbin and /sbin; a shell
+# started without a login (env -i, cron, some CI runners) leaves them off PATH, and every host
+# test would skip as if they were not installed.
+_path = os.environ.get("PATH", "").split(os.pathsep)
+os.environ["PATH"] = os.pathsep.join(_path + [d for d in ("/usr/sbin", "/sbin") if d not in _path])
+
 BUILDS = ("test_install.py", "test_libstdcxx_build.py", "test_sdist.py", "test_docs.py",
           "test_sanitizers.py")
 _BASE_NICENESS = os.getpriority(os.PRIO_PROCESS, 0)
