@@ -195,13 +195,12 @@ def test_a_host_whose_processes_die_is_named_and_the_job_fails(hosts, tmp_path):
                                           lambda: _kill_host("hvdl-host1"))
     assert rc != 0, out
     # every survivor raised HorovodInternalError naming the host and its ranks, within 5 s -
-    # unless Open MPI's launcher, which ends any job that loses a daemon, ended them first
-    # (seen about once in ten runs, more often on a loaded machine): then it says so (PRRTE in
-    # Open MPI 5, ORTE in 4).
-    if not raised:
+    # unless Open MPI's launcher, which ends any job that loses a daemon, ended it first (seen
+    # about once in ten runs, more often on a loaded machine, for one survivor or both): then
+    # the launcher says so (PRRTE in Open MPI 5, ORTE in 4).
+    assert set(raised) <= {0, 1}, out
+    if sorted(raised) != [0, 1]:
         assert re.search(r"(PRTE|ORTE) has lost communication with a remote daemon", out), out
-    else:
-        assert sorted(raised) == [0, 1], out
     for rank, (after, msg) in raised.items():
         assert "lost hvdl-host1 (ranks 2, 3)" in msg and after < 5, (rank, after, msg)
     assert "horovodliterun: lost hvdl-host1 (ranks 2, 3)" in out, out
