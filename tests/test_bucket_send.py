@@ -3,8 +3,8 @@ the rest of backward, instead of being batched with later work: the jobs below b
 for 60 s (HOROVOD_CYCLE_TIME=60000), and each rank checks that its bucket was reduced while
 nobody waited - on a host that holds new work until a thread waits (HOROVOD_HOLD_UNTIL_WAIT=1)
 too -, that with HOROVOD_BUCKET_SEND_NOW=0 it was not, and that every case gives the averaged
-gradients (tests/scripts/bucket_send.py). Real jobs at 1, 2 and 3
-ranks, under MPI and under the Gloo controller."""
+gradients (tests/scripts/bucket_send.py). Real jobs at 1, 2 and 3 ranks, under MPI and under the
+Gloo controller."""
 
 from __future__ import annotations
 
