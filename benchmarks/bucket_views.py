@@ -10,7 +10,8 @@ backward to the moment the last rank finished ``synchronize()`` (the time the re
 the last gradient exists; the ranks share one host, so one monotonic clock). Each round runs, one
 after the other, ``--steps`` steps of: bucket views on (``zero_grad(set_to_none=False)``), on with
 each ready bucket held until ``synchronize()`` waits (``on-held``, as
-``HOROVOD_BUCKET_SEND_NOW=0``), on with ``set_to_none=True`` (one copy per gradient), off
+``HOROVOD_BUCKET_SEND_NOW=0``), on with ``set_to_none=True`` (a model and optimizer of its
+own: autograd puts each gradient in a new tensor, which is reduced where it is), off
 (``bucket_view=False``), and one raw ``MPI_Allreduce`` (mpi4py) of the same total bytes, and
 ``hvd.allreduce_`` of one tensor of those bytes (the core's best case: negotiation plus one
 in-place MPI call); a round's figure is the median step. The tables give the median over rounds,
@@ -30,7 +31,8 @@ backward: what a bucket sent during backward takes from backward counts there.
 Memory: there are no allocator statistics for CPU tensors, so the report counts what holds
 gradient bytes - the parameters' gradients (distinct storages) and the core's fusion buffer -
 after bucket views alone have run (the fusion buffer only ever grows, so it is read before the
-per-gradient path runs).
+per-gradient path runs); for ``set_to_none=True`` also the buckets that still hold a flat tensor
+besides the gradients.
 
     horovodliterun -np 2 python benchmarks/bucket_views.py
     horovodliterun -np 2 python benchmarks/bucket_views.py --rounds 7 --steps 20
@@ -98,7 +100,8 @@ def main() -> None:
     numel = args.kib * 1024 // 4
     total = args.params * numel * 4
     models, opts = {}, {}
-    for name, view in (("on", True), ("on-held", True), ("off", False)):
+    for name, view in (("on", True), ("on-held", True), ("on-set_to_none", True),
+                       ("off", False)):
         models[name] = Model(args.params, numel)
         opts[name] = hvd.DistributedOptimizer(
             torch.optim.SGD(models[name].parameters(), lr=0.0),
@@ -148,7 +151,7 @@ def main() -> None:
 
     runners = {"on": lambda: step("on", False), "on-held": lambda: step("on-held", False),
                "on-aligned": lambda: step("on", False, True),
-               "on-set_to_none": lambda: step("on", True),
+               "on-set_to_none": lambda: step("on-set_to_none", True),
                "off": lambda: step("off", False), "one-tensor": one_tensor, "mpi": mpi_step,
                "mpi-after-backward": mpi_after_backward}
 
@@ -166,15 +169,19 @@ def main() -> None:
 
     # per round: (median own span, median after-last span, median whole step)
     rounds = {c: [] for c in CONFIGS}
-    copies = []
+    copies, fresh = [], []
     for _ in range(args.rounds):
         for name in CONFIGS:
             COMM.Barrier()
             samples = [spans(*runners[name]()) for _ in range(args.steps)]
             rounds[name].append(tuple(statistics.median(s[i] for s in samples)
                                       for i in range(3)))
-            if name == "on":
-                copies.append(sum(b["copies"] for b in opts["on"].bucket_report()["buckets"]))
+            if name in ("on", "on-set_to_none"):
+                buckets = opts[name].bucket_report()["buckets"]
+                (copies if name == "on" else fresh).append(sum(b["copies"] for b in buckets))
+    fresh_report = opts["on-set_to_none"].bucket_report()
+    grads_fresh = gradient_bytes(models["on-set_to_none"])
+    held = sum(b["bytes"] for b in fresh_report["buckets"] if b["views"])
     if hvd.rank() != 0:
         hvd.shutdown()
         return
@@ -211,6 +218,9 @@ def main() -> None:
     print(f"memory (bytes per rank): gradients on {grads_on} + fusion buffer {fusion_on} "
           f"= {(grads_on + fusion_on) / total:.3f}x the gradient bytes; "
           f"off: gradients {grads_off}, fusion buffer after both ran {fusion_after}")
+    print(f"set_to_none=True: copies per step {fresh}; gradients {grads_fresh} bytes, buckets "
+          f"still holding a flat tensor {held} bytes (gradients in their own tensors: "
+          f"{sum(b['own'] for b in fresh_report['buckets'])} of {args.params})")
     hvd.shutdown()
 
 

@@ -366,8 +366,9 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--zero-grad", choices=["none", "zeros"], default="none",
                    help="how each step clears the gradients: zero_grad(set_to_none=True), torch's "
-                        "default (bucket views then copy each fresh gradient into its bucket "
-                        "once), or set_to_none=False (zeroed in place: no copy)")
+                        "default (autograd then puts each gradient in a new tensor, which bucket "
+                        "views reduce where it is on the CPU), or set_to_none=False (zeroed in "
+                        "place)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: horovodlite vs DDP (NCCL) vs no communication on GPUs")
     p.add_argument("--amp", choices=["bf16"], default=None,

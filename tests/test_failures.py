@@ -68,7 +68,8 @@ def test_missing_rank_is_reported_with_call_sites_then_every_rank_errors(np_):
 def test_optimizer_gradients_are_reported_at_the_backward_line():
     rc, out, _ = job(2, "stall.py", "optimizer", 5, env=STALL)
     backward = line_of("stall.py", "the step's gradients go out here")
-    # with bucket views (on by default) the step's gradients wait as one bucket that names them
+    # with bucket views (on by default) the step's gradients wait as one bucket, under its
+    # members' names (host memory) or under its own name, which names them
     assert re.search(r"allreduce\.grad\.opt0\.(weight|bias|bucket\d+\.\d+\[bias,weight\]): "
                      r"waited", out), out
     submitted = re.search(r"submitted by:(.*)", out).group(1)

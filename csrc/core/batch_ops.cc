@@ -1,5 +1,7 @@
 #include "core/batch_ops.h"
 
+#include <algorithm>
+
 #include "comm/ring.h"
 #include "core/collective_layout.h"
 
@@ -37,6 +39,48 @@ std::vector<std::vector<Piece>> ChunkPieces(const std::vector<int64_t>& counts, 
       int64_t n = even[static_cast<size_t>(k)];
       if (n > 0) chunks[static_cast<size_t>(k)].push_back(Piece{i, offset, n});
       offset += n;
+    }
+  }
+  return chunks;
+}
+
+// The first tensor's memory when every item is reduced in place and each tensor starts where
+// the one before it ends (one region, in the batch's order); null otherwise.
+void* Adjacent(const BatchItems& items, const std::vector<int64_t>& counts, size_t esize) {
+  const char* next = nullptr;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].has_entry) return nullptr;
+    const TensorEntry& e = items[i].entry;
+    if (e.input.data != e.output.data || (next != nullptr && e.output.data != next)) {
+      return nullptr;
+    }
+    next = static_cast<const char*>(e.output.data) + counts[i] * static_cast<int64_t>(esize);
+  }
+  return items.empty() ? nullptr : items.front().entry.output.data;
+}
+
+// Two members: chunk the tensors' concatenation evenly, as one tensor of their total size. With
+// two ranks every element is a + b whichever rank adds it, so the layout cannot change a result,
+// and tensors that lie side by side (a bucket's views) then make one span per chunk.
+std::vector<std::vector<Piece>> ConcatenatedPieces(const std::vector<int64_t>& counts,
+                                                   int nchunks) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<std::vector<Piece>> chunks(static_cast<size_t>(nchunks));
+  const std::vector<int64_t> even = EvenChunks(total, nchunks);
+  size_t item = 0;
+  int64_t offset = 0;  // in counts[item]
+  for (int k = 0; k < nchunks; ++k) {
+    int64_t left = even[static_cast<size_t>(k)];
+    while (left > 0) {
+      while (offset == counts[item]) {
+        ++item;
+        offset = 0;
+      }
+      const int64_t n = std::min(left, counts[item] - offset);
+      chunks[static_cast<size_t>(k)].push_back(Piece{item, offset, n});
+      offset += n;
+      left -= n;
     }
   }
   return chunks;
@@ -124,6 +168,19 @@ Status BatchOps::Allreduce(BatchItems& items, BatchMemory* m, const Phase& phase
     }
     return Status::Ok();
   }
+  if (void* region = Adjacent(items, counts, esize)) {
+    // The tensors lie side by side, in place (a gradient bucket's views): the collective runs
+    // on them where they are. Only this rank's memory differs from the packed case - the
+    // collective and what goes on the wire are the same - so other ranks may pack theirs.
+    if (plan.prescale != 1.0) {
+      phase("SCALE_INPUTS");
+      HVDL_RETURN_IF_ERROR(m->CopyOne(region, region, a.count, r.dtype, plan.prescale));
+    }
+    a.buf = region;
+    a.phase = phase;
+    phase(plan.activity);
+    return plan.backend->Allreduce(a);
+  }
   // One contiguous buffer for the collective: pack, reduce, unpack.
   void* buf = nullptr;
   HVDL_RETURN_IF_ERROR(m->Buffer(static_cast<size_t>(a.count) * esize, &buf));
@@ -189,12 +246,18 @@ Status BatchOps::FusedRing(BatchItems& items, BatchMemory* m, const AllreducePla
   }
   // The chunk count the plan's algorithm splits the data into: the set's members (hierarchical:
   // local x cross, the same number on process set 0).
-  for (const auto& pieces : ChunkPieces(counts, n)) {
-    a->chunks.emplace_back();
-    a->chunks.back().reserve(pieces.size());
+  for (const auto& pieces : n == 2 ? ConcatenatedPieces(counts, n) : ChunkPieces(counts, n)) {
+    std::vector<Span>& chunk = a->chunks.emplace_back();
+    chunk.reserve(pieces.size());
     for (const Piece& p : pieces) {
-      a->chunks.back().push_back(Span{base[p.item] + p.offset * static_cast<int64_t>(esize),
-                                      p.count});
+      char* data = base[p.item] + p.offset * static_cast<int64_t>(esize);
+      if (!chunk.empty() &&
+          static_cast<char*>(chunk.back().data) + chunk.back().count * static_cast<int64_t>(esize) ==
+              data) {
+        chunk.back().count += p.count;  // the next tensor starts where this one ends
+      } else {
+        chunk.push_back(Span{data, p.count});
+      }
     }
   }
   a->phase = phase;

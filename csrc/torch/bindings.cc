@@ -300,7 +300,9 @@ void RegisterGradReducer(py::module_& m) {
           d["name"] = b.name;
           d["bytes"] = b.bytes;
           d["members"] = b.members;
+          d["views"] = b.views;
           d["copies"] = b.copies;
+          d["own"] = b.own;
           d["fallback_steps"] = b.fallback_steps;
           d["fallback"] = b.fallback;
           out.append(d);

@@ -1,16 +1,21 @@
 // GradReducer's buckets (grad_reducer.h, step 6; docs/bucket_views.md): gradients that live in
 // the flat tensor their allreduce runs on.
 //
-// Why a flat tensor per bucket instead of the core's fusion buffer: a batch of one tensor runs in
-// place on that tensor (core/batch_ops.cc), so a bucket goes on the wire from the memory autograd
-// accumulated into, with no copy into a fusion buffer and none back, and the gradients need no
-// second home. The layout comes from Python, agreed by every rank (horovodlite/torch/buckets.py),
-// so every rank negotiates the same bucket names and shapes.
+// Why a flat tensor per bucket instead of the core's fusion buffer: autograd accumulates into
+// the views, and the bucket goes on the wire from that memory, in place, with no copy into a
+// fusion buffer and none back, and the gradients need no second home. The layout comes from
+// Python, agreed by every rank (horovodlite/torch/buckets.py), so every rank negotiates the same
+// names and shapes.
 //
-// Per step: a member's hook (its last pass) adopts the gradient - it is the view already, or it
-// is copied in once and p.grad becomes the view - and counts it; the last member launches the
-// bucket. A member that cannot be adopted breaks the bucket for the step: its members go out one
-// by one on the per-gradient path, so the step still reduces every gradient, only with copies.
+// Per step: a member's hook (its last pass) adopts the gradient and counts it; the last member
+// launches the bucket. Host memory: the bucket goes out as its members' spans (under their own
+// names), so a gradient in a tensor of its own (zero_grad(set_to_none=True), torch's default,
+// makes autograd allocate one) is reduced where it is, without a copy; a bucket is reduced either
+// in its views or wholly outside them, and one whose members all came outside gives its flat
+// tensor up at the end of the step. Device memory: the bucket goes out as its flat tensor, and a
+// gradient outside it is copied in once (a device copy) and p.grad becomes the view. A member
+// that cannot be adopted breaks the bucket for the step: its members go out one by one on the
+// per-gradient path, so the step still reduces every gradient.
 //
 // CUDA buckets (one device allocation each, allocated like the first member). The per-gradient
 // path records a gradient's ready event on the stream current in its hook, which is the stream
@@ -22,6 +27,7 @@
 // stream, the usual case, that is nothing: stream order already puts every member's
 // accumulation (and any copy into the view, made on the same stream) before the event.
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/variable.h>
@@ -113,6 +119,9 @@ void GradReducer::SetBuckets(const std::vector<std::vector<int>>& members,
     for (int i : b.members) total += params_[static_cast<size_t>(i)].tensor.numel();
     const at::Tensor& first = params_[static_cast<size_t>(b.members.front())].tensor;
     b.flat = at::zeros({total}, first.options().memory_format(at::MemoryFormat::Contiguous));
+    b.device = first.device();
+    b.dtype = first.scalar_type();
+    b.bytes = total * static_cast<int64_t>(first.element_size());
     int64_t offset = 0;
     for (int i : b.members) {
       Param& p = params_[static_cast<size_t>(i)];
@@ -120,6 +129,7 @@ void GradReducer::SetBuckets(const std::vector<std::vector<int>>& members,
       p.view = b.flat.narrow(0, offset, n).view(p.tensor.sizes());
       offset += n;
       p.bucket = static_cast<int>(k);
+      p.own = false;
       at::Tensor grad = p.tensor.grad();
       // A gradient of the layout's dtype/device/shape moves in (once, at the rebuild); anything
       // else (none, sparse) stays as it is, and the step's hook or LaunchMissing decides.
@@ -142,6 +152,7 @@ void GradReducer::ClearBuckets() {
     p.bucket = -1;
     p.view = at::Tensor();  // p.grad keeps its value (and keeps the old flat tensor alive)
     p.bucket_ready = false;
+    p.own = false;
   }
   buckets_.clear();
 }
@@ -152,9 +163,11 @@ std::vector<GradReducer::BucketInfo> GradReducer::BucketReport() const {
   for (const Bucket& b : buckets_) {
     BucketInfo info;
     info.name = b.negotiated;
-    info.bytes = static_cast<int64_t>(b.flat.numel() * b.flat.element_size());
+    info.bytes = b.bytes;
     info.members = b.members;
+    info.views = b.flat.defined();
     info.copies = b.last_copies;
+    info.own = b.last_own;
     info.fallback_steps = b.fallback_steps;
     info.fallback = b.fallback;
     out.push_back(std::move(info));
@@ -195,23 +208,51 @@ bool GradReducer::AdoptLocked(Param& p, Bucket& b, std::string* reason) {
     *reason = "parameter '" + p.name + "' has a sparse gradient";
     return false;
   }
-  if (grad.data_ptr() == p.view.data_ptr() && grad.sizes() == p.view.sizes() &&
-      grad.scalar_type() == p.view.scalar_type() && grad.device() == p.view.device()) {
-    return true;  // autograd accumulated into the view: nothing to do
-  }
-  if (grad.scalar_type() != p.view.scalar_type() || grad.device() != p.view.device() ||
-      grad.sizes() != p.view.sizes()) {
+  if (grad.scalar_type() != b.dtype || grad.device() != b.device ||
+      grad.sizes() != (p.view.defined() ? p.view.sizes() : p.tensor.sizes())) {
     *reason = "parameter '" + p.name + "' has a gradient of another dtype, device or shape (" +
               std::string(c10::toString(grad.scalar_type())) + " on " + grad.device().str() +
               ") than its bucket";
     return false;
   }
-  // A fresh gradient (zero_grad(set_to_none=True), `p.grad = t`): copied in once; from now on
-  // autograd accumulates into the view.
+  if (p.view.defined() && grad.data_ptr() == p.view.data_ptr()) {
+    // Autograd accumulated into the view. Members that came in tensors of their own before it
+    // move into their views: a bucket is reduced in its views, or (host memory) wholly outside.
+    if (b.own > 0) MoveIntoViewsLocked(b);
+    return true;
+  }
+  // A tensor of its own (zero_grad(set_to_none=True) made autograd allocate one, or `p.grad =
+  // t`). Host memory: the bucket goes out as its members' spans wherever they are, so a
+  // contiguous one is reduced where it is - no copy - unless a member arrived in its view
+  // already this step. A bucket whose members all arrive so gives its flat tensor up at the end
+  // of the step (ResetLocked).
+  const bool host = b.device.is_cpu();
+  if (host && (!b.flat.defined() || b.ready == b.own)) {
+    if (!grad.is_contiguous()) {  // one copy, into a contiguous tensor of its own
+      p.tensor.mutable_grad() = grad.contiguous();
+      ++b.copies;
+    }
+    p.own = true;
+    ++b.own;
+    return true;
+  }
+  // Copied into the view once; from now on autograd accumulates into the view.
   p.view.copy_(grad);
   p.tensor.mutable_grad() = GradAlias(p.view);
   ++b.copies;
   return true;
+}
+
+void GradReducer::MoveIntoViewsLocked(Bucket& b) {
+  for (int i : b.members) {
+    Param& m = params_[static_cast<size_t>(i)];
+    if (!m.own) continue;
+    m.view.copy_(m.tensor.grad());
+    m.tensor.mutable_grad() = GradAlias(m.view);
+    m.own = false;
+    ++b.copies;
+  }
+  b.own = 0;
 }
 
 void GradReducer::ReadyLocked(int index, std::exception_ptr* error) {
@@ -228,8 +269,8 @@ void GradReducer::ReadyLocked(int index, std::exception_ptr* error) {
     BreakLocked(b, reason, error);
     return;
   }
-  if (!b.flat.is_cpu()) {  // where autograd accumulated into the view (and AdoptLocked copied)
-    const c10::Stream stream = CurrentStream(b.flat.device());
+  if (!b.device.is_cpu()) {  // where autograd accumulated into the view (and AdoptLocked copied)
+    const c10::Stream stream = CurrentStream(b.device);
     if (std::find(b.streams.begin(), b.streams.end(), stream) == b.streams.end()) {
       b.streams.push_back(stream);
     }
@@ -246,7 +287,7 @@ void GradReducer::BreakLocked(Bucket& b, const std::string& reason, std::excepti
   // broken.
   if (!b.streams.empty()) {
     try {
-      WaitForStreams(b.flat.device(), &b.streams);
+      WaitForStreams(b.device, &b.streams);
     } catch (...) {
       if (!*error) *error = std::current_exception();
     }
@@ -264,32 +305,34 @@ void GradReducer::LaunchBucketLocked(Bucket& b, std::exception_ptr* error) {
   try {
     Context& ctx = hooks_.context();
     CheckMembership(ctx, spec_.process_set, OpType::kAllreduce, b.label);
-    const size_t ranks = ctx.process_sets().Members(spec_.process_set).value_or(
-        std::vector<int>{}).size();
     // Device buckets: the ready event Submit records on this stream must follow every member.
-    if (!b.streams.empty()) WaitForStreams(b.flat.device(), &b.streams);
-    if (ranks <= 2 || !b.flat.is_cpu()) {
-      // One tensor, in place. With two ranks a + b == b + a, so the result is bit-identical to
-      // the per-gradient path's whatever the layout. Device memory at any size: NCCL (or host
-      // staging) reduces it in place; a batch of several device tensors would be packed into
-      // the fusion buffer instead (device plans have no spans), and on device memory the
-      // per-gradient path's rounding depends on what was fused anyway.
+    if (!b.streams.empty()) WaitForStreams(b.device, &b.streams);
+    if (!b.device.is_cpu()) {
+      // Device memory: the flat tensor, in place (NCCL, or host staging), under the bucket's
+      // name: a batch of several device tensors would be packed into the fusion buffer (device
+      // plans have no spans). With one or two ranks a + b == b + a, so the result is
+      // bit-identical to the per-gradient path's; from three on it may differ in the last bits,
+      // as the per-gradient path's does with what the core happened to fuse.
       b.handle = SubmitAllreduceInplace(ctx, spec_, b.flat, b.negotiated, site_);
     } else {
-      // From three ranks on the host ring reduces each tensor in chunks of its own, so where an
-      // element sits in its tensor decides the order ranks are added in (comm/allreduce_planner.h:
-      // results never depend on fusion). The members go out as the spans of one op, in place on
-      // their views (the ring takes spans without packing them), under their own names: the
-      // same rounding, and the same negotiation, as the per-gradient path.
-      std::vector<at::Tensor> views;
+      // Host memory: the members' gradients as the spans of one op, in place wherever they are
+      // (the views, or tensors of their own), under their own names. The host ring takes spans
+      // without packing them, and reduces each tensor in chunks of its own, so the order ranks
+      // are added in - hence the result - is the per-gradient path's at every rank count
+      // (comm/allreduce_planner.h). Every rank negotiates the same names and shapes whether its
+      // gradients are in the views or not; a native allreduce of views that lie side by side
+      // runs on the bucket's memory without packing (core/batch_ops.cc).
+      std::vector<at::Tensor> grads;
       std::vector<std::string> names;
+      grads.reserve(b.members.size());
+      names.reserve(b.members.size());
       for (int i : b.members) {
         const Param& m = params_[static_cast<size_t>(i)];
-        views.push_back(m.view);
+        grads.push_back(m.tensor.grad());
         names.push_back(m.negotiated);
       }
-      b.handle = Submit(ctx, spec_, views, views, names,
-                        std::vector<std::string>(views.size(), site_));
+      b.handle = Submit(ctx, spec_, grads, grads, names,
+                        std::vector<std::string>(grads.size(), site_));
     }
     in_flight_ += static_cast<int>(b.members.size());
     // A bucket is fused already: holding it back to batch it with later gradients would only
@@ -316,9 +359,16 @@ void GradReducer::LaunchMissingBucketsLocked() {
       Param& m = params_[static_cast<size_t>(b.members[k])];
       if (m.bucket_ready) continue;
       if (!m.tensor.grad().defined() && !m.sparse_seen) {
-        // Unused on this rank: its slice goes out as zeros (the other ranks reduce theirs).
-        m.view.zero_();
-        m.tensor.mutable_grad() = GradAlias(m.view);
+        // Unused on this rank: it goes out as zeros (the other ranks reduce theirs), in its
+        // slice, or in a tensor of its own where the bucket's members are outside their views.
+        if (m.view.defined() && b.own == 0) {
+          m.view.zero_();
+          m.tensor.mutable_grad() = GradAlias(m.view);
+        } else {
+          m.tensor.mutable_grad() = at::zeros_like(m.tensor, at::MemoryFormat::Contiguous);
+          m.own = true;
+          ++b.own;
+        }
       } else if (!AdoptLocked(m, b, &reason)) {  // a partial accumulation: adopted as it is
         break;
       }

@@ -136,7 +136,20 @@ void GradReducer::ResetLocked() {
     p.bucket_ready = false;
   }
   for (Bucket& b : buckets_) {
-    if (b.ready > 0 || b.broken || b.copies > 0) b.last_copies = b.copies;
+    if (b.ready > 0 || b.broken || b.copies > 0) {
+      b.last_copies = b.copies;
+      b.last_own = b.own;
+    }
+    // Every member was reduced in a tensor of its own (zero_grad(set_to_none=True) each step):
+    // the flat tensor only holds stale values. Released, so gradients take their bytes once;
+    // from now on the members are reduced wherever autograd puts them (never copied).
+    if (b.flat.defined() && b.device.is_cpu() && !b.broken && b.ready > 0 &&
+        b.own == static_cast<int>(b.members.size())) {
+      b.flat = at::Tensor();
+      for (int i : b.members) params_[static_cast<size_t>(i)].view = at::Tensor();
+    }
+    for (int i : b.members) params_[static_cast<size_t>(i)].own = false;
+    b.own = 0;
     b.ready = 0;
     b.broken = false;
     b.copies = 0;

@@ -23,13 +23,15 @@
 //
 //   6. Buckets (docs/bucket_views.md): once Python sets a layout (SetBuckets, agreed by every
 //      rank), each member's p.grad is a view into its bucket's flat tensor, so autograd
-//      accumulates straight into the bucket. On a member's last pass the hook checks that p.grad
-//      is still the view; a fresh gradient (zero_grad(set_to_none=True), `p.grad = t`) is copied
-//      in once and p.grad made the view again. When every member is ready the bucket goes out as
-//      one in-place allreduce of the flat tensor (alone it runs in place, no fusion copy). A
-//      member that cannot join (sparse gradient, another dtype/device/shape, frozen or removed
-//      at synchronize) breaks the bucket for this step: every member goes out alone as above,
-//      and the reason is kept for BucketReport.
+//      accumulates straight into the bucket. When every member is ready the bucket goes out as
+//      one in-place allreduce: on the host its members' gradients as the spans of one op, under
+//      their names, wherever they are - a gradient in a tensor of its own
+//      (zero_grad(set_to_none=True), `p.grad = t`) is reduced there, and a bucket whose members
+//      all came so releases its flat tensor; on a device the flat tensor, into which such a
+//      gradient is copied once (p.grad made the view again). A member that cannot join (sparse
+//      gradient, another dtype/device/shape, frozen or removed at synchronize) breaks the
+//      bucket for this step: every member goes out alone as above, and the reason is kept for
+//      BucketReport.
 //
 // Lifetime: hooks hold the reducer weakly, and neither Detach nor the destructor touches a
 // node's hook list (only the subscriber list of our hook), so the reducer may be destroyed
@@ -106,8 +108,8 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
   bool fired() const;  // a hook counted a pass since the last reset
 
   // Lays parameters out in buckets: `members[b]` (reducer indices: same dtype and device,
-  // dense and contiguous parameters) share one flat tensor, reduced as `negotiated[b]`
-  // (`labels[b]`: how errors name the bucket). A member's existing gradient is copied into its
+  // dense and contiguous parameters) share one flat tensor, reduced as `negotiated[b]` on a
+  // device (under the members' names on the host; `labels[b]`: how errors name the bucket). A member's existing gradient is copied into its
   // view; every member's p.grad becomes the view. Replaces any earlier layout. GIL held.
   void SetBuckets(const std::vector<std::vector<int>>& members,
                   const std::vector<std::string>& negotiated,
@@ -121,7 +123,9 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
     std::string name;          // negotiated name
     int64_t bytes = 0;
     std::vector<int> members;  // reducer indices, in layout order
-    int copies = 0;            // gradients copied into the bucket during the last step
+    bool views = true;         // its gradients live in its flat tensor (false once released)
+    int copies = 0;            // gradients copied during the last step
+    int own = 0;               // members reduced in tensors of their own during the last step
     int fallback_steps = 0;    // steps in which the bucket went out member by member
     std::string fallback;      // why, the last time ("" when it never fell back)
   };
@@ -153,10 +157,11 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
   void RehookLocked();  // parameters whose AccumulateGrad node torch replaced
   void SubscribeLocked(Param& p, int index);
   void UnsubscribeLocked(Param& p);
-  // Buckets (under mu_). Adopt: p.grad is the view, or becomes it by one copy; false (and
-  // `*reason`) when it cannot. Ready: counts member `index` ready, launching the bucket when
+  // Buckets (under mu_). Adopt: p.grad is the view, or is reduced where it is (host), or
+  // becomes the view by one copy; false (and `*reason`) when it cannot. Ready: counts member `index` ready, launching the bucket when
   // full. Break: this step the bucket's members go out one by one.
   bool AdoptLocked(Param& p, Bucket& b, std::string* reason);
+  void MoveIntoViewsLocked(Bucket& b);  // members in tensors of their own: copied into views
   void ReadyLocked(int index, std::exception_ptr* error);
   void BreakLocked(Bucket& b, const std::string& reason, std::exception_ptr* error);
   void LaunchBucketLocked(Bucket& b, std::exception_ptr* error);

@@ -29,12 +29,17 @@ struct GradReducer::Param {
   bool deferred = false;   // this step's gradient is Python's to launch
   bool sparse_seen = false;  // had a sparse gradient: Python's from then on
   int bucket = -1;           // its bucket (-1: none)
-  at::Tensor view;           // its slice of the bucket, shaped as the parameter
+  at::Tensor view;           // its slice of the bucket, shaped as the parameter (undefined
+                             // once the bucket released its flat tensor)
   bool bucket_ready = false;  // counted ready in its bucket this step
+  bool own = false;           // this step reduced in a tensor of its own, not in its view
 };
 
 struct GradReducer::Bucket {
-  at::Tensor flat;
+  at::Tensor flat;  // undefined once released (every member arrived in a tensor of its own)
+  c10::Device device = c10::kCPU;  // where its members live
+  at::ScalarType dtype = at::kFloat;
+  int64_t bytes = 0;
   std::vector<int> members;
   std::string negotiated;
   std::string label;    // the bucket and its parameters, for errors
@@ -43,6 +48,8 @@ struct GradReducer::Bucket {
   bool broken = false;  // this step its members go out one by one
   int copies = 0;       // gradients copied in this step
   int last_copies = 0;  // ... in the last step
+  int own = 0;          // members reduced in tensors of their own this step
+  int last_own = 0;     // ... in the last step
   int fallback_steps = 0;
   std::string fallback;
   // Device buckets: the streams its members became ready on this step (their hooks' current

@@ -3,7 +3,9 @@ memory their allreduce runs on.
 
 The C++ reducer (``_C.GradReducer``, csrc/torch/grad_buckets.cc) holds each bucket's flat tensor,
 makes every member's ``p.grad`` a view into it and allreduces the bucket in place once every
-member is ready. This module decides the layout:
+member is ready (on the host, gradients that autograd put in tensors of their own are reduced
+there instead, and a bucket whose gradients all come so gives its flat tensor up). This module
+decides the layout:
 
 1. Observe. The first step after construction (or after the set of parameters changed) runs the
    per-gradient path; the reducer records the order in which gradients became ready.
@@ -194,7 +196,8 @@ class BucketLayout:
             for b in opt._hvd_reducer.bucket_report():
                 members = [opt._hvd_native[i] for i in b["members"]]
                 b["members"] = [names[p] for p in members]
-                # The flat tensor is allocated like its first member (SetBuckets).
+                # The flat tensor is allocated like its first member (SetBuckets), and every
+                # member is on that device.
                 b["device"] = str(members[0].device) if members else ""
                 buckets.append(b)
         bucketed = {id(p) for ps in self.members for p in ps}

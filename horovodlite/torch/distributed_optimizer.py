@@ -277,9 +277,10 @@ class _DistributedOptimizer(_GradLaunch):
         """The gradient buckets (docs/bucket_views.md): ``enabled``, ``state`` ("off",
         "observing": the next step records the ready order, "built"), ``reason`` (why off, or
         what is left outside), ``buckets`` (per bucket: negotiated ``name``, ``bytes``,
-        ``device`` its memory is on, ``members`` by name, gradient ``copies`` made last step,
-        ``fallback_steps`` and the last ``fallback`` reason) and ``outside`` (parameters reduced
-        one by one)."""
+        ``device`` its memory is on, ``members`` by name, ``views`` (whether its gradients live
+        in its flat tensor), gradient ``copies`` made last step, ``own``: members reduced in
+        tensors of their own last step, ``fallback_steps`` and the last ``fallback`` reason)
+        and ``outside`` (parameters reduced one by one)."""
         return self._hvd_buckets.report(self)
 
     @contextlib.contextmanager

@@ -102,23 +102,32 @@ def bucketed(report) -> set:
 @pytest.mark.parametrize("opt_cls, kwargs", OPTIMIZERS)
 def test_same_results_and_copies(opt_cls, kwargs):
     runs = pair(opt_cls, **kwargs)
-    copies = []
+    steps = []
 
     def record(step, model, opt):
         if opt is runs[0][1]:
-            copies.append(sum(b["copies"] for b in opt.bucket_report()["buckets"]))
+            steps.append([(b["copies"], b["own"], b["views"], tuple(b["members"]))
+                          for b in opt.bucket_report()["buckets"]])
 
     # set_to_none=True (torch's default) for 3 steps, then False for 3.
     train(runs, 6, set_to_none=lambda s: s < 3, after_step=record)
     report = assert_same(runs)
-    # `extra` is unused here: its slice is zeroed in place, no copy.
-    n = sum(1 for name, _ in runs[0][0].named_parameters() if not name.startswith("extra"))
     assert bucketed(report) == {name for name, _ in runs[0][0].named_parameters()}
     assert len(report["buckets"]) > 1
     assert all(b["bytes"] <= THRESHOLD or len(b["members"]) == 1 for b in report["buckets"])
-    # Step 0 observes; with set_to_none=True each gradient is copied in once, and never with
-    # set_to_none=False (autograd accumulates into the views).
-    assert copies[1:3] == [n, n] and copies[3:] == [0, 0, 0], copies
+    # No gradient is ever copied. Step 0 observes. Step 1 (set_to_none=True): autograd puts each
+    # gradient in a tensor of its own, reduced where it is; a bucket whose members all came so
+    # gives up its flat tensor. `extra` is unused here: where its bucket's other members came in
+    # their own tensors it goes out as zeros of its own, else its slices are zeroed in place.
+    assert [c for step in steps[1:] for c, _, _, _ in step] == [0] * sum(map(len, steps[1:]))
+    for _, own, views, members in steps[1]:
+        if all(m.startswith("extra") for m in members):
+            assert (own, views) == (0, True), steps[1]
+        else:
+            assert (own, views) == (len(members), False), steps[1]
+    # From then on those gradients stay the user's tensors (set_to_none=False zeroes them in
+    # place): still no copies, and no second home.
+    assert steps[5] == steps[1], steps
     for name, p in runs[0][0].named_parameters():
         view = [b for b in report["buckets"] if name in b["members"]]
         assert len(view) == 1 and p.grad is not None
@@ -132,9 +141,19 @@ def test_accumulation_clipping_and_replaced_grads():
         if step == 3:  # the user's own tensor: accumulated into, then copied into the bucket
             model.fc1.weight.grad = torch.zeros_like(model.fc1.weight)
 
-    train(runs, 5, set_to_none=False, passes=2, clip=True, before_backward=replace)
+    copies = []
+
+    def record(step, model, opt):
+        if opt is runs[0][1]:
+            copies.append(sum(b["copies"] for b in opt.bucket_report()["buckets"]))
+
+    train(runs, 5, set_to_none=False, passes=2, clip=True, before_backward=replace,
+          after_step=record)
     report = assert_same(runs)
     assert len(bucketed(report)) == 7
+    # The replaced gradient shares its bucket with gradients in their views: copied in once.
+    assert copies[1:] == [0, 0, 1, 0], copies
+    assert all(b["views"] for b in report["buckets"]), report
 
 
 def test_unused_sparse_frozen_and_added():
@@ -313,8 +332,9 @@ def test_torch_compile_trains_as_eager(opt_cls, kwargs):
     report = opt.bucket_report()
     assert report["state"] == "built" and report["outside"] == [], report
     assert bucketed(report) == set(eager) and len(report["buckets"]) > 1, report
-    # Step 0 observes; step 1 (set_to_none=True) copies each gradient in once; then none.
-    assert copies == [0, len(eager), 0, 0, 0], copies
+    # Step 0 observes; steps 1-4 copy nothing: with set_to_none=True the gradients are reduced
+    # in their own tensors, and set_to_none=False zeroes those in place.
+    assert copies == [0, 0, 0, 0, 0], copies
     assert all(b["fallback_steps"] == 0 for b in report["buckets"]), report
     assert runs["compiled-off"][1].bucket_report()["state"] == "off"
     layouts = hvd.allgather_object([b["members"] for b in report["buckets"]],

@@ -241,3 +241,34 @@ def test_ranks_are_pinned_one_per_cpu_only_when_asked():
         pinned = {cpus[hvd.local_rank() % len(cpus)]}
         assert os.sched_getaffinity(0) == pinned and _cpus_of_thread("hvdl-bg") == pinned
     assert os.sched_getaffinity(0) == every and _cpus_of_thread("hvdl-bg") == every
+
+
+@pytest.mark.parametrize("algo", ["mpi", "ring"])
+def test_tensors_side_by_side_are_reduced_where_they_are(algo):
+    """A group whose tensors lie side by side in one allocation (a gradient bucket's views) is
+    reduced in that memory, without the fusion buffer, whatever the algorithm; ranks whose
+    tensors lie apart pack theirs (even ranks here), and every rank gets the same result."""
+    n, r = hvd.size(), hvd.rank()
+    sizes = (1000, 3, 4096, 17)
+    scale = 0.5
+    with runtime(HOROVOD_ALLREDUCE_ALGO=algo):
+        for round_ in range(3):
+            seeds = [8000 + 10 * round_ + k for k in range(len(sizes))]
+            ranks = [[rank_data(seed, k, (size,), torch.float32)
+                      for seed, size in zip(seeds, sizes)] for k in range(n)]
+            if r % 2 == 1:  # one allocation, views side by side
+                flat = torch.cat(ranks[r])
+                tensors = list(flat.split(sizes))
+            else:
+                flat, tensors = None, [t.clone() for t in ranks[r]]
+            hvd.grouped_allreduce_(tensors, op=hvd.Sum, prescale_factor=scale,
+                                   name=f"side_by_side.{algo}.{round_}")
+            for k, t in enumerate(tensors):
+                want = reference_allreduce([ranks[j][k] for j in range(n)], "Sum",
+                                           torch.float32, prescale=scale)
+                assert_close(t, want, torch.float32, f"rank {r} tensor {k}")
+            if flat is not None:
+                assert flat.data_ptr() == tensors[0].data_ptr()
+        fusion = _stats()["fusion_buffer_bytes"]
+        if r % 2 == 1 or n == 1:
+            assert fusion == 0, f"rank {r}: tensors side by side went through the fusion buffer"
