@@ -44,17 +44,32 @@ std::vector<std::vector<Piece>> ChunkPieces(const std::vector<int64_t>& counts, 
   return chunks;
 }
 
-// The first tensor's memory when every item is reduced in place and each tensor starts where
-// the one before it ends (one region, in the batch's order); null otherwise.
+// Where an item's result goes, in order: its output, or the runs of a tensor in pieces
+// (TensorEntry::pieces, reduced in place).
+std::vector<Span> Runs(const BatchItem& it, int64_t count) {
+  if (!it.entry.pieces.empty()) return it.entry.pieces;
+  return {Span{it.entry.output.data, count}};
+}
+
+bool HasPieces(const BatchItems& items) {
+  for (const BatchItem& it : items) {
+    if (it.has_entry && !it.entry.pieces.empty()) return true;
+  }
+  return false;
+}
+
+// The first tensor's memory when every item is reduced in place and each run starts where the
+// one before it ends (one region, in the batch's order); null otherwise.
 void* Adjacent(const BatchItems& items, const std::vector<int64_t>& counts, size_t esize) {
   const char* next = nullptr;
   for (size_t i = 0; i < items.size(); ++i) {
     if (!items[i].has_entry) return nullptr;
     const TensorEntry& e = items[i].entry;
-    if (e.input.data != e.output.data || (next != nullptr && e.output.data != next)) {
-      return nullptr;
+    if (e.input.data != e.output.data) return nullptr;
+    for (const Span& run : Runs(items[i], counts[i])) {
+      if (next != nullptr && run.data != next) return nullptr;
+      next = static_cast<const char*>(run.data) + run.count * static_cast<int64_t>(esize);
     }
-    next = static_cast<const char*>(e.output.data) + counts[i] * static_cast<int64_t>(esize);
   }
   return items.empty() ? nullptr : items.front().entry.output.data;
 }
@@ -142,7 +157,8 @@ Status BatchOps::Allreduce(BatchItems& items, BatchMemory* m, const Phase& phase
   a.plan = &plan;
   HVDL_RETURN_IF_ERROR(m->WaitReady(items));
 
-  if (items.size() == 1 && items.front().has_entry) {  // alone: in place on the output
+  if (items.size() == 1 && items.front().has_entry &&
+      items.front().entry.pieces.empty()) {  // alone: in place on the output
     TensorEntry& e = items.front().entry;
     if (e.output.data != e.input.data || plan.prescale != 1.0) {
       HVDL_RETURN_IF_ERROR(m->CopyOne(e.output.data, e.input.data, a.count, r.dtype,
@@ -153,17 +169,28 @@ Status BatchOps::Allreduce(BatchItems& items, BatchMemory* m, const Phase& phase
     phase(plan.activity);
     return plan.backend->Allreduce(a);
   }
-  if (plan.spans) return FusedRing(items, m, plan, &a, counts, n, phase);
+  // A tensor in pieces takes the ring as the spans of its runs (the ring chunks it as one
+  // tensor); MPI_Allreduce needs it packed like a fused batch.
+  if (plan.spans ||
+      (plan.algorithm != AllreducePlan::Algorithm::kNative && HasPieces(items))) {
+    return FusedRing(items, m, plan, &a, counts, n, phase);
+  }
   if (n == 1 && m->host()) {  // nothing to exchange: scale each tensor where it is
     phase("SCALE_INPUTS");
     for (size_t i = 0; i < items.size(); ++i) {
       if (!items[i].has_entry) continue;
       TensorEntry& e = items[i].entry;
-      HVDL_RETURN_IF_ERROR(m->CopyOne(e.output.data, e.input.data, counts[i], r.dtype,
-                                      plan.prescale));
-      if (plan.postscale != 1.0) {
-        HVDL_RETURN_IF_ERROR(m->CopyOne(e.output.data, e.output.data, counts[i], r.dtype,
-                                        plan.postscale));
+      if (e.pieces.empty()) {
+        HVDL_RETURN_IF_ERROR(m->CopyOne(e.output.data, e.input.data, counts[i], r.dtype,
+                                        plan.prescale));
+      }
+      for (const Span& run : Runs(items[i], counts[i])) {
+        if (!e.pieces.empty() && plan.prescale != 1.0) {
+          HVDL_RETURN_IF_ERROR(m->CopyOne(run.data, run.data, run.count, r.dtype, plan.prescale));
+        }
+        if (plan.postscale != 1.0) {
+          HVDL_RETURN_IF_ERROR(m->CopyOne(run.data, run.data, run.count, r.dtype, plan.postscale));
+        }
       }
     }
     return Status::Ok();
@@ -190,7 +217,14 @@ Status BatchOps::Allreduce(BatchItems& items, BatchMemory* m, const Phase& phase
   unpack.reserve(items.size());
   int64_t offset = 0;
   for (size_t i = 0; i < items.size(); ++i) {
-    if (items[i].has_entry) {
+    if (items[i].has_entry && !items[i].entry.pieces.empty()) {
+      int64_t at = offset;
+      for (const Span& run : items[i].entry.pieces) {
+        pack.push_back({At(buf, at, esize), run.data, run.count});
+        unpack.push_back({run.data, At(buf, at, esize), run.count});
+        at += run.count;
+      }
+    } else if (items[i].has_entry) {
       TensorEntry& e = items[i].entry;
       pack.push_back({At(buf, offset, esize), e.input.data, counts[i]});
       unpack.push_back({e.output.data, At(buf, offset, esize), counts[i]});
@@ -209,7 +243,9 @@ Status BatchOps::Allreduce(BatchItems& items, BatchMemory* m, const Phase& phase
 }
 
 // The ring reduces the tensors where they are: each ring chunk is a list of spans inside the
-// outputs, laid out chunk-major. Only prescaling (and out-of-place inputs) need a pass first.
+// outputs (a tensor in pieces: inside its runs), laid out chunk-major - with two members, over
+// the concatenation, so that tensors side by side make one span per chunk. Only prescaling (and
+// out-of-place inputs) need a pass first.
 Status BatchOps::FusedRing(BatchItems& items, BatchMemory* m, const AllreducePlan& plan,
                            AllreduceArgs* a, const std::vector<int64_t>& counts, int n,
                            const Phase& phase) {
@@ -224,7 +260,9 @@ Status BatchOps::FusedRing(BatchItems& items, BatchMemory* m, const AllreducePla
     HVDL_RETURN_IF_ERROR(m->Buffer(static_cast<size_t>(zeros) * esize, &zero_buf));
     HVDL_RETURN_IF_ERROR(m->Zero(zero_buf, static_cast<size_t>(zeros) * esize));
   }
-  std::vector<char*> base(items.size());
+  // Each item's runs of memory, and where each run starts in the item.
+  std::vector<std::vector<Span>> runs(items.size());
+  std::vector<std::vector<int64_t>> starts(items.size());
   int64_t zero_offset = 0;
   bool copies = plan.prescale != 1.0;
   for (const BatchItem& it : items) {
@@ -234,29 +272,52 @@ Status BatchOps::FusedRing(BatchItems& items, BatchMemory* m, const AllreducePla
   for (size_t i = 0; i < items.size(); ++i) {
     if (items[i].has_entry) {
       TensorEntry& e = items[i].entry;
-      if (copies) {
+      runs[i] = Runs(items[i], counts[i]);
+      if (copies && e.pieces.empty()) {
         HVDL_RETURN_IF_ERROR(m->CopyOne(e.output.data, e.input.data, counts[i], r.dtype,
                                         plan.prescale));
+      } else if (copies && plan.prescale != 1.0) {  // pieces are reduced in place
+        for (const Span& run : runs[i]) {
+          HVDL_RETURN_IF_ERROR(m->CopyOne(run.data, run.data, run.count, r.dtype,
+                                          plan.prescale));
+        }
       }
-      base[i] = static_cast<char*>(e.output.data);
     } else {
-      base[i] = At(zero_buf, zero_offset, esize);
+      runs[i] = {Span{At(zero_buf, zero_offset, esize), counts[i]}};
       zero_offset += counts[i];
+    }
+    int64_t at = 0;
+    for (const Span& run : runs[i]) {
+      starts[i].push_back(at);
+      at += run.count;
     }
   }
   // The chunk count the plan's algorithm splits the data into: the set's members (hierarchical:
-  // local x cross, the same number on process set 0).
+  // local x cross, the same number on process set 0). A piece of an item may cross its runs.
   for (const auto& pieces : n == 2 ? ConcatenatedPieces(counts, n) : ChunkPieces(counts, n)) {
     std::vector<Span>& chunk = a->chunks.emplace_back();
     chunk.reserve(pieces.size());
     for (const Piece& p : pieces) {
-      char* data = base[p.item] + p.offset * static_cast<int64_t>(esize);
-      if (!chunk.empty() &&
-          static_cast<char*>(chunk.back().data) + chunk.back().count * static_cast<int64_t>(esize) ==
-              data) {
-        chunk.back().count += p.count;  // the next tensor starts where this one ends
-      } else {
-        chunk.push_back(Span{data, p.count});
+      const std::vector<int64_t>& st = starts[p.item];
+      size_t k = static_cast<size_t>(std::upper_bound(st.begin(), st.end(), p.offset) -
+                                     st.begin()) - 1;
+      int64_t offset = p.offset - st[k];
+      int64_t left = p.count;
+      while (left > 0) {
+        const Span& run = runs[p.item][k];
+        const int64_t take = std::min(left, run.count - offset);
+        char* data = static_cast<char*>(run.data) + offset * static_cast<int64_t>(esize);
+        if (take == 0) {  // an empty run
+        } else if (!chunk.empty() && static_cast<char*>(chunk.back().data) +
+                                      chunk.back().count * static_cast<int64_t>(esize) ==
+                                  data) {
+          chunk.back().count += take;  // this run starts where the last one ends
+        } else {
+          chunk.push_back(Span{data, take});
+        }
+        left -= take;
+        ++k;
+        offset = 0;
       }
     }
   }

@@ -33,6 +33,10 @@ struct TensorEntry {
   OpType op = OpType::kAllreduce;
   TensorRef input;
   TensorRef output;  // allgather/alltoall/reducescatter: filled by `allocate` once sizes are known
+  // Host allreduce in place of one tensor that lives in several runs of memory (a gradient
+  // bucket whose gradients are tensors of their own): its elements, in order, are these runs
+  // (input and output are the first). Negotiated as one tensor of the runs' total count.
+  std::vector<Span> pieces;
   int process_set = 0;
   // Allocates the output for `shape` (background thread). Set for ops whose output size is known
   // only after negotiation.

@@ -42,6 +42,9 @@ struct OpSpec {
   std::vector<Shape> shapes;
   std::vector<std::string> inputs;
   std::vector<std::vector<int64_t>> splits;
+  // Per rank (allreduce in place, host): element counts of the runs its tensor lives in
+  // (TensorEntry::pieces), laid out apart and in reverse order; empty: one tensor.
+  std::vector<std::vector<int64_t>> pieces;
   int device = 0;  // kCpuDevice for the host path (mode "transports")
 };
 
@@ -51,6 +54,9 @@ struct OpResult {
   bool has_output = false;    // false: in place, the result is in `input`
   std::string error;
   std::vector<int64_t> extra;
+  std::string scattered;  // the runs of a tensor in pieces; gathered into `input` when done
+  std::vector<Span> runs;
+  size_t esize = 0;
   bool done = false, device_done = false;
   std::shared_ptr<HostEvent> ready;
 };
@@ -68,6 +74,7 @@ OpSpec ToSpec(const py::dict& d) {
   s.shapes = d["shapes"].cast<std::vector<Shape>>();
   for (const auto& b : d["inputs"].cast<py::list>()) s.inputs.push_back(b.cast<std::string>());
   if (d.contains("splits")) s.splits = d["splits"].cast<std::vector<std::vector<int64_t>>>();
+  if (d.contains("pieces")) s.pieces = d["pieces"].cast<std::vector<std::vector<int64_t>>>();
   return s;
 }
 
@@ -112,7 +119,35 @@ TensorEntry ToEntry(const OpSpec& s, int rank, OpResult* res) {
       res->device_done = ev != nullptr;
     };
   }
+  if (static_cast<size_t>(rank) < s.pieces.size() && !s.pieces[static_cast<size_t>(rank)].empty()) {
+    // The runs apart (a gap of one element's worth of 0xAB after each) and in reverse order,
+    // so that no run starts where the one before it ends.
+    const std::vector<int64_t>& counts = s.pieces[static_cast<size_t>(rank)];
+    const size_t esize = DataTypeSize(s.dtype);
+    res->esize = esize;
+    size_t bytes = 0;
+    for (int64_t c : counts) bytes += static_cast<size_t>(c) * esize + esize;
+    res->scattered.assign(bytes, '\xab');
+    size_t at = bytes, from = 0;
+    for (int64_t c : counts) {
+      const size_t len = static_cast<size_t>(c) * esize;
+      at -= len + esize;
+      std::copy_n(res->input.data() + from, len, res->scattered.data() + at);
+      res->runs.push_back(Span{res->scattered.data() + at, c});
+      from += len;
+    }
+    e.pieces = res->runs;
+    e.input.data = res->runs.front().data;
+    e.output = e.input;
+    res->has_output = false;
+  }
   e.done = [res](const Status& st, const std::vector<int64_t>& extra) {
+    size_t at = 0;
+    for (const Span& run : res->runs) {  // a tensor in pieces: its result, in order
+      const size_t len = static_cast<size_t>(run.count) * res->esize;
+      std::copy_n(static_cast<const char*>(run.data), len, res->input.data() + at);
+      at += len;
+    }
     res->done = true;
     res->error = st.message();
     res->extra = extra;

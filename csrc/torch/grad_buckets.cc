@@ -8,11 +8,12 @@
 // names and shapes.
 //
 // Per step: a member's hook (its last pass) adopts the gradient and counts it; the last member
-// launches the bucket. Host memory: the bucket goes out as its members' spans (under their own
-// names), so a gradient in a tensor of its own (zero_grad(set_to_none=True), torch's default,
-// makes autograd allocate one) is reduced where it is, without a copy; a bucket is reduced either
-// in its views or wholly outside them, and one whose members all came outside gives its flat
-// tensor up at the end of the step. Device memory: the bucket goes out as its flat tensor, and a
+// launches the bucket. Host memory: a gradient in a tensor of its own (zero_grad(set_to_none=
+// True), torch's default, makes autograd allocate one) is reduced where it is, without a copy -
+// the bucket goes out as one tensor in pieces (two ranks or fewer, under the bucket's name, as
+// the flat tensor would) or as its members' spans (three or more, under their names, as always
+// there); a bucket is reduced either in its views or wholly outside them, and one whose members
+// all came outside gives its flat tensor up at the end of the step. Device memory: the bucket goes out as its flat tensor, and a
 // gradient outside it is copied in once (a device copy) and p.grad becomes the view. A member
 // that cannot be adopted breaks the bucket for the step: its members go out one by one on the
 // per-gradient path, so the step still reduces every gradient.
@@ -305,23 +306,32 @@ void GradReducer::LaunchBucketLocked(Bucket& b, std::exception_ptr* error) {
   try {
     Context& ctx = hooks_.context();
     CheckMembership(ctx, spec_.process_set, OpType::kAllreduce, b.label);
+    const size_t ranks = ctx.process_sets().Members(spec_.process_set).value_or(
+        std::vector<int>{}).size();
     // Device buckets: the ready event Submit records on this stream must follow every member.
     if (!b.streams.empty()) WaitForStreams(b.device, &b.streams);
-    if (!b.device.is_cpu()) {
-      // Device memory: the flat tensor, in place (NCCL, or host staging), under the bucket's
-      // name: a batch of several device tensors would be packed into the fusion buffer (device
-      // plans have no spans). With one or two ranks a + b == b + a, so the result is
-      // bit-identical to the per-gradient path's; from three on it may differ in the last bits,
-      // as the per-gradient path's does with what the core happened to fuse.
+    if (!b.device.is_cpu() || (ranks <= 2 && b.own == 0 && b.flat.defined())) {
+      // The flat tensor, in place, under the bucket's name. Device memory at every rank count: a
+      // batch of several device tensors would be packed into the fusion buffer (device plans
+      // have no spans); from three ranks on the result may differ from the per-gradient path's
+      // in the last bits, as that path's does with what the core happened to fuse. With one or
+      // two ranks a + b == b + a: bit-identical whatever the layout.
       b.handle = SubmitAllreduceInplace(ctx, spec_, b.flat, b.negotiated, site_);
+    } else if (ranks <= 2) {
+      // Host, gradients in tensors of their own (every member: AdoptLocked keeps a bucket wholly
+      // in its views or wholly outside): the same op under the same name - a rank whose
+      // gradients are in the views sends the flat tensor - reduced where the tensors are.
+      std::vector<at::Tensor> grads;
+      grads.reserve(b.members.size());
+      for (int i : b.members) grads.push_back(params_[static_cast<size_t>(i)].tensor.grad());
+      b.handle = SubmitAllreducePieces(ctx, spec_, grads, b.negotiated, site_);
     } else {
-      // Host memory: the members' gradients as the spans of one op, in place wherever they are
-      // (the views, or tensors of their own), under their own names. The host ring takes spans
-      // without packing them, and reduces each tensor in chunks of its own, so the order ranks
-      // are added in - hence the result - is the per-gradient path's at every rank count
-      // (comm/allreduce_planner.h). Every rank negotiates the same names and shapes whether its
-      // gradients are in the views or not; a native allreduce of views that lie side by side
-      // runs on the bucket's memory without packing (core/batch_ops.cc).
+      // Host, three ranks or more: the ring reduces each tensor in chunks of its own, so where an
+      // element sits in its tensor decides the order ranks are added in (comm/allreduce_planner.h:
+      // results never depend on fusion). The members go out as the spans of one op, in place
+      // wherever they are (the views, or tensors of their own; the ring takes spans without
+      // packing them), under their own names: the per-gradient path's rounding and
+      // negotiation.
       std::vector<at::Tensor> grads;
       std::vector<std::string> names;
       grads.reserve(b.members.size());

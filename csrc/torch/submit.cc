@@ -164,6 +164,47 @@ int SubmitAllreduceInplace(Context& ctx, const OpSpec& spec, const at::Tensor& t
   return handle;
 }
 
+int SubmitAllreducePieces(Context& ctx, const OpSpec& spec, const std::vector<at::Tensor>& parts,
+                          std::string name, std::string site) {
+  auto payload = std::make_shared<TorchPayload>();
+  payload->inputs = parts;  // alive until the op completes
+  DataType dtype;
+  ThrowIfError(ToDataType(parts.front(), &dtype));
+  TensorEntry e;
+  e.name = name;
+  e.op = OpType::kAllreduce;
+  e.process_set = spec.process_set;
+  int64_t total = 0;
+  for (const at::Tensor& t : parts) {
+    if (t.numel() == 0) continue;
+    e.pieces.push_back(Span{t.data_ptr(), t.numel()});
+    total += t.numel();
+  }
+  e.input = ToRef(parts.front(), dtype);
+  e.input.data = e.pieces.empty() ? nullptr : e.pieces.front().data;
+  e.input.shape = Shape{total};
+  e.output = e.input;
+  e.keepalive = payload;
+  Request q;
+  q.op = OpType::kAllreduce;
+  q.name = std::move(name);
+  q.dtype = dtype;
+  q.shape = e.input.shape;
+  q.reduce_op = spec.reduce_op;
+  q.prescale = spec.prescale;
+  q.postscale = spec.postscale;
+  q.device = e.input.device;
+  q.process_set = spec.process_set;
+  q.site = std::move(site);
+  std::vector<TensorEntry> entries;
+  std::vector<Request> requests;
+  entries.push_back(std::move(e));
+  requests.push_back(std::move(q));
+  int handle = 0;
+  ThrowIfError(ctx.Submit(std::move(entries), std::move(requests), payload, &handle));
+  return handle;
+}
+
 Status WaitForHandle(HandleTable& handles, int handle, std::shared_ptr<TorchPayload>* payload) {
   Status op_status;
   std::shared_ptr<void> state;

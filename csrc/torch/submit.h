@@ -52,6 +52,13 @@ int Submit(Context& ctx, const OpSpec& spec, const std::vector<at::Tensor>& inpu
 int SubmitAllreduceInplace(Context& ctx, const OpSpec& spec, const at::Tensor& tensor,
                            std::string name, std::string site);
 
+// Submit for one host tensor reduced in place that lives in `parts` (same dtype, contiguous,
+// in order): negotiated as `name`, one tensor of their total size, and reduced where the parts
+// are (TensorEntry::pieces). What a gradient bucket sends when its gradients are tensors of
+// their own: a rank whose gradients are the bucket's views sends the same op on the flat tensor.
+int SubmitAllreducePieces(Context& ctx, const OpSpec& spec, const std::vector<at::Tensor>& parts,
+                          std::string name, std::string site);
+
 // Blocks until `handle` completes (call it without the GIL), then makes the caller's CUDA stream
 // wait for the op's outputs. Returns the op's status, or why the handle is unknown; `*payload` is
 // the handle's payload (null when unknown).

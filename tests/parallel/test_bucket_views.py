@@ -134,6 +134,19 @@ def test_same_results_and_copies(opt_cls, kwargs):
     assert all(b["fallback_steps"] == 0 for b in report["buckets"])
 
 
+def test_ranks_that_clear_gradients_differently_agree():
+    """Odd ranks call zero_grad(set_to_none=True) (their gradients come in tensors of their own,
+    reduced where they are), even ranks set_to_none=False (gradients in the views): each bucket
+    is still one op every rank negotiates alike, and the results are the per-gradient path's."""
+    runs = pair(torch.optim.Adam, lr=0.01)
+    odd = hvd.rank() % 2 == 1
+    train(runs, 5, set_to_none=odd)
+    report = assert_same(runs)
+    used = [b for b in report["buckets"] if not all(m.startswith("extra") for m in b["members"])]
+    assert used and all(b["copies"] == 0 for b in report["buckets"]), report
+    assert all(b["views"] is not odd for b in used), report
+
+
 def test_accumulation_clipping_and_replaced_grads():
     runs = pair(torch.optim.SGD, passes=2, lr=0.05)
 

@@ -313,3 +313,39 @@ def test_planner_device_tensors():
 def test_planner_without_transports_only_native():
     assert plan(fabric={"none": True}, bytes=1 << 20, tensors=9, set_size=3)["algorithm"] == \
         "native"
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "mpi"])
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4])
+def test_a_tensor_in_pieces_is_reduced_where_its_pieces_are(algorithm, nranks):
+    """A gradient bucket whose gradients are tensors of their own goes out as one tensor in
+    pieces (TensorEntry::pieces) under the bucket's name, while a rank whose gradients are the
+    bucket's views sends the flat tensor: the same op. Odd ranks here hold each tensor in runs
+    laid apart and in reverse order, even ranks in one piece; alone and fused with other
+    tensors, every rank gets the reference result, and the bits of a run where no rank uses
+    pieces."""
+    dtype = torch.float32
+    shapes = [(70001,), (5,), (9000,)]  # t0 in pieces, fused with t1 and t2; then "alone"
+    runs_of = {0: [30000, 0, 17, 39984], 2: [4000, 5000]}
+
+    def ops(pieces: bool):
+        out = []
+        for i, s in enumerate(shapes):
+            op = dict(op=ALLREDUCE, name=f"p{i}", dtype=DTYPE_CODE[dtype], reduce_op=AVERAGE,
+                      prescale=0.5, postscale=3.0, in_place=True, shapes=[s] * nranks,
+                      inputs=[to_bytes(data(i, r, s, dtype)) for r in range(nranks)])
+            if pieces and i in runs_of:
+                op["pieces"] = [runs_of[i] if r % 2 else [] for r in range(nranks)]
+            out.append(op)
+        return out
+
+    for threshold in (64 << 20, 1):  # fused, then each tensor alone
+        plain = run(nranks, ops(False), "one-host", threshold=threshold, algorithm=algorithm)
+        got = run(nranks, ops(True), "one-host", threshold=threshold, algorithm=algorithm)
+        for r in range(nranks):
+            for i, s in enumerate(shapes):
+                want = reduce_ref([data(i, q, s, dtype) for q in range(nranks)], AVERAGE, dtype,
+                                  0.5, 3.0)
+                close(from_bytes(got[r][0][i]["output"], dtype, s), want, dtype,
+                      f"rank {r} p{i} threshold {threshold}")
+                assert got[r][0][i]["output"] == plain[r][0][i]["output"], (r, i, threshold)
