@@ -27,6 +27,7 @@
 // event recorded on each other stream) for every stream a member became ready on. With one
 // stream, the usual case, that is nothing: stream order already puts every member's
 // accumulation (and any copy into the view, made on the same stream) before the event.
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/Event.h>
@@ -44,10 +45,17 @@
 namespace hvdl {
 namespace {
 
-// What p.grad is set to: a tensor of its own aliasing the view. The view itself is never handed
-// out, so `p.grad.data = ...` (what module.double() does) or p.grad.set_() cannot turn the view
-// into something outside the bucket: the next hook then sees a gradient that is not the view.
-at::Tensor GradAlias(const at::Tensor& view) { return view.view(view.sizes()); }
+// What p.grad is set to: a tensor of its own on the view's memory (the bucket's storage at the
+// view's offset), not an autograd view of it. The view itself is never handed out, so
+// `p.grad.data = ...` (what module.double() does) or p.grad.set_() cannot turn the view into
+// something outside the bucket: the next hook then sees a gradient that is not the view. And
+// since it is no autograd view, p.grad.detach_() works as on any gradient (torch refuses to
+// detach views in place, which is why DDP's bucket views break code that calls it).
+at::Tensor GradAlias(const at::Tensor& view) {
+  at::Tensor alias = at::empty({0}, view.options());
+  alias.set_(view.storage(), view.storage_offset(), view.sizes(), view.strides());
+  return alias;
+}
 
 // The current stream of `device` on this thread (a hook's: the stream autograd ran its node on).
 c10::Stream CurrentStream(const c10::Device& device) {

@@ -8,6 +8,25 @@
 namespace hvdl {
 namespace {
 
+// The request every rank sends for an op's tensor `name` (negotiated by name, shape and dtype).
+Request MakeRequest(const OpSpec& spec, std::string name, DataType dtype, const TensorRef& input,
+                    std::string site) {
+  Request q;
+  q.op = spec.op;
+  q.name = std::move(name);
+  q.dtype = dtype;
+  q.shape = input.shape;
+  q.reduce_op = spec.reduce_op;
+  q.prescale = spec.prescale;
+  q.postscale = spec.postscale;
+  q.root = spec.root;
+  q.device = input.device;
+  q.process_set = spec.process_set;
+  q.splits = spec.splits;
+  q.site = std::move(site);
+  return q;
+}
+
 // Adds tensor `i` of an op: its entry (output `out`, or allocated by the background thread when
 // null) and its request.
 void AddTensor(const OpSpec& spec, const std::shared_ptr<TorchPayload>& payload,
@@ -57,21 +76,8 @@ void AddTensor(const OpSpec& spec, const std::shared_ptr<TorchPayload>& payload,
       if (s.ok() && !extra.empty()) payload->extra = extra;
     };
   }
-  Request q;
-  q.op = spec.op;
-  q.name = std::move(name);
-  q.dtype = dtype;
-  q.shape = e.input.shape;
-  q.reduce_op = spec.reduce_op;
-  q.prescale = spec.prescale;
-  q.postscale = spec.postscale;
-  q.root = spec.root;
-  q.device = e.input.device;
-  q.process_set = spec.process_set;
-  q.splits = spec.splits;
-  q.site = std::move(site);
+  requests->push_back(MakeRequest(spec, std::move(name), dtype, e.input, std::move(site)));
   entries->push_back(std::move(e));
-  requests->push_back(std::move(q));
 }
 
 // CUDA: one ready event for the op (CheckSameDevice: all its tensors share a device).
@@ -185,21 +191,10 @@ int SubmitAllreducePieces(Context& ctx, const OpSpec& spec, const std::vector<at
   e.input.shape = Shape{total};
   e.output = e.input;
   e.keepalive = payload;
-  Request q;
-  q.op = OpType::kAllreduce;
-  q.name = std::move(name);
-  q.dtype = dtype;
-  q.shape = e.input.shape;
-  q.reduce_op = spec.reduce_op;
-  q.prescale = spec.prescale;
-  q.postscale = spec.postscale;
-  q.device = e.input.device;
-  q.process_set = spec.process_set;
-  q.site = std::move(site);
-  std::vector<TensorEntry> entries;
   std::vector<Request> requests;
+  requests.push_back(MakeRequest(spec, std::move(name), dtype, e.input, std::move(site)));
+  std::vector<TensorEntry> entries;
   entries.push_back(std::move(e));
-  requests.push_back(std::move(q));
   int handle = 0;
   ThrowIfError(ctx.Submit(std::move(entries), std::move(requests), payload, &handle));
   return handle;
