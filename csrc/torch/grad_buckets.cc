@@ -231,9 +231,9 @@ bool GradReducer::AdoptLocked(Param& p, Bucket& b, std::string* reason) {
     return true;
   }
   // A tensor of its own (zero_grad(set_to_none=True) made autograd allocate one, or `p.grad =
-  // t`). Host memory: the bucket goes out as its members' spans wherever they are, so a
-  // contiguous one is reduced where it is - no copy - unless a member arrived in its view
-  // already this step. A bucket whose members all arrive so gives its flat tensor up at the end
+  // t`). Host memory: the bucket goes out from wherever its gradients are (one tensor in pieces,
+  // or its members' spans; LaunchBucketLocked), so a contiguous one is reduced where it is - no
+  // copy - unless a member arrived in its view already this step. A bucket whose members all arrive so gives its flat tensor up at the end
   // of the step (ResetLocked).
   const bool host = b.device.is_cpu();
   if (host && (!b.flat.defined() || b.ready == b.own)) {
