@@ -22,26 +22,20 @@ Step protocol (collective; every rank calls it in the same order):
    sharded_overlap.py; a grouped reducescatter of the bucket's flat vector with
    HOROVOD_SHARDED_COLLECTIVES=reducescatter); rank r keeps the reduced range r. With
    ``shard="optimizer_state"`` the flat vector is kept and the parameters' ``.grad`` become
-   views into it. After the allreduce every rank holds the whole reduced gradient (the same bits
-   on every rank, as the unsharded optimizer's), so the flat vector keeps all of it: ``.grad``
-   is the unsharded optimizer's gradient, and ``GradScaler`` or
-   ``torch.nn.utils.clip_grad_norm_`` see it whole on every rank. After a reducescatter only
-   this rank's range is reduced: the rest of the flat vector is zeroed. With
-   ``shard="gradients"`` the gradients are freed once the range is copied out of them (bucket by
-   bucket, during backward where it can: sharded_overlap.py) and ``.grad`` is None: only the
-   reduced range stays. An explicit ``synchronize()`` keeps the range inside the span of the
-   parameters crossing it and gives those parameters ``.grad`` views of it (``_shard_expose``),
-   and over the allreduce first takes torch's L2 norm of the whole gradient (``clip_grad_norm_``
-   uses it; a few scalars, no memory of the gradient's size), unless buckets were retired during
-   backward (the step before had no explicit ``synchronize()``). Where ranks see different parts
-   (the reducescatter, ``shard="gradients"``), an explicit ``synchronize()`` also agrees across
-   ranks whether any reduced gradient is inf/nan (one scalar allreduce); if so, every rank
-   writes a NaN into its range, so ``GradScaler``'s check, which then only sees this rank's
-   part, finds it on every rank and all ranks skip the step and back off alike.
+   views into it. With ``shard="gradients"`` the gradients are freed once the range is copied
+   out of them (bucket by bucket, during backward where it can: sharded_overlap.py) and
+   ``.grad`` is None: only the reduced range stays. An explicit ``synchronize()`` leaves the
+   whole reduced gradient in ``.grad`` on every rank, the same bits everywhere, whatever the
+   mode and collectives (where some rank holds only its range - the reducescatter, a bucket
+   retired during backward - one allgather of the ranges, ``_shard_gather``): code written for
+   the unsharded optimizer between ``synchronize()`` and ``step()`` (torch's
+   ``clip_grad_norm_``, GradScaler's ``unscale_`` and inf check) sees what it sees there,
+   alike on every rank. ``step()`` then takes this rank's range out of it.
 2. ``step()``: takes back into the bucket a parameter whose ``.data`` was replaced since (in-place
    edits, e.g. a broadcast, are there already), mirrors each param group's current
    hyperparameters into its buckets' inner groups (LR schedulers edit ``param_groups``), runs
-   the inner optimizer on the shards, and gathers the updated shards into the buckets' storage,
+   the inner optimizer on the shards (with GradScaler's ``grad_scale``/``found_inf`` when a
+   fused optimizer was handed them), and gathers the updated shards into the buckets' storage,
    so into the parameters, in one grouped collective (the same choice as step 1).
 
 When the set of parameters requiring a gradient changes (freezing, ``add_param_group``), the
@@ -53,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 
 import torch
@@ -61,13 +54,13 @@ import torch
 from horovodlite._extension import load
 from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import _id_of
-from horovodlite.common.reduce_ops import Average, Max, Sum
+from horovodlite.common.reduce_ops import Average, Sum
 from horovodlite.torch import summary
 from horovodlite.torch.collectives import grouped_allgather_async, grouped_reducescatter_async
-from horovodlite.torch.mpi_ops import allreduce, grouped_allreduce_async_, synchronize
+from horovodlite.torch.mpi_ops import grouped_allreduce_async_, synchronize
 from horovodlite.torch.shard_layout import ShardLayout, check_elementwise
 from horovodlite.torch.sharded_checkpoints import ShardedCheckpoints
-from horovodlite.torch.sharded_clip import ShardedClipping, total_norm
+from horovodlite.torch.sharded_clip import ShardedClipping
 from horovodlite.torch.sharded_overlap import ShardedOverlap, overlap_limit
 from horovodlite.torch.sharded_state import (
     from_torch,
@@ -135,10 +128,6 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
         self._shard_parked = {}  # param -> full state, for parameters not in a bucket
         self._shard_signature = None
         self._shard_synced = False
-        # shard="gradients": torch's L2 norm of the whole gradient, taken by the last reduction
-        # (clip_grad_norm_ reads it only while _shard_synced, i.e. in the same step)
-        self._shard_norm = None
-        self._shard_norm_ranges = None  # this rank's ranges' sum of squares at that time
         states = from_torch(base.state_dict(self), self.param_groups) if self.state else {}
         self._shard_build(states)
 
@@ -215,9 +204,10 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
     # ----------------------------------------------------------------------- gradients
 
     def _shard_reduce(self, agree: bool) -> None:
-        """Step 1 of the protocol: reduce every bucket's flat gradient (COLLECTIVES)."""
+        """Step 1 of the protocol: reduce every bucket's flat gradient (COLLECTIVES). With
+        ``agree`` (an explicit ``synchronize()``) every rank ends with the whole reduced
+        gradient in ``.grad``, whatever the shard mode and collectives (``_shard_gather``)."""
         keep = self._shard_mode == "optimizer_state"
-        self._shard_norm = None
         if not self._shard_buckets:
             self._shard_synced = True
             return
@@ -228,63 +218,91 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
             # shard="optimizer_state": each bucket's flat gradient; shard="gradients": its
             # parameters' reduced gradients, or None for a bucket retired during backward
             # (b.grad is its range already).
+            retiring = self._overlap_early  # the same on every rank (see below)
             flats = self._overlap_finish()
-            if agree and not keep and None not in flats:
-                # shard="gradients": the whole reduced gradient exists only now. Its norm, as
-                # torch.nn.utils.clip_grad_norm_ takes it, for clip_grad_norm_ (a few scalars).
-                self._shard_norm = total_norm(self._shard_full_grads(flats), 2.0)
-            outs = []
             for bi, (b, flat) in enumerate(zip(self._shard_buckets, flats)):
                 if keep:
-                    lo, hi = b.layout.range(self._shard_rank)
-                    outs.append(flat[lo:hi])
-                elif flat is None:  # retired during backward
-                    outs.append(b.grad)
-                elif agree:  # _shard_expose copies what it keeps from the gradients
-                    outs.append(None)
+                    self._shard_keep_flat(b, flat)
+                elif flat is None:  # retired during backward: b.grad is the range
+                    pass
+                elif agree:  # the whole gradient stays in .grad; its range is taken at step()
+                    b.grad = None
+                    for p, g in zip(b.params, flat):
+                        p.grad = g.view(p.shape)
                 else:
-                    outs.append(self._shard_range_of(bi, flat))
+                    b.grad = self._shard_range_of(bi, flat)
             # shard="gradients": a step without an explicit synchronize() lets the next one
-            # retire buckets during backward; one with it keeps them whole until it (its
-            # norm and .grad views need them), as code does the same every step.
+            # retire buckets during backward; one with it keeps them whole until step(), as
+            # code does the same every step. Some rank may have retired a bucket this step
+            # only if ``retiring``: then an explicit synchronize() gathers every range.
             self._overlap_early = not keep and not agree
+            gather = agree and not keep and retiring
         else:
-            sparse = self._shard_sparse_param()
-            if sparse is not None:
-                raise self._shard_sparse_error(sparse)
             flats = [self._shard_flatten(b, keep) for b in self._shard_buckets]
             prescale, postscale = self._shard_scale
             outs = synchronize(grouped_reducescatter_async(
                 flats, name=f"{self._shard_prefix}.grads", op=self._shard_op,
                 process_set=self.process_set, prescale_factor=prescale,
                 postscale_factor=postscale))
-        for b, flat, out in zip(self._shard_buckets, flats, outs):
-            if not keep and agree:
-                self._shard_expose(b, flat if self._shard_wire == "allreduce" else None, out)
-                continue
-            if keep:
-                lo, hi = b.layout.range(self._shard_rank)
-                with torch.no_grad():
-                    if self._shard_wire != "allreduce":
+            for b, flat, out in zip(self._shard_buckets, flats, outs):
+                if keep:
+                    lo, hi = b.layout.range(self._shard_rank)
+                    with torch.no_grad():
                         # Only this rank's range was reduced: the rest is this rank's own
-                        # gradient, not the average; zeros instead.
+                        # gradient, not the average; zeros instead (or the other ranks'
+                        # ranges, _shard_gather).
                         flat[:lo].zero_()
                         flat[hi:].zero_()
-                    if out.data_ptr() != flat[lo:hi].data_ptr():
-                        flat[lo:hi].copy_(out)
-                b.flat, b.grad = flat, flat[lo:hi]
-                for p, view in zip(b.params, b.layout.split(flat, [p.shape for p in b.params])):
-                    p.grad = view
-            else:
-                b.grad = out
-        if self._shard_norm is not None:  # what it was taken of: edits since make it stale
-            self._shard_norm_ranges = self._shard_sumsq([b.grad for b in self._shard_buckets])
-        if agree and (self._shard_wire != "allreduce" or not keep):
-            # After an allreduce with shard="optimizer_state" every rank's .grad holds the same
-            # whole reduced gradient, so every rank's checks (GradScaler's) see the same inf/nan;
-            # otherwise each rank's .grad shows only its part of it.
-            self._shard_agree_nonfinite()
+                        if out.data_ptr() != flat[lo:hi].data_ptr():
+                            flat[lo:hi].copy_(out)
+                    self._shard_keep_flat(b, flat)
+                else:
+                    b.grad = out
+            gather = agree
+        if gather:
+            self._shard_gather()
         self._shard_synced = True
+
+    def _shard_keep_flat(self, b: _Bucket, flat: torch.Tensor) -> None:
+        """``flat`` is bucket ``b``'s gradient: ``.grad`` of its parameters are views of it and
+        ``b.grad`` is this rank's range."""
+        lo, hi = b.layout.range(self._shard_rank)
+        b.flat, b.grad = flat, flat[lo:hi]
+        for p, view in zip(b.params, b.layout.split(flat, [p.shape for p in b.params])):
+            p.grad = view
+
+    def _shard_gather(self) -> None:
+        """An explicit ``synchronize()`` where some rank holds only its range of the reduced
+        gradient (the reducescatter; a bucket retired during backward): every rank's range
+        into every rank's flat gradient (an allreduce-Sum of the ranges laid in zeros, which
+        is exact: an allgather), so ``.grad`` is the whole reduced gradient on every rank, the
+        same bits everywhere. Code written for the unsharded optimizer between
+        ``synchronize()`` and ``step()`` - ``torch.nn.utils.clip_grad_norm_``, GradScaler's
+        ``unscale_`` and inf check - then sees what it would see there, alike on every rank."""
+        fulls = []
+        for bi, b in enumerate(self._shard_buckets):
+            lo, hi = b.layout.range(self._shard_rank)
+            rng = b.grad if b.grad is not None else self._shard_range_from_params(bi)
+            # shard="optimizer_state": the kept flat gradient, whose range b.grad is
+            full = b.flat if self._shard_mode == "optimizer_state" else None
+            with torch.no_grad():
+                if full is None:
+                    full = torch.empty(b.layout.padded, dtype=rng.dtype, device=rng.device)
+                    full[lo:hi].copy_(rng)
+                full[:lo].zero_()
+                full[hi:].zero_()
+            fulls.append(full)
+        synchronize(grouped_allreduce_async_(fulls, name=f"{self._shard_prefix}.wholegrads",
+                                             op=Sum, process_set=self.process_set))
+        for b, full in zip(self._shard_buckets, fulls):
+            self._shard_keep_flat(b, full)
+
+    def _shard_range_from_params(self, bi: int) -> torch.Tensor:
+        """This rank's range of bucket ``bi``'s gradient, copied out of its parameters'
+        ``.grad`` as they are now (None: zeros)."""
+        b = self._shard_buckets[bi]
+        return self._shard_range_of(bi, [torch.zeros_like(p) if p.grad is None else p.grad
+                                         for p in b.params])
 
     def _shard_flatten(self, b: _Bucket, keep: bool) -> torch.Tensor:
         """The reducescatter's input: the bucket's gradients end to end (zeros for a parameter
@@ -292,55 +310,23 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
         flat = b.flat if keep and b.flat is not None else torch.empty(
             b.layout.padded, dtype=b.shard.dtype, device=b.shard.device)
         with torch.no_grad():
-            b.layout.flatten([p.grad for p in b.params], flat)
+            b.layout.flatten([_dense(p.grad) for p in b.params], flat)
         if not keep:
             for p in b.params:
                 p.grad = None
         return flat
 
-    def _shard_expose(self, b: _Bucket, grads: list | None, out) -> None:
-        """shard="gradients", explicit ``synchronize()``: keeps this rank's reduced range
-        inside a copy of the span of the parameters crossing it (``ShardLayout.extent``), and
-        gives those parameters ``.grad`` views of it: code that reads or edits ``.grad`` in
-        place between ``synchronize()`` and ``step()`` (GradScaler's unscale_) reaches the range
-        the inner optimizer steps with. The others keep no ``.grad``. The span is copied from
-        the parameters' reduced ``grads``; where only the range ``out`` is known (after the
-        reducescatter, or for a bucket retired during backward) the rest of it is zeros."""
-        lo, hi = b.layout.range(self._shard_rank)
-        elo, ehi = b.layout.extent(self._shard_rank)
-        offsets, total = b.layout.offsets, b.layout.total
-        with torch.no_grad():
-            if grads is not None:
-                kept = torch.empty(ehi - elo, dtype=b.shard.dtype, device=b.shard.device)
-                for piece in b.layout.pieces(self._shard_rank):
-                    i = piece.index
-                    kept[offsets[i] - elo:offsets[i + 1] - elo].copy_(grads[i].reshape(-1))
-                kept[max(total, elo) - elo:].zero_()  # padding, if the span reaches it
-            else:
-                kept = torch.zeros(ehi - elo, dtype=out.dtype, device=out.device)
-                kept[lo - elo:hi - elo].copy_(out)
-        b.grad = kept[lo - elo:hi - elo]
-        for piece in b.layout.pieces(self._shard_rank):
-            i = piece.index
-            p = b.params[i]
-            p.grad = kept[offsets[i] - elo:offsets[i + 1] - elo].view(p.shape)
-
-    def _shard_agree_nonfinite(self) -> None:
-        local = any(not bool(torch.isfinite(b.grad).all()) for b in self._shard_buckets)
-        flag = allreduce(torch.tensor([float(local)]), op=Max,
-                         name=f"{self._shard_prefix}.nonfinite", process_set=self.process_set)
-        if flag.item() and not local:
-            with torch.no_grad():
-                for b in self._shard_buckets:
-                    b.grad[0] = math.nan
-
     # -------------------------------------------------------------------------- public API
 
     def synchronize(self) -> None:
-        """Reduces this step's gradients: afterwards this rank holds at least its range of the
-        averaged gradient; with ``shard="optimizer_state"`` and the default collectives the
-        parameters' ``.grad`` hold all of it (see the module docstring). Collective. Call it
-        before ``scaler.unscale_(opt)`` or ``opt.clip_grad_norm_``."""
+        """Reduces this step's gradients: afterwards the parameters' ``.grad`` hold the whole
+        averaged gradient on every rank, the same bits everywhere, whatever ``shard`` and the
+        collectives (see the module docstring), until ``step()``. Collective. Call it before
+        clipping, ``scaler.unscale_(opt)`` or anything else that reads the reduced gradient.
+        A second call before ``step()`` or ``zero_grad()`` does nothing (the gradients are
+        reduced once)."""
+        if self._shard_synced:
+            return
         self._shard_refresh()
         self._shard_reduce(agree=True)
 
@@ -368,17 +354,22 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
         inner = self._shard_inner
         if inner is not None:
             with torch.no_grad():
-                for b, group in zip(self._shard_buckets, inner.param_groups):
+                for bi, (b, group) in enumerate(zip(self._shard_buckets, inner.param_groups)):
                     group.update(self._shard_hyper(b.group))
                     self._shard_hold_params(b)
+                    if b.grad is None:  # shard="gradients" after synchronize(): .grad is whole
+                        b.grad = self._shard_range_from_params(bi)
                     b.shard.grad = b.grad
-                inner.step()
+                    if self._shard_mode == "gradients":
+                        b.flat = None
+                        for p in b.params:
+                            p.grad = None
+                with _amp_scaling_passed_on(self, inner):
+                    inner.step()
                 for b in self._shard_buckets:
                     b.shard.grad = None
                     if self._shard_mode == "gradients":
                         b.grad = None
-                        for p in b.params:
-                            p.grad = None  # views of the kept span (_shard_expose), if any
                 self._shard_gather_params()
                 # The parameters changed through views of their buckets' storage, which
                 # autograd does not count: a graph kept from before the step must see it.
@@ -422,6 +413,9 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
         self._overlap_check_idle("zero_grad()")
         self._overlap_reset()
         self._shard_synced = False
+        if self._shard_mode == "gradients":  # what a step that was skipped (GradScaler) kept
+            for b in self._shard_buckets:
+                b.grad = b.flat = None
         super().zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group) -> None:
@@ -430,6 +424,28 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         self.backward_passes_per_step = int(passes)
+
+
+@contextlib.contextmanager
+def _amp_scaling_passed_on(outer, inner):
+    """A fused torch optimizer (``Adam(fused=True)``) sets ``_step_supports_amp_scaling``, so
+    ``GradScaler.step`` does not skip an overflowing step itself: it sets ``grad_scale`` and
+    ``found_inf`` on the optimizer it is given - this wrapper - and the optimizer's kernel
+    skips (or unscales). The inner optimizer is the one that steps: it gets them too."""
+    passed = [k for k in ("grad_scale", "found_inf") if k in outer.__dict__]
+    for k in passed:
+        setattr(inner, k, outer.__dict__[k])
+    try:
+        yield
+    finally:
+        for k in passed:
+            inner.__dict__.pop(k, None)
+
+
+def _dense(grad):
+    """A sparse gradient (``nn.Embedding(sparse=True)``) as a dense one: the buckets hold
+    dense gradients, and the element-wise optimizers give a dense gradient's result."""
+    return grad.to_dense() if grad is not None and grad.is_sparse else grad
 
 
 def _chunks(params: list, cap: int) -> list:

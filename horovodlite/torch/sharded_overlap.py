@@ -137,16 +137,6 @@ class ShardedOverlap:
     def _shard_name(self, p) -> str:
         return self._shard_names.get(p, f"of shape {list(p.shape)}")
 
-    def _shard_sparse_param(self):
-        """The first parameter in a bucket whose gradient is sparse, or None."""
-        return next((p for b in self._shard_buckets for p in b.params
-                     if p.grad is not None and p.grad.is_sparse), None)
-
-    def _shard_sparse_error(self, p) -> HorovodArgumentError:
-        return HorovodArgumentError(
-            f"DistributedOptimizer(shard=...): parameter {self._shard_name(p)} has a sparse "
-            "gradient; sharding needs dense gradients (use shard=None)")
-
     def _overlap_place(self, bi: int, pi: int, grad) -> torch.Tensor:
         """shard="optimizer_state": ``grad`` written into parameter ``pi``'s place in bucket
         ``bi``'s flat gradient, which is returned."""
@@ -171,9 +161,8 @@ class ShardedOverlap:
         b = self._shard_buckets[bi]
         p = b.params[pi]
         grad = p.grad
-        if grad is not None and grad.is_sparse:
-            self._overlap_wait()  # what was started must end before the error
-            raise self._shard_sparse_error(p)
+        if grad is not None and grad.is_sparse:  # nn.Embedding(sparse=True): reduced dense
+            grad = grad.to_dense()
         if self._shard_mode == "optimizer_state":
             # .grad becomes the place (the reduced gradient once synchronize() waited)
             tensor = self._overlap_place(bi, pi, grad)
@@ -252,10 +241,6 @@ class ShardedOverlap:
         """Starts every allreduce no hook started, waits for all of them, and returns what each
         bucket reduced (its flat gradient, or with shard="gradients" its parameters' gradient
         tensors), or None for a bucket retired already (its range is in ``b.grad``)."""
-        sparse = self._shard_sparse_param()
-        if sparse is not None:
-            self._overlap_wait()  # what was started must end before the error
-            raise self._shard_sparse_error(sparse)
         for bi, b in enumerate(self._shard_buckets):
             for pi in range(len(b.params)):
                 if (bi, pi) not in self._overlap_started:

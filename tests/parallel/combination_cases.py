@@ -1,0 +1,382 @@
+"""One table of DistributedOptimizer's options, and a runner that trains one combination of them
+on every rank against one process training on the global batch.
+
+A combination either ends where the one process ends (float32, within the order of float
+additions: ``TOLERANCE``) with finite weights and the same loss scale, or is refused when the
+optimizer is built, with an error naming the options that conflict (``REFUSED``). Anything
+else - a later error, a difference, a NaN - is a failure. Every rank checks its own result; a
+case that fails on one rank fails on every rank (the outcomes are allgathered), so the ranks
+never part ways.
+
+Used by tests/parallel/test_combinations.py (every pair of option values at least once, plus a
+seeded random sample) and scripts/combination_grid.py (the whole grid). One case replays with:
+
+    horovodliterun -np 2 python tests/parallel/combination_cases.py \\
+        --case optimizer=adam,impl=fused,shard=gradients,scaler=1
+(options left out take their first value) or a seeded sample with ``--seed S --sample N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import os
+import random
+import sys
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+import horovodlite.torch as hvd
+
+# Each option and its values; the first value is the default of a case that leaves it out.
+OPTIONS = {
+    "optimizer": ["sgd", "adam", "adamw", "adagrad", "rmsprop"],
+    "impl": ["for_loop", "foreach", "fused"],
+    "shard": ["none", "optimizer_state", "gradients"],
+    "wire": ["allreduce", "reducescatter"],  # HOROVOD_SHARDED_COLLECTIVES (shard only)
+    "bucket_view": ["1", "0"],
+    "passes": ["1", "2"],
+    "clip": ["none", "torch", "opt"],  # torch.nn.utils.clip_grad_norm_ / opt.clip_grad_norm_
+    "scaler": ["0", "1"],  # GradScaler, with an overflow on the last rank at one step
+    "set_to_none": ["1", "0"],
+    "op": ["average", "sum", "predivide"],
+    "compression": ["none", "fp16"],
+    "groups": ["none", "2"],
+    "params": ["plain", "frozen", "unused", "added", "sparse"],
+}
+STEPS = 4
+OVERFLOW_AT = 1  # the step whose loss overflows on the last rank (GradScaler cases)
+ADD_AT = 2  # "added": the step before which a param group joins
+ROWS = 4  # rows per rank and backward pass
+TOLERANCE = dict(rtol=2e-4, atol=2e-5)
+TOLERANCE_FP16 = dict(rtol=2e-2, atol=5e-3)
+
+
+def valid(case: dict) -> bool:
+    """Whether torch itself offers the combination (it has no fused RMSprop; only SGD and
+    Adagrad take sparse gradients, and not fused; its clip_grad_norm_ takes no sparse
+    gradient); the wire only matters with shard."""
+    if case["impl"] == "fused" and case["optimizer"] == "rmsprop":
+        return False
+    if case["params"] == "sparse" and (case["optimizer"] not in ("sgd", "adagrad")
+                                       or case["impl"] == "fused" or case["clip"] != "none"):
+        return False
+    return case["wire"] == "allreduce" or case["shard"] != "none"
+
+
+def refused(case: dict) -> tuple | None:
+    """The options a correct library refuses together at construction, or None."""
+    if case["shard"] != "none":
+        if case["compression"] != "none":
+            return ("shard", "compression")
+        if case["groups"] != "none":
+            return ("shard", "groups")
+    return None
+
+
+def full_case(partial: dict) -> dict:
+    case = {k: v[0] for k, v in OPTIONS.items()}
+    for k, v in partial.items():
+        if k not in OPTIONS or v not in OPTIONS[k]:
+            raise ValueError(f"unknown option {k}={v}; options: {OPTIONS}")
+        case[k] = v
+    return case
+
+
+def case_id(case: dict) -> str:
+    """Only what differs from the defaults, as ``--case`` takes it."""
+    return ",".join(f"{k}={v}" for k, v in case.items() if v != OPTIONS[k][0]) or "defaults"
+
+
+def parse_id(text: str) -> dict:
+    if text == "defaults":
+        return full_case({})
+    return full_case(dict(item.split("=", 1) for item in text.split(",")))
+
+
+# One case per refusal rule, each otherwise as plain as it gets.
+REFUSAL_CASES = ["shard=optimizer_state,compression=fp16", "shard=gradients,groups=2"]
+
+
+def pairwise_cases() -> list:
+    """Every pair of values of two options in at least one case that trains (allpairspy),
+    then ``REFUSAL_CASES``."""
+    from allpairspy import AllPairs
+    keys = list(OPTIONS)
+
+    def ok(values):  # allpairspy passes a prefix of the options' values
+        case = full_case(dict(zip(keys, values)))
+        return valid(case) and refused(case) is None
+    return ([full_case(dict(zip(keys, values)))
+             for values in AllPairs([OPTIONS[k] for k in keys], filter_func=ok)]
+            + [parse_id(c) for c in REFUSAL_CASES])
+
+
+def sampled_cases(seed: int, count: int) -> list:
+    rng = random.Random(seed)
+    out = []
+    while len(out) < count:
+        case = {k: rng.choice(v) for k, v in OPTIONS.items()}
+        if valid(case):
+            out.append(case)
+    return out
+
+
+def all_cases() -> list:
+    keys = list(OPTIONS)
+    cases = (dict(zip(keys, values)) for values in itertools.product(*OPTIONS.values()))
+    return [c for c in cases if valid(c)]
+
+
+# ------------------------------------------------------------------------------ the training
+
+class Net(torch.nn.Module):
+    def __init__(self, params: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(10, 8, sparse=True) if params == "sparse" else None
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+        # "unused": used by rank 0's rows only; "added": joins the optimizer at ADD_AT
+        self.side = torch.nn.Linear(16, 4) if params in ("unused", "added") else None
+        if params == "frozen":
+            self.fc1.bias.requires_grad_(False)
+
+    def forward(self, x, idx, part: int, step: int, params: str):
+        if self.emb is not None:
+            x = x + self.emb(idx)
+        h = torch.tanh(self.fc1(x))
+        out = self.fc2(h)
+        if (params == "unused" and part == 0) or (params == "added" and step >= ADD_AT):
+            out = out + self.side(h)
+        return out
+
+
+def make_optimizer(case: dict, params):
+    kw = {}
+    if case["impl"] != "for_loop":
+        kw[case["impl"]] = True
+    make = {
+        "sgd": lambda: torch.optim.SGD(params, lr=0.05, momentum=0.9, **kw),
+        "adam": lambda: torch.optim.Adam(params, lr=0.01, **kw),
+        "adamw": lambda: torch.optim.AdamW(params, lr=0.01, weight_decay=0.1, **kw),
+        "adagrad": lambda: torch.optim.Adagrad(params, lr=0.05, **kw),
+        "rmsprop": lambda: torch.optim.RMSprop(params, lr=0.01, momentum=0.5, **kw),
+    }
+    return make[case["optimizer"]]()
+
+
+def trained_params(model: Net, case: dict) -> list:
+    return [p for n, p in model.named_parameters()
+            if p.requires_grad and not (case["params"] == "added" and n.startswith("side."))]
+
+
+def data(step: int, size: int, passes: int):
+    g = torch.Generator().manual_seed(100 + step)
+    n = size * passes * ROWS
+    x = torch.randn(passes, size, ROWS, 8, generator=g)
+    y = torch.randn(passes, size, ROWS, 4, generator=g)
+    idx = torch.randint(0, 10, (passes, size, ROWS), generator=g)
+    assert x.numel() == n * 8
+    return x, y, idx
+
+
+def chunk_loss(model, case, x, y, idx, part, step, size, pass_):
+    loss = F.mse_loss(model(x[pass_, part], idx[pass_, part], part, step, case["params"]),
+                      y[pass_, part])
+    if case["op"] != "sum":
+        loss = loss / size  # averaged over ranks: each rank's share of the global mean
+    if case["scaler"] == "1" and step == OVERFLOW_AT and part == size - 1 and pass_ == 0:
+        loss = loss * float("inf")
+    return loss
+
+
+def clip(case, opt, params):
+    if case["clip"] == "torch" or (case["clip"] == "opt" and not hasattr(opt, "clip_grad_norm_")):
+        torch.nn.utils.clip_grad_norm_(params, 0.05)
+    elif case["clip"] == "opt":
+        opt.clip_grad_norm_(0.05)
+
+
+def train_reference(case: dict, size: int):
+    """One process, the global batch: each backward pass's loss is the ranks' losses combined
+    as the ranks' gradients are (mean or sum)."""
+    model = Net(case["params"])
+    opt = make_optimizer(case, trained_params(model, case))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2,
+                                  enabled=case["scaler"] == "1")
+    passes = int(case["passes"])
+    for step in range(STEPS):
+        if case["params"] == "added" and step == ADD_AT:
+            opt.add_param_group({"params": list(model.side.parameters())})
+        opt.zero_grad(set_to_none=case["set_to_none"] == "1")
+        x, y, idx = data(step, size, passes)
+        for pass_ in range(passes):
+            loss = sum(chunk_loss(model, case, x, y, idx, part, step, size, pass_)
+                       for part in range(size))
+            scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        if case["clip"] != "none":
+            torch.nn.utils.clip_grad_norm_(
+                [p for g in opt.param_groups for p in g["params"]], 0.05)
+        scaler.step(opt)
+        scaler.update()
+    return model, scaler
+
+
+def _wrap(case: dict, model: Net, opt):
+    kw = dict(named_parameters=model.named_parameters(),
+              backward_passes_per_step=int(case["passes"]),
+              bucket_view=case["bucket_view"] == "1")
+    if case["op"] == "sum":
+        kw["op"] = hvd.Sum
+    elif case["op"] == "predivide":
+        kw["gradient_predivide_factor"] = 2.0
+    if case["compression"] == "fp16":
+        kw["compression"] = hvd.Compression.fp16
+    if case["groups"] != "none":
+        kw["groups"] = int(case["groups"])
+    if case["shard"] != "none":
+        kw["shard"] = case["shard"]
+    return hvd.DistributedOptimizer(opt, **kw)
+
+
+@contextlib.contextmanager
+def _wire(case: dict):
+    old = os.environ.get("HOROVOD_SHARDED_COLLECTIVES")
+    os.environ["HOROVOD_SHARDED_COLLECTIVES"] = case["wire"]
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["HOROVOD_SHARDED_COLLECTIVES"]
+        else:
+            os.environ["HOROVOD_SHARDED_COLLECTIVES"] = old
+
+
+def train_distributed(case: dict):
+    """This rank's part of the global batch, with horovodlite and Horovod's recipe (an
+    explicit ``synchronize()`` before clipping or the scaler). Returns (model, scaler), or
+    raises; a refusal raises ``hvd.HorovodArgumentError`` from the constructor (``Refused``)."""
+    size, rank = hvd.size(), hvd.rank()
+    model = Net(case["params"])
+    opt = make_optimizer(case, trained_params(model, case))
+    with _wire(case):
+        try:
+            opt = _wrap(case, model, opt)
+        except hvd.HorovodArgumentError as exc:
+            raise Refused(str(exc)) from exc
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2,
+                                  enabled=case["scaler"] == "1")
+    passes = int(case["passes"])
+    explicit = case["scaler"] == "1" or case["clip"] != "none"
+    for step in range(STEPS):
+        if case["params"] == "added" and step == ADD_AT:
+            opt.add_param_group({"params": list(model.side.parameters())})
+        opt.zero_grad(set_to_none=case["set_to_none"] == "1")
+        x, y, idx = data(step, size, passes)
+        for pass_ in range(passes):
+            loss = chunk_loss(model, case, x, y, idx, rank, step, size, pass_)
+            if case["op"] != "sum":
+                loss = loss * size  # the optimizer averages
+            scaler.scale(loss).backward()
+        if not explicit:
+            opt.step()
+            continue
+        opt.synchronize()
+        scaler.unscale_(opt)
+        if case["clip"] != "none":
+            clip(case, opt, [p for g in opt.param_groups for p in g["params"]])
+        with opt.skip_synchronize():
+            scaler.step(opt)
+        scaler.update()
+    return model, scaler
+
+
+class Refused(Exception):
+    pass
+
+
+def check(case: dict) -> tuple:
+    """Runs ``case`` on this rank: ("equal" | "refused" | "wrong" | "error", detail)."""
+    expect = refused(case)
+    try:
+        model, scaler = train_distributed(case)
+    except Refused as exc:
+        text = str(exc)
+        if expect is None:
+            return "wrong", f"refused, but one process trains it: {text}"
+        missing = [o for o in expect if o not in text]
+        if missing:
+            return "wrong", f"refused without naming {missing}: {text}"
+        return "refused", text
+    except Exception:
+        return "error", traceback.format_exc(limit=6)
+    if expect is not None:
+        return "wrong", f"should be refused at construction naming {expect}, but trained"
+    reference, ref_scaler = train_reference(case, hvd.size())
+    tol = TOLERANCE_FP16 if case["compression"] == "fp16" else TOLERANCE
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        if not torch.isfinite(p).all():
+            return "wrong", f"{name} is not finite"
+        if not torch.allclose(p.detach(), q.detach(), **tol):
+            diff = (p - q).abs().max().item()
+            return "wrong", f"{name} differs from one process by {diff:.3g}"
+    if scaler.is_enabled() and scaler.get_scale() != ref_scaler.get_scale():
+        return "wrong", f"loss scale {scaler.get_scale()} vs {ref_scaler.get_scale()}"
+    return "equal", ""
+
+
+def run(cases: list) -> list:
+    """Every case on every rank; each case's outcome is the worst any rank saw, with that
+    rank's detail."""
+    order = ["equal", "refused", "wrong", "error"]
+    out = []
+    for i, case in enumerate(cases):
+        status, detail = check(case)
+        seen = hvd.allgather_object((status, detail), name=f"combination.{i}")
+        worst = max(range(len(seen)), key=lambda r: order.index(seen[r][0]))
+        status, detail = seen[worst]
+        if status in ("wrong", "error"):
+            detail = f"rank {worst}: {detail}"
+        out.append((case, status, detail))
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", action="append", default=[], help="a case id (repeatable)")
+    parser.add_argument("--seed", type=int, help="a seeded random sample of cases")
+    parser.add_argument("--sample", type=int, default=20, help="how many (with --seed)")
+    parser.add_argument("--pairwise", action="store_true", help="the pairwise-covering set")
+    parser.add_argument("--all", action="store_true", help="the whole grid")
+    parser.add_argument("--part", default="0/1", help="K/N: every N-th case from the K-th")
+    args = parser.parse_args(argv)
+    cases = [parse_id(c) for c in args.case]
+    if args.seed is not None:
+        cases += sampled_cases(args.seed, args.sample)
+    if args.pairwise:
+        cases += pairwise_cases()
+    if args.all:
+        cases += all_cases()
+    k, n = (int(v) for v in args.part.split("/"))
+    cases = cases[k::n]
+    hvd.init()
+    results = run(cases)
+    if hvd.rank() == 0:
+        for case, status, detail in results:
+            print(f"{status:8s} {case_id(case)}" + (f"\n    {detail}" if detail else ""),
+                  flush=True)
+        counts = {s: sum(r[1] == s for r in results) for s in ("equal", "refused", "wrong",
+                                                                "error")}
+        print("RESULT " + " ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
+    bad = any(r[1] in ("wrong", "error") for r in results)
+    hvd.shutdown()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

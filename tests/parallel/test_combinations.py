@@ -1,0 +1,44 @@
+"""DistributedOptimizer's options in combination, each against one process on the global batch
+(combination_cases.py): every pair of option values at least once, then a seeded random sample.
+
+The sample's seed is ``HVDL_COMBINATION_SEED`` when set, else rank 0 draws one and every rank
+takes it; a failure names the seed and the command that replays it. Every rank checks its own
+result; the outcomes are allgathered, so a case wrong on one rank fails on every rank.
+"""
+
+import os
+import random
+
+import combination_cases as cases
+
+import horovodlite.torch as hvd
+
+SAMPLE = 16
+
+
+def _failures(results) -> list:
+    return [f"{status} {cases.case_id(case)}: {detail}" for case, status, detail in results
+            if status not in ("equal", "refused")]
+
+
+def test_every_pair_of_options():
+    results = cases.run(cases.pairwise_cases())
+    bad = _failures(results)
+    assert not bad, (f"rank {hvd.rank()}: {len(bad)} of {len(results)} combinations wrong; "
+                     "replay one with: horovodliterun -np N python "
+                     "tests/parallel/combination_cases.py --case <id>\n" + "\n".join(bad))
+    statuses = {status for _, status, _ in results}
+    assert statuses == {"equal", "refused"}, statuses
+
+
+def test_a_seeded_sample_of_combinations():
+    seed = os.environ.get("HVDL_COMBINATION_SEED")
+    seed = int(seed) if seed else hvd.broadcast_object(random.randrange(2 ** 31), 0,
+                                                       name="combination.seed")
+    print(f"combination sample seed {seed}")
+    results = cases.run(cases.sampled_cases(seed, SAMPLE))
+    bad = _failures(results)
+    assert not bad, (f"rank {hvd.rank()}: seed {seed}: {len(bad)} of {SAMPLE} combinations "
+                     f"wrong; replay with: horovodliterun -np {hvd.size()} python "
+                     f"tests/parallel/combination_cases.py --seed {seed} --sample {SAMPLE}\n"
+                     + "\n".join(bad))
