@@ -99,7 +99,7 @@ def test_slurm_allocation_gloo(hosts):
             "hvdl-host0:2,hvdl-host1:2") in out, out[-6000:]
     assert "not given to any rank - --env-exclude: MY_EXCLUDED" in out, out[-6000:]
     assert ("not given to ranks on other hosts - this host's GPU numbering (--env-include "
-            "CUDA_VISIBLE_DEVICES sends it): CUDA_VISIBLE_DEVICES") in out, out[-6000:]
+            "NAME sends it): CUDA_VISIBLE_DEVICES") in out, out[-6000:]
     check_ranks(out, TWO_BY_TWO)
     check_killed(rc, out, r"rank 3 on hvdl-host1 exited with signal 9")
 

@@ -11,8 +11,9 @@ under ``--gloo``, ``--elastic`` and ``--mpi`` - as with horovodrun: ``NCCL_SOCKE
 - **on other hosts only** (a rank here inherits it, as any child process does): the shell's
   own state (exported functions, ``OLDPWD``, ...), variables that name something of this host
   or this login (``HOSTNAME``, ``DISPLAY``, ``SSH_*``, ``TMPDIR``, ...: the other host's login
-  gives its own), names a shell cannot assign, and ``CUDA_VISIBLE_DEVICES`` (this host's GPU
-  numbering; ``--env-include CUDA_VISIBLE_DEVICES`` sends it).
+  gives its own), names a shell cannot assign, and ``CUDA_VISIBLE_DEVICES`` and its ROCm and
+  oneAPI counterparts (``GPU_NUMBERING``: this host's GPU numbering; ``--env-include NAME``
+  sends one).
 
 ``--env-include PATTERN`` sends what a rule leaves out (``--env-exclude`` still wins). Patterns
 are ``fnmatch`` patterns over names, case-sensitive. The job's secrets (``launch_env.SECRETS``)
@@ -49,6 +50,11 @@ MPI_SETTINGS = ("OMPI_MCA_*", "PRTE_MCA_*", "PMIX_MCA_*")
 MPI_IDENTITY = ("MPI's identity of the process running horovodliterun; MPI gives each rank "
                 "its own")
 
+# Which of this host's accelerators a process sees: CUDA's, ROCm's (ROCR_, HIP_, the OpenCL
+# GPU_DEVICE_ORDINAL) and oneAPI Level Zero's. Another host numbers its own devices.
+GPU_NUMBERING = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                 "GPU_DEVICE_ORDINAL", "ZE_AFFINITY_MASK")
+
 # (where, patterns, why) - the one list of what does not travel (see the top).
 RULES = (
     (EVERYWHERE, MPI_SETTINGS, None),  # (the first match decides: these travel)
@@ -70,8 +76,8 @@ RULES = (
      "this login's display, ssh connection, session or terminal"),
     (REMOTE, ("TMPDIR",), "per host: a scheduler or login gives each host its own (a "
                           "node-local folder here may not exist there)"),
-    (REMOTE, ("CUDA_VISIBLE_DEVICES",),
-     "this host's GPU numbering (--env-include CUDA_VISIBLE_DEVICES sends it)"),
+    (REMOTE, GPU_NUMBERING,
+     "this host's GPU numbering (--env-include NAME sends it)"),
 )
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")

@@ -165,6 +165,9 @@ class ElasticJob:
 
     def publish(self, reason: str, end: str = "", retired: list = ()) -> None:
         self.round += 1
+        for w in self.members:
+            if self.workers[w].first_round < 0:
+                self.workers[w].first_round = self.round
         hosts = [self.workers[w].host for w in self.members]
         elastic_rounds.publish(self.server.control, elastic_rounds.Round(
             self.round, [str(w) for w in self.members], hosts, reason, end,
@@ -346,9 +349,11 @@ class ElasticJob:
     def _finishing(self, now: float) -> bool:
         """Whether the training finished: a worker of the round exited with status 0 (its
         script returned). The job then neither grows nor publishes rounds: the others are
-        finishing too. A worker still running FINISH_GRACE s later is one the discovery script
-        added as the training ended (it waits to meet a round the others never joined): it is
-        stopped and leaves the job, which completes without it."""
+        finishing too. A worker still running FINISH_GRACE s later that the newest round added
+        (after the first) is one the discovery script added as the training ended (it waits to
+        meet a round the others never joined): it is stopped and leaves the job, which
+        completes without it. Any other worker still running is finishing (rank 0 saving a
+        checkpoint): it is waited for, and the job fails naming it if it does not exit 0."""
         if not any(self.workers[w].status == 0 and not self.workers[w].retired
                    for w in self.members):
             return False
@@ -356,7 +361,8 @@ class ElasticJob:
             self.finishing_since = now
         if now - self.finishing_since < FINISH_GRACE:
             return True
-        for number in [w for w in self.members if self.workers[w].status is None]:
+        for number in [w for w in self.members if self.workers[w].status is None
+                       and 0 < self.round == self.workers[w].first_round]:
             worker = self.workers[number]
             self.members.remove(number)
             worker.left = "stopped: the training finished without it (added as it ended)"

@@ -18,6 +18,7 @@ class Worker:
     status: int | None = None  # exit status, once known (negative: signal)
     left: str = ""  # why it is out of the job ("" while in it, or finished)
     retired: bool = False
+    first_round: int = -1  # the first round it is a member of (-1: none yet)
 
     def running(self) -> bool:
         return self.proc.poll() is None

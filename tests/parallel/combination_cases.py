@@ -52,7 +52,10 @@ OVERFLOW_AT = 1  # the step whose loss overflows on the last rank (GradScaler ca
 ADD_AT = 2  # "added": the step before which a param group joins
 ROWS = 4  # rows per rank and backward pass
 TOLERANCE = dict(rtol=2e-4, atol=2e-5)
-TOLERANCE_FP16 = dict(rtol=2e-2, atol=5e-3)
+# fp16 on the wire rounds a gradient element near zero to another value or to zero, and Adam's
+# first step on an element is about lr times the sign of its gradient: one step of lr (0.01)
+# apart is what compression may cost a parameter that joins late (measured: 0.0098).
+TOLERANCE_FP16 = dict(rtol=2e-2, atol=2.5e-2)
 
 
 def valid(case: dict) -> bool:
@@ -116,11 +119,13 @@ def pairwise_cases() -> list:
 
 
 def sampled_cases(seed: int, count: int) -> list:
+    """``count`` cases drawn at random among those that train (the refusals are few and
+    ``REFUSAL_CASES`` has each)."""
     rng = random.Random(seed)
     out = []
     while len(out) < count:
         case = {k: rng.choice(v) for k, v in OPTIONS.items()}
-        if valid(case):
+        if valid(case) and refused(case) is None:
             out.append(case)
     return out
 

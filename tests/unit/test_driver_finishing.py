@@ -11,11 +11,15 @@ import subprocess
 from horovodlite.runner.elastic_driver import FINISH_GRACE, ElasticJob, Worker
 
 
-def job_of(workers: list) -> ElasticJob:
-    job = object.__new__(ElasticJob)  # the state _finishing reads, without a job's launch
+def job_of(workers: list, round_: int = 1) -> ElasticJob:
+    job = object.__new__(ElasticJob)  # the state _finishing and outcome read, without a launch
     job.workers = {w.number: w for w in workers}
     job.members = [w.number for w in workers]
     job.finishing_since = None
+    job.round = round_
+    job.ended = ""
+    job.min_np = 1
+    job.first_status = None
     return job
 
 
@@ -34,7 +38,8 @@ def test_a_worker_added_as_the_training_ended_is_stopped_after_the_grace():
     finished.wait()
     late = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        job = job_of([Worker(0, "a", True, finished, status=0), Worker(1, "b", True, late)])
+        job = job_of([Worker(0, "a", True, finished, status=0, first_round=0),
+                      Worker(1, "b", True, late, first_round=1)])
         assert job._finishing(100.0) and job.members == [0, 1]  # the grace starts
         assert job._finishing(100.0 + FINISH_GRACE - 1) and job.members == [0, 1]
         assert late.poll() is None
@@ -47,3 +52,28 @@ def test_a_worker_added_as_the_training_ended_is_stopped_after_the_grace():
         if late.poll() is None:
             late.kill()
             late.wait()
+
+
+def test_a_member_still_finishing_is_waited_for_and_named_if_it_is_killed(capsys):
+    """A worker that trained in the last round (rank 0 saving a large checkpoint) is not
+    stopped after the grace, however long it takes; killed meanwhile, it fails the job, which
+    names it."""
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    saving = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        job = job_of([Worker(0, "a", True, saving, first_round=0),
+                      Worker(1, "b", True, finished, status=0, first_round=0)])
+        assert job._finishing(100.0)
+        assert job._finishing(100.0 + 10 * FINISH_GRACE)
+        assert job.members == [0, 1] and saving.poll() is None and not job.workers[0].left
+        saving.kill()
+        job.workers[0].status = saving.wait(timeout=10)
+        assert job.outcome() != 0
+        out = capsys.readouterr()
+        text = out.out + out.err
+        assert "did not complete" in text and "worker 0 on a" in text, text
+    finally:
+        if saving.poll() is None:
+            saving.kill()
+            saving.wait()

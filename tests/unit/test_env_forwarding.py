@@ -34,7 +34,10 @@ LEFT_EVERYWHERE = {"OMPI_COMM_WORLD_RANK": "3", "PMIX_RANK": "3", "PMI_SIZE": "4
 LEFT_REMOTE = {"BASH_FUNC_module%%": "() { echo; }", "OLDPWD": "/x", "PWD": "/w", "SHLVL": "2",
                "_": "/usr/bin/horovodliterun", "HOSTNAME": "login1", "DISPLAY": ":0",
                "SSH_AUTH_SOCK": "/tmp/ssh-x/agent.1", "SSH_CONNECTION": "1 2 3 4",
-               "TMPDIR": "/local/job77", "CUDA_VISIBLE_DEVICES": "0,1"}
+               "TMPDIR": "/local/job77", "CUDA_VISIBLE_DEVICES": "0,1",
+               # ROCm's and oneAPI's numbering of this host's GPUs: as CUDA's, not sent
+               "ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "0", "GPU_DEVICE_ORDINAL": "1",
+               "ZE_AFFINITY_MASK": "0.1"}
 ENV = {**CALLER, **LEFT_EVERYWHERE, **LEFT_REMOTE}
 
 
@@ -46,6 +49,7 @@ def test_everything_travels_but_the_short_list():
     assert set(left) == set(LEFT_EVERYWHERE) | set(LEFT_REMOTE)
     assert all(left.values())  # each with its reason
     assert "GPU numbering" in left["CUDA_VISIBLE_DEVICES"] and "identity" in left["PMIX_RANK"]
+    assert all("GPU numbering" in left[n] for n in env_travel.GPU_NUMBERING)
 
 
 def test_exclude_and_include_patterns():
@@ -133,7 +137,7 @@ def test_verbose_lists_what_was_left_out(capsys):
     assert "not given to any rank - --env-exclude: MY_QUOTES" in text
     assert "not given to any rank - MPI's identity" in text and "PMIX_RANK" in text
     assert ("not given to ranks on other hosts - this host's GPU numbering (--env-include "
-            "CUDA_VISIBLE_DEVICES sends it): CUDA_VISIBLE_DEVICES") in text
+            "NAME sends it): CUDA_VISIBLE_DEVICES") in text
     assert "NCCL_SOCKET_IFNAME" not in text
 
 
