@@ -4,6 +4,9 @@ format (the shards allgathered), this rank's shard, and loading either at any nu
 
 from __future__ import annotations
 
+import threading
+import warnings
+
 import torch
 
 from horovodlite.common.exceptions import HorovodArgumentError
@@ -30,8 +33,39 @@ class ShardedCheckpoints:
 
     def state_dict(self) -> dict:
         """The full state in torch's format (loadable by the plain optimizer, at any number of
-        ranks). Collective: the shards are allgathered."""
-        return to_torch(self.param_groups, self._shard_collect())
+        ranks). Collective - the shards are allgathered - unless ``consolidate_state_dict(to=r)``
+        ran on every rank since the last step: then rank r returns what it gathered, without
+        communication (for Horovod's ``if hvd.rank() == 0: torch.save(opt.state_dict())``), and
+        the other ranks raise. A rank that calls it alone while the others train on is named
+        after ``CONSOLIDATE_HINT_SECONDS`` (a warning; it still waits)."""
+        held = getattr(self, "_shard_consolidated", None)
+        if held is not None and held[0] == self._shard_steps:
+            if held[1] is None:
+                raise HorovodArgumentError(
+                    f"state_dict(): consolidate_state_dict(to={held[2]}) gathered the full "
+                    f"state on rank {held[2]}, not on this rank ({self._shard_rank}); call "
+                    "state_dict() there, or on every rank without consolidating")
+            return held[1]
+        with _named_if_alone(self._shard_rank, "state_dict()"):
+            return to_torch(self.param_groups, self._shard_collect())
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Gathers the full state on rank ``to`` of the optimizer's process set (as torch's
+        ``ZeroRedundancyOptimizer.consolidate_state_dict``). Collective: call it on every rank;
+        afterwards ``state_dict()`` on rank ``to`` returns it without communication, until the
+        next ``step()`` or ``load_state_dict()``::
+
+            opt.consolidate_state_dict(to=0)
+            if hvd.rank() == 0:
+                torch.save(opt.state_dict(), "ckpt.pt")
+        """
+        if not 0 <= int(to) < self._shard_size:
+            raise HorovodArgumentError(
+                f"consolidate_state_dict(to={to}): not a rank of the optimizer's "
+                f"{self._shard_size} ranks")
+        full = to_torch(self.param_groups, self._shard_collect())
+        self._shard_consolidated = (self._shard_steps, full if self._shard_rank == to else None,
+                                    int(to))
 
     def shard_state_dict(self) -> dict:
         """This rank's shard and the layout it belongs to (local, no communication). The shard
@@ -71,6 +105,7 @@ class ShardedCheckpoints:
                     f"{self._shard_size}; pass the list of all {saved} shard checkpoints, or a "
                     "full state_dict()")
             state_dict = assemble(allgather_object(state_dict, process_set=self.process_set))
+        self._shard_consolidated = None
         states = from_torch(state_dict, self.param_groups, self._shard_names)
         for group, saved in zip(self.param_groups, state_dict["param_groups"]):
             group.update({k: v for k, v in saved.items() if k != "params"})
@@ -164,4 +199,35 @@ class ShardedCheckpoints:
                 "(broadcast_optimizer_state cannot spread a state loaded on one rank)")
 
 
-__all__ = ["ShardedCheckpoints"]
+# How long a rank waits in a collective state_dict() before it says what the wait may be.
+CONSOLIDATE_HINT_SECONDS = 30.0
+
+
+class _named_if_alone:
+    """Warns, once the collective inside has waited ``CONSOLIDATE_HINT_SECONDS``, that the
+    other ranks may never join it (Horovod's rank-0-only save, which the unsharded optimizer
+    allows), and what to do instead."""
+
+    def __init__(self, rank: int, what: str):
+        self.rank, self.what = rank, what
+
+    def _warn(self) -> None:
+        warnings.warn(
+            f"rank {self.rank}: DistributedOptimizer(shard=...).{self.what} has waited "
+            f"{CONSOLIDATE_HINT_SECONDS:g} s for the other ranks: it is collective (each rank "
+            "holds a shard of the state). If only this rank calls it (`if hvd.rank() == 0: "
+            "torch.save(opt.state_dict())`), the job hangs here: call "
+            "opt.consolidate_state_dict(to=0) on every rank first, then state_dict() on rank 0",
+            RuntimeWarning, stacklevel=3)
+
+    def __enter__(self):
+        self.timer = threading.Timer(CONSOLIDATE_HINT_SECONDS, self._warn)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def __exit__(self, *exc):
+        self.timer.cancel()
+        return False
+
+
+__all__ = ["CONSOLIDATE_HINT_SECONDS", "ShardedCheckpoints"]

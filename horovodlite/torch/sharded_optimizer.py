@@ -123,6 +123,8 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
         self._overlap_limit = overlap_limit()  # HOROVOD_SHARDED_OVERLAP_BUCKETS
         self.backward_passes_per_step = passes
         self._shard_names = names or {}
+        self._shard_steps = 0  # steps taken: a consolidated state_dict() is of one step
+        self._shard_consolidated = None
         self._shard_buckets = []
         self._shard_inner = None
         self._shard_parked = {}  # param -> full state, for parameters not in a bucket
@@ -351,6 +353,7 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
             self._shard_refresh()
             self._shard_reduce(agree=False)
         self._shard_synced = False
+        self._shard_steps += 1
         inner = self._shard_inner
         if inner is not None:
             with torch.no_grad():

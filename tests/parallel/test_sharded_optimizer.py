@@ -409,6 +409,46 @@ def test_checkpoints_round_trip():
     assert_same(m3, ref, what="after loading all shards")
 
 
+def test_rank_zero_saves_after_consolidating(monkeypatch):
+    """Horovod's checkpoint idiom, ``if hvd.rank() == 0: torch.save(opt.state_dict())``: after
+    ``consolidate_state_dict(to=0)`` on every rank, rank 0's state_dict() is the full state
+    without communication; another rank's raises, naming the rank that holds it; a step makes
+    state_dict() collective again. Called by one rank alone while the others are elsewhere, it
+    warns naming the idiom (here the others join after the warning, so nothing hangs)."""
+    from horovodlite.torch import sharded_checkpoints
+
+    x, y = make_data(steps=2)
+    model = make_model()
+    opt = wrap(torch.optim.Adam(model.parameters(), lr=0.01), model, "optimizer_state")
+
+    def train(s):
+        opt.zero_grad()
+        F.mse_loss(model(shard(x[s])), shard(y[s])).backward()
+        opt.step()
+
+    train(0)
+    full = opt.state_dict()
+    opt.consolidate_state_dict(to=0)
+    if hvd.rank() == 0:
+        assert_same_state(opt.state_dict(), full)
+    else:
+        with pytest.raises(ValueError, match="on rank 0, not on this rank"):
+            opt.state_dict()
+    train(1)
+    after = opt.state_dict()  # collective again (a stale consolidation would return `full`)
+    assert not torch.equal(after["state"][0]["exp_avg"], full["state"][0]["exp_avg"])
+    if hvd.size() == 1:
+        return
+    monkeypatch.setattr(sharded_checkpoints, "CONSOLIDATE_HINT_SECONDS", 0.5)
+    if hvd.rank() == 0:
+        with pytest.warns(RuntimeWarning, match=r"rank 0: .*consolidate_state_dict\(to=0\)"):
+            opt.state_dict()
+    else:
+        import time
+        time.sleep(2.0)
+        opt.state_dict()
+
+
 def test_bad_input_named_on_every_rank(monkeypatch):
     model = make_model()
 
