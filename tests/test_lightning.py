@@ -12,8 +12,13 @@ prints each check it passed):
   one-rank run resumed at np 2 equals 40 single-process steps. The other stages do not depend
   on the launcher or the namespace: the strategy's code is one (horovodlite.lightning.logic).
 
+- Trainer options in combination with the strategy (tests/scripts/lightning_options.py) at
+  np 2: precision plugins, accumulate_grad_batches, gradient_clip_val and an optimizer wrapped
+  with shard= in configure_optimizers, each equal to DDPStrategy's; sync_batchnorm equal to
+  one process on the global batch.
+
 Lightning's import costs seconds per process (~5 s of CPU), and that is nearly all of these
-jobs' time, so there are few processes, each running many checks: 2 + 1 + 2 in all.
+jobs' time, so there are few processes, each running many checks: 2 + 1 + 2 + 2 in all.
 """
 
 from __future__ import annotations
@@ -56,12 +61,12 @@ def clean_env() -> dict:
     return env
 
 
-def horovodliterun(np_: int, *args) -> tuple:
+def horovodliterun(np_: int, *args, script: Path = SCRIPT) -> tuple:
     cmd = [sys.executable, "-m", "horovodlite.runner.launch", "-np", str(np_), sys.executable,
-           str(SCRIPT), *map(str, args)]
+           str(script), *map(str, args)]
     rc, out, _ = retry_if_launcher_did_not_start(
         lambda: run_job(cmd, cwd=HERE.parent, env=clean_env(), timeout=300,
-                        what=f"horovodliterun np={np_} lightning_job.py {args[0]}"))
+                        what=f"horovodliterun np={np_} {script.name} {args[:1]}"))
     return rc, unprefixed(out)
 
 
@@ -70,6 +75,19 @@ def assert_checks(out: str, ranks: int, checks: list) -> None:
         for name in checks:
             assert f"rank {r}: CHECK {name} ok" in out, f"rank {r} did not pass {name}:\n" + \
                 out[-8000:]
+
+
+OPTION_CHECKS = [f"{name}_equals_ddp" for name in (
+    "bf16_mixed", "fp16_mixed", "accumulate_grad_batches", "gradient_clip_val",
+    "shard_optimizer_state", "shard_gradients")] + ["sync_batchnorm_equals_one_process"]
+
+
+def test_trainer_options_in_combination_with_the_strategy():
+    """sync_batchnorm used to be ignored (per-rank statistics) and an optimizer wrapped with
+    shard= in configure_optimizers crashed the first step."""
+    rc, out = horovodliterun(2, script=HERE / "scripts" / "lightning_options.py")
+    assert rc == 0, out[-8000:]
+    assert_checks(out, 2, OPTION_CHECKS)
 
 
 def test_installed_versions_are_within_the_declared_ranges():

@@ -138,10 +138,20 @@ class EnvironmentLogic:
         return self._main_address_and_port()[1]
 
 
+def _sync_layers(layer_sync, model):
+    """``Trainer(sync_batchnorm=True)``: Lightning's default plugin converts to torch's
+    ``SyncBatchNorm``, which needs a torch.distributed group (and a GPU); horovodlite's
+    ``hvd.SyncBatchNorm`` takes its place. A plugin of the user's own is applied as it is."""
+    if type(layer_sync).__name__ == "TorchSyncBatchNorm":
+        return hvd.SyncBatchNorm.convert_sync_batchnorm(model)
+    return layer_sync.apply(model)
+
+
 # Methods of hvd.DistributedOptimizer that a LightningOptimizer (which copies the optimizer's
 # class, not its state) must run on the real optimizer: they read and write the hvd state.
 _DELEGATED = ("zero_grad", "synchronize", "skip_synchronize", "load_state_dict",
-              "add_param_group", "set_backward_passes_per_step")
+              "add_param_group", "set_backward_passes_per_step",
+              "consolidate_state_dict", "clip_grad_norm_")  # (the last two: shard= only)
 
 _OPS = {"sum": hvd.Sum, "mean": hvd.Average, "avg": hvd.Average, "max": hvd.Max,
         "min": hvd.Min, "product": hvd.Product, "prod": hvd.Product}
@@ -260,6 +270,8 @@ class StrategyLogic:
     def setup(self, trainer) -> None:
         super().setup(trainer)  # device, precision's module conversion, optimizers when fitting
         assert self.model is not None
+        if trainer.state.fn == "fit" and getattr(self, "_layer_sync", None) is not None:
+            self.model = _sync_layers(self._layer_sync, self.model)
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         if trainer.state.fn != "fit":  # TrainerFn.FITTING, a str enum
             return
@@ -271,7 +283,8 @@ class StrategyLogic:
         self.optimizers = wrapped
         for lightning_optimizer, optimizer in zip(self._lightning_optimizers, wrapped):
             for name in _DELEGATED:
-                lightning_optimizer.__dict__[name] = getattr(optimizer, name)
+                if hasattr(optimizer, name):
+                    lightning_optimizer.__dict__[name] = getattr(optimizer, name)
 
     def _distributed(self, optimizer, passes: int):
         """``hvd.DistributedOptimizer`` over ``optimizer``, its parameters named after the
@@ -303,8 +316,11 @@ class StrategyLogic:
             return super().optimizer_step(optimizer, closure, model, **kwargs)
 
         # Inside the user's own skip_synchronize() (manual optimization after an explicit
-        # optimizer.synchronize(), e.g. to clip): the gradients are reduced already.
-        reduce = optimizer._hvd_should_sync
+        # optimizer.synchronize(), e.g. to clip): the gradients are reduced already. A sharded
+        # optimizer (shard=..., wrapped in configure_optimizers) reduces once per step whatever
+        # is called: its step() after synchronize() does not reduce again.
+        sharded = not hasattr(optimizer, "_hvd_should_sync")
+        reduce = sharded or optimizer._hvd_should_sync
 
         def closure_then_reduce():
             result = closure()  # training_step and backward: the hooks launch the allreduces
@@ -312,7 +328,7 @@ class StrategyLogic:
                 synchronize()  # wait for them: the precision plugin's hooks see reduced grads
             return result
 
-        with optimizer.skip_synchronize():
+        with nullcontext() if sharded else optimizer.skip_synchronize():
             return super().optimizer_step(optimizer, closure_then_reduce, model, **kwargs)
 
     # ------------------------------------------------------------------------ collectives
