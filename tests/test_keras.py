@@ -2,7 +2,8 @@
 every rank asserts and prints each check it passed): model.fit with DistributedOptimizer and the
 callbacks equal to one process on the global batch after 20 steps, the warmup's rates and
 momenta by Horovod's formula, metrics averaged over the ranks, backward_passes_per_step,
-load_model resuming, the collectives on Keras values. And the refusal of any backend but torch.
+load_model resuming, the collectives on Keras values. Mixed precision and Keras's own gradient
+accumulation (tests/scripts/keras_mixed.py at np 2). And the refusal of any backend but torch.
 Time on the 2-core development machine, quiet: ~15 s for the job, ~2 s for the refusal.
 """
 
@@ -39,6 +40,28 @@ def env(**extra) -> dict:
                KERAS_BACKEND="torch")
     out.update(extra)
     return out
+
+
+MIXED_CHECKS = ["wrapped_in_a_loss_scaler", "mixed_float16_same_weights_and_scale",
+                "mixed_float16_skipped_like_one_process", "mixed_float16_a_step_was_skipped",
+                "mixed_float16_equals_one_process", "made_before_the_policy_is_plain",
+                "policy_after_wrapping_is_named", "keras_gradient_accumulation_equals_one_process"]
+
+
+def test_mixed_float16_and_keras_accumulation_at_np2():
+    """mixed_float16 used to put the loss scaler's inf check before the reduction: the rank
+    whose own gradients overflowed skipped a reduction the other waited in."""
+    cmd = [sys.executable, "-m", "horovodlite.runner.launch", "-np", "2", sys.executable,
+           str(HERE / "scripts" / "keras_mixed.py")]
+    rc, out, _ = retry_if_launcher_did_not_start(
+        lambda: run_job(cmd, cwd=HERE.parent, env=env(), timeout=300,
+                        what="horovodliterun np=2 keras_mixed.py"))
+    out = unprefixed(out)
+    assert rc == 0, out[-8000:]
+    for r in range(2):
+        for name in MIXED_CHECKS:
+            assert f"rank {r}: CHECK {name} ok" in out, f"rank {r} did not pass {name}:\n" + \
+                out[-8000:]
 
 
 def test_installed_version_is_within_the_declared_range():

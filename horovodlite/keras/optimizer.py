@@ -13,6 +13,16 @@ Keras's torch trainer runs ``loss.backward()`` and hands the gradients, torch te
 3. the wrapped optimizer's own ``apply`` with the reduced gradients (loss-scale unscaling,
    gradient accumulation of Keras's own, EMA and the update rule all stay Keras's).
 
+Mixed precision. Under the ``mixed_float16`` dtype policy Keras's ``compile`` wraps the optimizer
+in a ``LossScaleOptimizer``, whose ``apply`` checks the gradients for inf/nan and skips the
+update - and so the inner optimizer's ``apply``, our reduction - where it finds one. Checked on
+one rank's own gradients, one rank would skip a reduction the others wait in. So the reduction
+goes in front of the check: a ``LossScaleOptimizer`` passed in is wrapped itself (the mixin
+before its class: reduce, then check, alike on every rank), and under ``mixed_float16`` a plain
+optimizer is put in a ``LossScaleOptimizer`` first (``compile`` then leaves it as it is). A
+distributed optimizer that a ``LossScaleOptimizer`` wraps after all (the policy set after
+``DistributedOptimizer``) raises at its first update, naming the fix.
+
 How the object is built: as in horovodlite.torch, the result is an instance of a subclass of the
 optimizer's own class with the mixin in front, sharing the optimizer's ``__dict__`` (variables,
 learning rate, iterations): ``isinstance(opt, keras.optimizers.SGD)`` holds, an optimizer that
@@ -23,6 +33,7 @@ is already built keeps its state, and ``model.save`` writes it as the plain opti
 from __future__ import annotations
 
 import itertools
+import sys
 
 import keras
 import torch
@@ -37,6 +48,7 @@ class _DistributedOptimizer:
     """The mixin in front of the wrapped optimizer's class (see the module's docstring)."""
 
     def apply(self, grads, trainable_variables=None):
+        _refuse_inside_loss_scaling(self)
         grads = list(grads)
         if self._hvd_passes > 1:
             grads = self._hvd_accumulate(grads)
@@ -96,6 +108,35 @@ class _DistributedOptimizer:
         return out
 
 
+def _refuse_inside_loss_scaling(opt) -> None:
+    """Raises when ``opt`` is the inner optimizer of a LossScaleOptimizer (see the module's
+    docstring): the caller a few frames up is a LossScaleOptimizer holding it."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return
+        outer = frame.f_locals.get("self")
+        if (isinstance(outer, keras.optimizers.LossScaleOptimizer) and outer is not opt
+                and getattr(outer, "inner_optimizer", None) is opt):
+            raise hvd.HorovodArgumentError(
+                f"rank {hvd.rank()}: a keras LossScaleOptimizer wraps hvd.DistributedOptimizer "
+                "(the mixed_float16 dtype policy was set after it was made, and compile() "
+                "wrapped it): the loss scaler checks each rank's own gradients before they are "
+                "reduced, so ranks would skip different steps. Set the policy before "
+                "hvd.DistributedOptimizer(...), or pass it a "
+                "keras.optimizers.LossScaleOptimizer")
+        frame = frame.f_back
+
+
+def _loss_scaled(optimizer):
+    """Under the mixed_float16 policy, a plain optimizer in a LossScaleOptimizer (what
+    compile() would do, but with the reduction in front of its check)."""
+    if (keras.config.dtype_policy().name == "mixed_float16"
+            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
+        return keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
 def _dynamic_class(base: type) -> type:
     if base not in _classes:
         _classes[base] = type(base.__name__, (_DistributedOptimizer, base),
@@ -124,7 +165,8 @@ def DistributedOptimizer(optimizer, name=None, compression=hvd.Compression.none,
         process_set: the ranks that train together; a rank outside it updates on its own
             gradients without communication.
 
-    Returns an instance of ``type(optimizer)`` sharing the optimizer's state.
+    Returns an instance of ``type(optimizer)`` sharing the optimizer's state; under the
+    ``mixed_float16`` dtype policy, of a ``keras.optimizers.LossScaleOptimizer`` around it.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
@@ -144,6 +186,7 @@ def DistributedOptimizer(optimizer, name=None, compression=hvd.Compression.none,
                          f"{backward_passes_per_step!r}")
     if not isinstance(process_set, hvd.ProcessSet):
         raise ValueError(f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}")
+    optimizer = _loss_scaled(optimizer)
     cls = _dynamic_class(type(optimizer))
     wrapped = cls.__new__(cls)
     state = dict(
