@@ -96,6 +96,39 @@ def test_commit_and_restore_round_trip():
     assert state.epoch == 5
 
 
+def test_growth_between_commits_keeps_a_sharded_optimizer_with_its_model(monkeypatch):
+    """state.check_host_updates() between commits (the job is about to grow): training goes on
+    from the live weights, so a sharded optimizer, which lays its state out again from its
+    snapshot after the change, must be snapshotted now, not left at the last commit (its state
+    would be a step older than the model's weights)."""
+    from horovodlite.torch.elastic import discovery
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters(),
+                                   shard="optimizer_state")
+    state = hvd.elastic.TorchState(model, opt, epoch=0)
+    state.sync()
+
+    def train():
+        opt.zero_grad()
+        model(torch.full((2, 4), float(hvd.rank() + 1))).sum().backward()
+        opt.step()
+
+    train()
+    state.commit()
+    train()  # past the commit
+    live = opt.state_dict()
+    monkeypatch.setattr(discovery, "active", lambda: True)
+    monkeypatch.setattr(discovery, "updates_agreed", lambda: (1, []))
+    with pytest.raises(hvd.HostsUpdatedInterrupt):
+        state.check_host_updates()
+    saved = state._handlers["optimizer"]._saved
+    assert saved["state"][0]["step"] == live["state"][0]["step"] == 2, hvd.rank()
+    assert torch.equal(saved["state"][0]["exp_avg"], live["state"][0]["exp_avg"]), hvd.rank()
+
+
 # --------------------------------------------------------------------------- ElasticSampler
 
 

@@ -89,7 +89,8 @@ class OptimizerHandler(StateHandler):
     ``HostsUpdatedInterrupt``, which resets without restoring."""
 
     def __init__(self, name: str, value) -> None:
-        if not isinstance(value, _ShardedOptimizer):
+        self.sharded = isinstance(value, _ShardedOptimizer)
+        if not self.sharded:
             super().__init__(name, value)
             return
         # A sharded optimizer's state_dict() is collective, and a worker that joins a running

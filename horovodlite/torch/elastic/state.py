@@ -65,7 +65,7 @@ class State:
             barrier()
         self.save()
         self.commits += 1
-        self.check_host_updates()
+        self._check_host_updates(saved=True)
 
     def check_host_updates(self) -> None:
         """Raises ``HostsUpdatedInterrupt`` on every rank when the job is to change: with
@@ -73,7 +73,15 @@ class State:
         has ranks (up to ``--max-np``), or no longer lists a host the job runs on; collective
         then (see discovery.py). Otherwise it never
         raises; raise ``HostsUpdatedInterrupt`` yourself to re-synchronise without rolling
-        back."""
+        back. Training goes on from the current state, not the last commit: what must be
+        gathered for that while every rank is still there (a sharded optimizer's shards) is
+        gathered before it raises."""
+        self._check_host_updates(saved=False)
+
+    def _before_hosts_update(self) -> None:
+        """Collective, on every rank of the job about to change, before the interrupt."""
+
+    def _check_host_updates(self, saved: bool) -> None:
         from horovodlite.common import elastic_worker
         from horovodlite.torch.elastic import discovery
 
@@ -83,11 +91,15 @@ class State:
                                   name="elastic.round").item())
             elastic_worker.announce(newer)
             if newer >= 0:
+                if not saved:
+                    self._before_hosts_update()
                 raise HostsUpdatedInterrupt(skip_sync=False)
             return
         if discovery.active():
             add, retire = discovery.updates_agreed()
             if add > 0 or retire:
+                if not saved:
+                    self._before_hosts_update()
                 raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self) -> None:
@@ -171,6 +183,16 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.restore()
         super().restore()
+
+    def _before_hosts_update(self) -> None:
+        """A sharded optimizer lays its state out again over the ranks after the change, from
+        its snapshot (handlers.py): between commits the snapshot is older than the model,
+        which goes on from its live weights. Snapshot it now, while every shard's holder is
+        still in the job (one allgather, in attribute-name order on every rank)."""
+        for name in sorted(self._handlers):
+            handler = self._handlers[name]
+            if getattr(handler, "sharded", False):
+                handler.save()
 
     def on_reset(self) -> None:
         """Handlers drop what referred to the old runtime, then the reset callbacks run."""
