@@ -129,6 +129,28 @@ def test_growth_between_commits_keeps_a_sharded_optimizer_with_its_model(monkeyp
     assert torch.equal(saved["state"][0]["exp_avg"], live["state"][0]["exp_avg"]), hvd.rank()
 
 
+def test_a_reset_before_the_first_commit_lays_a_sharded_optimizer_out_again(monkeypatch):
+    """The first state.sync() failing (a rank lost) leaves no snapshot of a sharded optimizer:
+    with no state to lose it is laid out afresh over the ranks now, not kept cut for the old
+    number of ranks; holding state it cannot rebuild, it raises naming what to do."""
+    from horovodlite.torch.elastic.handlers import OptimizerHandler
+
+    model = torch.nn.Linear(4, 3)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(),
+                                   shard="gradients")
+    handler = OptimizerHandler("optimizer", opt)
+    opt._shard_size += 1  # as laid out before the job lost a rank
+    handler.on_reset()
+    assert opt._shard_size == hvd.size() and opt._shard_buckets[0].layout.size == hvd.size()
+    opt.zero_grad()
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()  # now it holds state (momentum)
+    opt._shard_size += 1
+    with pytest.raises(hvd.HorovodInternalError, match="before the first commit"):
+        handler.on_reset()
+
+
 # --------------------------------------------------------------------------- ElasticSampler
 
 

@@ -34,6 +34,7 @@ import copy
 import torch
 
 from horovodlite.common import basics
+from horovodlite.common.exceptions import HorovodInternalError
 from horovodlite.torch.elastic.sampler import ElasticSampler
 from horovodlite.torch.functions import (
     allgather_object,
@@ -114,7 +115,7 @@ class OptimizerHandler(StateHandler):
         self._abandon_step()
         opt = self.value
         self._reset = True  # the next sync follows a reset (see _sync_sharded)
-        if (isinstance(opt, _ShardedOptimizer) and self._saved is not None
+        if (isinstance(opt, _ShardedOptimizer)
                 and opt._shard_ranks() != (opt._shard_size, opt._shard_rank)):
             # The ranks changed: the shards of lost ranks are gone, and the survivors' shards
             # are cut for the old number of ranks. Lay the snapshot out over the ranks now in
@@ -122,7 +123,18 @@ class OptimizerHandler(StateHandler):
             # state after HostsUpdatedInterrupt (raised by commit() right after its save(), or
             # after the sync and save() with the retiring ranks). No deep copy: the sharded
             # load_state_dict copies every tensor into shards of its own.
-            opt.load_state_dict(self._saved)
+            if self._saved is not None:
+                opt.load_state_dict(self._saved)
+            elif not opt.state and not opt._shard_parked:
+                # No snapshot yet (the first sync failed) and no state to lose: a fresh layout
+                # over the ranks now (a stale one would step ranges of the old number of ranks).
+                opt._shard_build({})
+            else:
+                raise HorovodInternalError(
+                    f"elastic: the ranks changed before the first commit of {self.name!r}, a "
+                    "sharded optimizer holding state (loaded before hvd.elastic.run?): the lost "
+                    "ranks' shards of it are gone. Load the checkpoint inside the function "
+                    "hvd.elastic.run calls, after state.sync(), or commit once first")
 
     def sync(self) -> None:
         if isinstance(self.value, _ShardedOptimizer):
