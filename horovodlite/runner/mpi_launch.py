@@ -143,6 +143,15 @@ def run(args, env: dict, error) -> int:
     check_elastic(args, error)
     if args.no_rank_reports and args.output_filename:
         error("--output-filename needs the rank wrapper: drop --no-rank-reports")
+    if args.no_rank_reports and args.elastic and (
+            args.host_discovery_script or (args.max_np or args.num_proc) > args.num_proc):
+        # without the wrapper, ranks spawned on an added host get the job's environment only
+        # on their command line (torch/elastic/runner.growth_command), which ps shows
+        error("--no-rank-reports with an --elastic job that may grow (--host-discovery-script, "
+              "or --max-np above -np) would put the job's environment - tokens and keys "
+              "included - on the command line of the ranks it adds, where ps shows it: drop "
+              "--no-rank-reports (the rank wrapper fetches the environment from horovodliterun "
+              "instead)")
     record = _mpi_check.read_record()
     mpirun = find_mpirun(record)
     if mpirun is None:

@@ -77,3 +77,21 @@ def test_a_rank_added_later_gets_the_jobs_environment_from_the_launcher_exactly(
     assert seen == {**ODD, "MY_TOO_LONG": None}, seen
     assert "too long to send to a rank added later, not set: MY_TOO_LONG" in out.stderr
     assert [(r.rank, r.added, r.status) for r in reports.ranks] == [(2, True, 0)]
+
+
+def test_growth_without_the_rank_wrapper_is_refused_by_name():
+    """--elastic --mpi --no-rank-reports where the job may grow would put the job's environment
+    on the added ranks' command line (the bare form above): refused when the job starts."""
+    import pytest
+
+    from horovodlite.runner import launch, mpi_launch
+
+    def error(message):
+        raise SystemExit(message)
+
+    for grow in (["--max-np", "4", "-H", "a:2,b:2"], ["--host-discovery-script", "/bin/true"]):
+        args = launch.parse_args(["--mpi", "--elastic", "-np", "2", "--no-rank-reports", *grow,
+                                  "train.py"])
+        with pytest.raises(SystemExit, match="--no-rank-reports with an --elastic job that may "
+                                             "grow.*ps shows it"):
+            mpi_launch.run(args, {}, error)
