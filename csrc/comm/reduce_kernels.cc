@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 // The element-wise loops that move most bytes (the ring's fold, scaling) are compiled twice, for
 // AVX2 and for the baseline, and the loader picks the AVX2 one where the CPU has it. The
@@ -97,11 +99,35 @@ struct BFloat {
   static uint16_t Store(float v) { return FloatToBFloat16(v); }
 };
 
+// Min and Max of floating-point values as IEEE 754-2019's minimum and maximum: a NaN on any rank
+// makes the result NaN (one quiet NaN, whatever its payload was), and -0 < +0. Both are
+// commutative to the bit, so the result does not depend on which rank's value comes first -
+// on the ring's order, on what a tensor was fused with, or on MPI_Allreduce's algorithm, which
+// gets the same functions as its op (backends/mpi/mpi_util.cc). std::min/max are not: they
+// return their first argument when a NaN or a zero of either sign is compared.
+template <typename T>
+inline T MinOf(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+    if (a == b) return std::signbit(a) ? a : b;
+  }
+  return b < a ? b : a;
+}
+
+template <typename T>
+inline T MaxOf(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+    if (a == b) return std::signbit(a) ? b : a;
+  }
+  return a < b ? b : a;
+}
+
 template <typename T>
 T Apply(T a, T b, ReduceOp op) {
   switch (op) {
-    case ReduceOp::kMin: return std::min(a, b);
-    case ReduceOp::kMax: return std::max(a, b);
+    case ReduceOp::kMin: return MinOf(a, b);
+    case ReduceOp::kMax: return MaxOf(a, b);
     case ReduceOp::kProduct: return static_cast<T>(a * b);
     default: return static_cast<T>(a + b);
   }
@@ -112,10 +138,10 @@ template <typename T>
 HVDL_VECTOR_CLONES void ReduceTyped(T* dst, const T* src, int64_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::kMin:
-      for (int64_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
+      for (int64_t i = 0; i < n; ++i) dst[i] = MinOf(dst[i], src[i]);
       break;
     case ReduceOp::kMax:
-      for (int64_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
+      for (int64_t i = 0; i < n; ++i) dst[i] = MaxOf(dst[i], src[i]);
       break;
     case ReduceOp::kProduct:
       for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(dst[i] * src[i]);

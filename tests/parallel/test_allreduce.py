@@ -177,3 +177,47 @@ def test_large_tensor_in_place():
     t = torch.arange(1 << 21, dtype=torch.float32)  # 8 MiB
     hvd.allreduce_(t, op=hvd.Sum, name="large")
     assert torch.equal(t, torch.arange(1 << 21, dtype=torch.float32) * n)
+
+
+def _ieee(values, op_name):
+    """IEEE 754-2019 minimum/maximum over the ranks' values: NaN if any is NaN, -0 < +0."""
+    import math
+    if any(math.isnan(v) for v in values):
+        return math.nan
+    key = (lambda v: (v, math.copysign(1.0, v)))
+    return (min if op_name == "Min" else max)(values, key=key)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("op_name", ["Min", "Max"])
+def test_min_max_of_nan_and_signed_zeros_do_not_depend_on_fusion(dtype, op_name):
+    """Min and Max take a NaN on any rank to NaN and order -0 before +0, whatever the ring's
+    order, what the tensor was fused with, or MPI_Allreduce's algorithm: the same bits alone,
+    fused with a large tensor, fused with a small one, as every rank computes them. (With
+    std::min at two ranks a NaN survived or vanished depending on the fusion.)"""
+    import math
+    n, r = hvd.size(), hvd.rank()
+    # column k: what each rank holds there; NaN and zeros of both signs at every rank position
+    columns = []
+    for who in range(n):
+        columns.append([math.nan if q == who else 1.0 for q in range(n)])
+        columns.append([-0.0 if q == who else 0.0 for q in range(n)])
+        columns.append([0.0 if q == who else -0.0 for q in range(n)])
+    columns.append([float(q) - 1.5 for q in range(n)])
+    mine = torch.tensor([c[r] for c in columns], dtype=dtype)
+    want = torch.tensor([_ieee(c, op_name) for c in columns], dtype=dtype)
+    op = OPS[op_name]
+    tag = f"nanzero.{op_name}.{str(dtype)[6:]}"
+    results = [
+        hvd.allreduce(mine.clone(), op=op, name=f"{tag}.alone"),
+        hvd.grouped_allreduce([torch.zeros(1 << 18, dtype=dtype), mine.clone()], op=op,
+                              name=f"{tag}.big")[1],
+        hvd.grouped_allreduce([torch.zeros(5, dtype=dtype), mine.clone()], op=op,
+                              name=f"{tag}.small")[1],
+    ]
+    for got in results:
+        same = (torch.isnan(got) == torch.isnan(want)).all() and (
+            got.nan_to_num(7.0) == want.nan_to_num(7.0)).all() and (
+            torch.signbit(got) == torch.signbit(want)).all()
+        assert same, f"rank {r}: {got.tolist()} (signs {torch.signbit(got).tolist()}) != " \
+                     f"{want.tolist()} (signs {torch.signbit(want).tolist()})"

@@ -15,6 +15,9 @@ struct HalfTypes {
   MPI_Datatype float16 = MPI_DATATYPE_NULL;
   MPI_Datatype bfloat16 = MPI_DATATYPE_NULL;
   MPI_Op ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // sum, min, max, prod
+  // float and double Min/Max: MPI_MIN/MPI_MAX leave NaN and the sign of zero to the
+  // implementation (and to which rank's value comes first); ours are reduce_kernels'.
+  MPI_Op float_min = MPI_OP_NULL, float_max = MPI_OP_NULL;
 };
 
 // Process-wide, like MPI itself: user-defined ops are plain function pointers and cannot capture.
@@ -26,6 +29,12 @@ HalfTypes& Halves() {
 template <ReduceOp kOp>
 void HalfReduce(void* in, void* inout, int* len, MPI_Datatype* type) {
   DataType dtype = *type == Halves().bfloat16 ? DataType::kBFloat16 : DataType::kFloat16;
+  ReduceInto(inout, in, *len, dtype, kOp);
+}
+
+template <ReduceOp kOp>
+void FloatReduce(void* in, void* inout, int* len, MPI_Datatype* type) {
+  DataType dtype = *type == MPI_DOUBLE ? DataType::kFloat64 : DataType::kFloat32;
   ReduceInto(inout, in, *len, dtype, kOp);
 }
 
@@ -110,6 +119,8 @@ void InitMpiTypes() {
     MPI_Op_create(&HalfReduce<ReduceOp::kMin>, 1, &h.ops[1]);
     MPI_Op_create(&HalfReduce<ReduceOp::kMax>, 1, &h.ops[2]);
     MPI_Op_create(&HalfReduce<ReduceOp::kProduct>, 1, &h.ops[3]);
+    MPI_Op_create(&FloatReduce<ReduceOp::kMin>, 1, &h.float_min);
+    MPI_Op_create(&FloatReduce<ReduceOp::kMax>, 1, &h.float_max);
   });
 }
 
@@ -131,6 +142,10 @@ MPI_Datatype MpiType(DataType dtype) {
 
 MPI_Op MpiOp(DataType dtype, ReduceOp op) {
   if (dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) return Halves().ops[OpIndex(op)];
+  if ((dtype == DataType::kFloat32 || dtype == DataType::kFloat64) &&
+      (op == ReduceOp::kMin || op == ReduceOp::kMax)) {
+    return op == ReduceOp::kMin ? Halves().float_min : Halves().float_max;
+  }
   if (dtype == DataType::kBool) {
     return (op == ReduceOp::kMin || op == ReduceOp::kProduct) ? MPI_LAND : MPI_LOR;
   }
