@@ -19,6 +19,10 @@ namespace hvdl {
 struct TorchPayload {
   std::vector<at::Tensor> inputs;
   std::vector<at::Tensor> outputs;  // allocated in the background thread for allgather & co.
+  // The memory the op reads and writes, held by itself: a tensor object kept alive does not
+  // keep its memory when Python swaps the storage under it while the op is in flight
+  // (`t.data = ...`, `t.set_(...)`, `module.double()`): the ring would write freed memory.
+  std::vector<c10::Storage> storages;
   std::vector<int64_t> extra;       // alltoall received splits, join's last rank, process set id
   // CUDA ops: the events after which the outputs are valid (one per device batch), set on the
   // background thread before the handle completes; wait() makes the caller's stream wait on them.

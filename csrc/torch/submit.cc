@@ -70,6 +70,8 @@ void AddTensor(const OpSpec& spec, const std::shared_ptr<TorchPayload>& payload,
   } else {
     e.output = out->is_same(in) ? e.input : ToRef(*out, dtype);
   }
+  payload->storages.push_back(in.storage());  // (adapter.h: TorchPayload::storages)
+  if (out != nullptr && !out->is_same(in)) payload->storages.push_back(out->storage());
   e.keepalive = payload;  // the tensors stay alive until the op completes, handle or not
   if (spec.op == OpType::kAlltoall) {  // the only op here with extra results: received splits
     e.done = [payload](const Status& s, const std::vector<int64_t>& extra) {
@@ -182,6 +184,7 @@ int SubmitAllreducePieces(Context& ctx, const OpSpec& spec, const std::vector<at
   e.process_set = spec.process_set;
   int64_t total = 0;
   for (const at::Tensor& t : parts) {
+    payload->storages.push_back(t.storage());
     if (t.numel() == 0) continue;
     e.pieces.push_back(Span{t.data_ptr(), t.numel()});
     total += t.numel();

@@ -221,3 +221,28 @@ def test_min_max_of_nan_and_signed_zeros_do_not_depend_on_fusion(dtype, op_name)
             torch.signbit(got) == torch.signbit(want)).all()
         assert same, f"rank {r}: {got.tolist()} (signs {torch.signbit(got).tolist()}) != " \
                      f"{want.tolist()} (signs {torch.signbit(want).tolist()})"
+
+
+@pytest.mark.skipif(hvd.size() < 2, reason="one rank's allreduce is done before a swap")
+def test_a_storage_swapped_while_in_flight_is_not_written_after_it_is_freed():
+    """`t.set_(...)` (or `t.data = ...`, `module.double()`) while t's allreduce is in flight:
+    the op keeps the memory it was given, so the result lands there and not in whatever the
+    freed memory became. Rank 0 submits first and swaps while the others are still asleep, then
+    fills the heap with tensors the size of the freed one; none of them may change."""
+    import gc
+    import time
+
+    n = 4096
+    t = torch.ones(n)
+    if hvd.rank() == 0:
+        handle = hvd.allreduce_async_(t, name="swapped.storage", op=hvd.Sum)
+        t.set_(torch.zeros(n))  # the tensor object lives on; its old memory has no other owner
+        gc.collect()
+        fillers = [torch.full((n,), 7.0) for _ in range(64)]
+        hvd.synchronize(handle)
+        assert all(bool((f == 7.0).all()) for f in fillers), "the op wrote into freed memory"
+        assert bool((t == 0).all())  # the new storage was not the op's
+    else:
+        time.sleep(0.3)
+        hvd.synchronize(hvd.allreduce_async_(t, name="swapped.storage", op=hvd.Sum))
+        assert bool((t == hvd.size()).all()), hvd.rank()
