@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -24,8 +25,21 @@ struct TorchPayload {
   // (`t.data = ...`, `t.set_(...)`, `module.double()`): the ring would write freed memory.
   std::vector<c10::Storage> storages;
   std::vector<int64_t> extra;       // alltoall received splits, join's last rank, process set id
-  // CUDA ops: the events after which the outputs are valid (one per device batch), set on the
-  // background thread before the handle completes; wait() makes the caller's stream wait on them.
+  // CUDA ops: the events after which the outputs are valid (one per device batch), added on the
+  // background thread; wait() makes the caller's stream wait on them. Usually added before the
+  // handle completes, but a handle an abort completed can be waited for while a batch still
+  // runs and adds its event: so both sides go through the lock.
+  void AddFinished(const std::shared_ptr<DeviceEvent>& event) {
+    std::lock_guard<std::mutex> lock(finished_mu);
+    if (finished.empty() || finished.back() != event) finished.push_back(event);
+  }
+  std::vector<std::shared_ptr<DeviceEvent>> Finished() {
+    std::lock_guard<std::mutex> lock(finished_mu);
+    return finished;
+  }
+
+ private:
+  std::mutex finished_mu;
   std::vector<std::shared_ptr<DeviceEvent>> finished;
 };
 

@@ -43,9 +43,7 @@ void AddTensor(const OpSpec& spec, const std::shared_ptr<TorchPayload>& payload,
   if (ready) {
     e.ready = ready;
     e.device_done = [payload](const std::shared_ptr<DeviceEvent>& finished) {
-      if (payload->finished.empty() || payload->finished.back() != finished) {
-        payload->finished.push_back(finished);
-      }
+      payload->AddFinished(finished);
     };
   }
   if (out == nullptr && ready) {
@@ -212,7 +210,7 @@ Status WaitForHandle(HandleTable& handles, int handle, std::shared_ptr<TorchPayl
   // batch failed with an earlier batch's error (core/device_inflight) still ran and handed its
   // event, and memory the user frees after the error must not be reused while it is queued.
   Status waited;
-  for (const auto& finished : (*payload)->finished) {
+  for (const auto& finished : (*payload)->Finished()) {
     Status s = WaitOnCallerStream(finished);
     if (waited.ok()) waited = s;
   }
