@@ -151,6 +151,63 @@ def test_a_reset_before_the_first_commit_lays_a_sharded_optimizer_out_again(monk
         handler.on_reset()
 
 
+def _barriers_failing(monkeypatch, plan):
+    """state.py's barrier, which after the real barrier (so the ranks stay in step) raises
+    HorovodInternalError where ``plan`` says: {call number: ranks}. A call number mapped to
+    "skip" ranks raises there without the real barrier (a rank whose peers never came)."""
+    from horovodlite.torch.elastic import state as state_module
+
+    real, calls = state_module.barrier, [0]
+
+    def barrier():
+        calls[0] += 1
+        ranks, skip = plan.get(calls[0], ((), ()))
+        if hvd.rank() in skip:
+            raise hvd.HorovodInternalError(f"simulated: peers lost before barrier {calls[0]}")
+        real()
+        if hvd.rank() in ranks:
+            raise hvd.HorovodInternalError(f"simulated: aborted after barrier {calls[0]}")
+
+    monkeypatch.setattr(state_module, "barrier", barrier)
+
+
+@pytest.mark.skipif(hvd.size() < 2, reason="needs survivors that see a commit differently")
+@pytest.mark.parametrize("completed_on_rank0", [True, False])
+def test_survivors_that_see_a_commit_differently_restore_the_same_one(monkeypatch,
+                                                                     completed_on_rank0):
+    """A failure aborts the survivors at different points of a commit. Where its second barrier
+    completed on rank 0 only, every rank keeps the new commit; where only rank 0 got past the
+    first one (so nobody can complete the second), every rank goes back to the one before.
+    Either way every rank restores the same commit (with one barrier, rank 0 kept the new one
+    and the others the old: the sync then mixed them, and a batch was skipped or trained twice
+    - wrong weights after a lost host)."""
+    model = torch.nn.Linear(2, 2)
+    state = hvd.elastic.TorchState(model, None, batch=0)
+    state.sync()
+    state.batch = 1
+    state.commit()  # commit 1: batch 1, on every rank
+    state.batch = 2
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    others = tuple(range(1, hvd.size()))
+    if completed_on_rank0:  # the second barrier of the next commit fails on the others
+        _barriers_failing(monkeypatch, {2: (others, ())})
+    else:  # the first one fails on the others; rank 0 waits in the second for nobody
+        _barriers_failing(monkeypatch, {1: (others, ()), 2: ((), (0,))})
+    try:
+        state.commit()
+        assert completed_on_rank0 and hvd.rank() == 0
+    except hvd.HorovodInternalError:
+        state.restore()
+    monkeypatch.undo()
+    state.agree_on_commit()
+    want_batch, want_commits = (2, 2) if completed_on_rank0 else (1, 1)
+    assert (state.batch, state.commits) == (want_batch, want_commits), hvd.rank()
+    seen = hvd.allgather_object((state.batch, state.commits, model.weight.sum().item()),
+                                name="elastic.test.agree")
+    assert all(v == seen[0] for v in seen), f"rank {hvd.rank()}: the ranks differ: {seen}"
+
+
 # --------------------------------------------------------------------------- ElasticSampler
 
 

@@ -220,8 +220,12 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
     resets = 0
     skip_sync = False
     committed = _commits(state)  # the commit count at the last reset: progress since it?
+    agree = False
     while True:
         try:
+            if agree:  # after a failure: every rank restores the same commit (state.py)
+                agree = False
+                getattr(state, "agree_on_commit", lambda: None)()
             if not skip_sync:
                 state.sync()
             result = func(state, *args, **kwargs)
@@ -230,6 +234,7 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
         except HorovodInternalError as exc:
             error, skip_sync, skip_restore = exc, False, False
             state.restore()
+            agree = True
         except HostsUpdatedInterrupt as exc:
             error, skip_sync, skip_restore = exc, exc.skip_sync, True
             if _retiring():  # the leaving ranks' processed samples must count: sync with them

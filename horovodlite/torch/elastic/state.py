@@ -5,8 +5,17 @@
 Life cycle, on every rank:
 
 - ``save()``: snapshot in memory (deep copies). ``commit()`` is the collective form: a barrier
-  (so every rank snapshots at the same point of training, or none does, and the ranks' last
-  commits never differ), ``save()``, then ``check_host_updates()``.
+  (every rank snapshots at the same point of training), ``save()``, a second barrier, then
+  ``check_host_updates()``. Why two: a failure aborts the survivors at different points, so
+  one barrier can complete on one survivor and fail on another, which then keep different last
+  commits - and the sync after the reset mixed them (rank 0's weights, every rank's processed
+  samples: a batch skipped or trained twice). The snapshot a rank takes between the barriers
+  is *pending* until the second one completes; it completes on some rank only if every rank
+  took it. After a reset, ``agree_on_commit()`` (collective, called by ``hvd.elastic.run``
+  before the sync) makes every rank keep its pending snapshot where some rank completed the
+  commit, and go back to the one before everywhere else. The one before is the snapshot the
+  pending one replaced, kept by reference until the second barrier: no copy is made, but two
+  snapshots exist during a commit.
 - ``restore()``: back to the last snapshot (local).
 - ``sync()``: every rank takes rank 0's current state (collective), which then becomes every
   rank's snapshot too. Called by ``run`` before the first attempt and after each reset.
@@ -60,12 +69,47 @@ class State:
 
     def commit(self) -> None:
         """Collective: every rank reaches this point, then snapshots (``save``) and checks for
-        host updates. The barrier is skipped when horovodlite is not initialised."""
-        if is_initialized():
-            barrier()
+        host updates; two barriers around the snapshot (see the top), skipped when horovodlite
+        is not initialised."""
+        if not is_initialized():
+            self.save()
+            self.commits += 1
+            self._check_host_updates(saved=True)
+            return
+        barrier()
+        previous = self._snapshot_refs()
+        self._pending = previous is not None
+        self._previous = previous
         self.save()
+        barrier()  # raises on a rank whose peers failed meanwhile: the snapshot stays pending
+        self._pending, self._previous = False, None
         self.commits += 1
         self._check_host_updates(saved=True)
+
+    def agree_on_commit(self) -> None:
+        """Collective, after a reset (``hvd.elastic.run`` calls it before ``sync``): a rank
+        whose last commit is pending keeps it if some rank completed that commit, and goes back
+        to the snapshot before it otherwise, so every rank restores the same commit."""
+        from horovodlite.torch.functions import allgather_object
+
+        pending = getattr(self, "_pending", False)
+        every = allgather_object((self.commits, pending), name="elastic.commits")
+        if not pending:
+            return
+        completed = max(c for c, _ in every)
+        if completed == self.commits + 1:  # some rank completed it: so did every rank's save
+            self.commits += 1
+        else:
+            self._restore_refs(self._previous)
+        self._pending, self._previous = False, None
+        self.restore()
+
+    def _snapshot_refs(self):
+        """The current snapshot, by reference (None: this state cannot keep one aside)."""
+        return None
+
+    def _restore_refs(self, refs) -> None:
+        raise NotImplementedError
 
     def check_host_updates(self) -> None:
         """Raises ``HostsUpdatedInterrupt`` on every rank when the job is to change: with
@@ -135,6 +179,12 @@ class ObjectState(State):
         for name, value in copy.deepcopy(self._saved_objects).items():
             setattr(self, name, value)
 
+    def _snapshot_refs(self):
+        return {"": self._saved_objects}
+
+    def _restore_refs(self, refs) -> None:
+        self._saved_objects = refs[""]
+
     def sync(self) -> None:
         """Rank 0's current attribute values to every rank (one ``broadcast_object``), then
         ``save()``: every rank's snapshot is the synchronised state."""
@@ -178,6 +228,15 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.save()
         super().save()
+
+    def _snapshot_refs(self):
+        refs = {f"handler.{n}": h._saved for n, h in self._handlers.items()}
+        return {**refs, **super()._snapshot_refs()}
+
+    def _restore_refs(self, refs) -> None:
+        for name, handler in self._handlers.items():
+            handler._saved = refs[f"handler.{name}"]
+        super()._restore_refs(refs)
 
     def restore(self) -> None:
         for handler in self._handlers.values():
