@@ -173,7 +173,7 @@ class ElasticJob:
             self.round, [str(w) for w in self.members], hosts, reason, end,
             [str(w) for w in retired]))
         self.reset_since = None
-        self.reports.round = self.round
+        self.reports.set_round(self.round)
         if end:
             say(f"round {self.round}: the job ends: {end}")
             self.ended = end

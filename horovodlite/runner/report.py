@@ -305,9 +305,17 @@ class ReportServer:
         launch: nothing else tells the ranks of other hosts at once)."""
         self._tell_survivors({"event": "failed", "rank": rank, "host": host, "why": why})
 
-    def _tell_survivors(self, message: dict) -> None:
-        if self.round is not None:  # an elastic job: the round the news concerns
-            message = dict(message, round=self.round)
+    def set_round(self, k: int) -> None:
+        """The elastic driver's new round. Under the lock ``_mark_lost`` holds: news of a loss
+        marked in round k is told as round k, never as the round the driver published on
+        seeing it (a survivor already there would abort a live round for a loss of the last)."""
+        with self._lock:
+            self.round = k
+
+    def _tell_survivors(self, message: dict, round_: int | None = None) -> None:
+        round_ = self.round if round_ is None else round_
+        if round_ is not None:  # an elastic job: the round the news concerns
+            message = dict(message, round=round_)
         with self._send_lock:  # a channel numbers its lines: one sender at a time
             for conn, (_, rank, channel, _, _) in list(self._conns.items()):
                 if rank is not None and rank.status is None and rank.lost is None:
@@ -338,6 +346,7 @@ class ReportServer:
     def _mark_lost(self, ranks: list, why: str) -> None:
         hosts: list[str] = []
         with self._lock:
+            round_ = self.round  # before anyone can see the loss (set_round)
             for r in ranks:
                 if r.lost is None:
                     r.lost = why
@@ -354,7 +363,7 @@ class ReportServer:
                 self.on_lost(host, names, why)
                 if self.tell_survivors:
                     self._tell_survivors({"event": "lost", "host": host, "ranks": names,
-                                          "why": why})
+                                          "why": why}, round_)
 
     # -- after the job -----------------------------------------------------------------------
     def all_accounted_for(self, size: int) -> bool:

@@ -385,3 +385,34 @@ def test_other_mpirun_failures_and_started_ranks_are_not_retried(tmp_path, capfd
     _outcome(_fake_mpirun(tmp_path, BANNER, 0), OneStarted())
     err = capfd.readouterr().err
     assert "second call" not in err and "starting the job again" not in err
+
+
+def test_a_loss_is_told_in_the_round_it_was_marked_in():
+    """The elastic driver publishes a new round when it sees a loss; the news of the loss must
+    still name the round it happened in (told as the new round, it aborted a survivor's live
+    next round for a loss of the last one)."""
+    import threading
+    import time
+
+    from horovodlite.runner import report
+
+    server = report.ReportServer(bind="127.0.0.1")
+    try:
+        server.set_round(0)
+        told = []
+        server._tell_survivors = lambda message, round_=None: told.append(
+            server.round if round_ is None else round_)
+        lost = report.Rank(rank=2, host="h1", pid=1)
+        server.ranks.append(lost)
+        driver = threading.Thread(target=lambda: server.set_round(1))
+
+        def on_lost(host, names, why):  # the driver sees the loss and publishes at once
+            driver.start()
+            time.sleep(0.2)
+
+        server.on_lost = on_lost
+        server._mark_lost([lost], "gone")
+        driver.join()
+        assert told == [0] and server.round == 1, told
+    finally:
+        server.close()
