@@ -219,16 +219,26 @@ void Context::Shutdown(const std::string& reason) {
   // The shutdown cycle needs every rank: keep listening for the launcher while waiting, since a
   // host lost now (or a cut link noticed now) would leave us waiting for ever otherwise. Once
   // aborted, the loop may be blocked inside MPI with the lost ranks: give it 2 s, no more.
+  bool joined = true;
   while (!loop_->JoinFor(std::chrono::milliseconds(200))) {
     if (aborted_) {
       if (!loop_->JoinFor(std::chrono::seconds(2))) {
         HVDL_LOG(Error) << "the background thread is still blocked in a collective with the "
                            "lost ranks; leaving it behind";
+        joined = false;
       }
       break;
     }
   }
-  if (aborted_) timeline_->Stop();  // an aborted context is never destroyed (see Abort)
+  if (!aborted_) return;
+  // An aborted context is never destroyed (see Abort), so what ~Context ends ends here: its
+  // launcher-notice subscription (a notice arriving during the next round's rendezvous then
+  // waits for the next context instead of reaching this retired one only) and, once its loop
+  // has joined (a loop left behind may still wait on it), the watchdog, which would otherwise
+  // go on polling the store and name the old round's ranks as lost.
+  timeline_->Stop();
+  notices_.reset();
+  if (joined && comm_.stop_watching) comm_.stop_watching();
 }
 
 // Runs on the notices thread. Only refuses new work and fails the handles; the loop, when it
