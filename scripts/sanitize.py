@@ -27,7 +27,9 @@ DEFAULT = "address,undefined"
 
 
 def folder(sanitize: str) -> Path:
-    return ROOT / "build" / f"sanitize-{sanitize.replace(',', '-')}"
+    """build/sanitize-<kinds>, or under $HVDL_SANITIZE_ROOT (a folder outside the checkout)."""
+    base = Path(os.environ.get("HVDL_SANITIZE_ROOT") or ROOT / "build")
+    return base / f"sanitize-{sanitize.replace(',', '-')}"
 
 
 def _normal_cache() -> dict[str, str]:
@@ -77,10 +79,34 @@ def build(sanitize: str = DEFAULT) -> Path:
         subprocess.run(configure, check=True, stdout=subprocess.DEVNULL)
     subprocess.run([cmake, "--build", str(cmake_dir)], check=True)
     subprocess.run([cmake, "--build", str(cmake_dir), "--target", "_testing"], check=True)
+    if "thread" in sanitize.split(","):
+        cmake = str(_cmake_without_preload(base, cmake))
     marker = pkg / "horovodlite" / "_editable_build.json"
     marker.write_text(json.dumps({"cmake": cmake, "build_dir": str(cmake_dir),
                                   "package_dir": str(marker.parent)}))
     return pkg
+
+
+def _cmake_without_preload(base: Path, cmake: str) -> Path:
+    """ThreadSanitizer only: the cmake that the marker names (the import-time rebuild,
+    tests/unit/cpp_testing.py's build of _testing), a wrapper that drops LD_PRELOAD first.
+
+    cmake run with libtsan preloaded never returns: ninja runs its rules through /bin/sh, which
+    crashes at start with the runtime preloaded (dash and bash both: a call through a null
+    pointer from main), and cmake, waiting for ninja in select() (not intercepted), never gets
+    the SIGCHLD that TSan's wrapped handler defers until the next intercepted call, nor the
+    SIGTERM of a timeout. Every `cmake --build` here runs a rule (the CONFIGURE_DEPENDS globs'
+    check), so a test module that imported the package hung silently in its collection. The
+    wrapper is Python (a shell script would crash the same way), which starts fine under TSan.
+    """
+    wrapper = base / "cmake-without-preload"
+    wrapper.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys\n"
+        "env = {k: v for k, v in os.environ.items() if k != 'LD_PRELOAD'}\n"
+        f"os.execve({cmake!r}, [{cmake!r}, *sys.argv[1:]], env)\n")
+    wrapper.chmod(0o755)
+    return wrapper
 
 
 def _runtime(name: str) -> str:
@@ -114,6 +140,13 @@ def environment(sanitize: str = DEFAULT, base: dict | None = None) -> dict[str, 
     env["ASAN_OPTIONS"] = ("detect_leaks=0:halt_on_error=1:abort_on_error=1:"
                            "detect_stack_use_after_return=0:allocator_may_return_null=1")
     env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
+    if "thread" in kinds:
+        # The PyPI Open MPI that _C links loads UCX, whose libucm patches madvise(): glibc calls
+        # it on a thread's stack as the thread exits, after TSan tore down the thread's state,
+        # and TSan's pthread_rwlock_rdlock interceptor in libucm's hook segfaults, so the first
+        # thread to end killed the process. No memory hooks: UCX is not used by these tests.
+        env["UCX_MEM_MMAP_HOOK_MODE"] = "none"
+        env["UCX_MEM_MALLOC_HOOKS"] = "no"
     env["HVDL_SANITIZED"] = sanitize
     return env
 
@@ -136,6 +169,12 @@ def main() -> int:
     if args.what == "build":
         print(folder(args.sanitize) / "pkg")
         return 0
+    if (ROOT / "horovodlite").is_dir() and Path.cwd().resolve() == ROOT:
+        # `python -m ...` and `python -c` put the working folder first on sys.path, before
+        # PYTHONPATH: from the checkout that is the source tree's (unsanitized) package, whose
+        # import also rebuilds the normal build folder.
+        print("sanitize.py: run from tests/ (cd tests): from the checkout's root, `python -m` "
+              "imports the source tree's unsanitized horovodlite", file=sys.stderr)
     return subprocess.run(command, env=environment(args.sanitize)).returncode
 
 
