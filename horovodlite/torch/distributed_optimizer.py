@@ -311,6 +311,8 @@ class _DistributedOptimizer(_GradLaunch):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._hvd_should_sync and not self._hvd_fresh_sync:
+            _refuse_unreduced_inf_check(self)
         if self._hvd_should_sync:
             reducer = self._hvd_reducer
             if self._hvd_fresh_sync and not (reducer is not None and reducer.fired()):
@@ -406,6 +408,20 @@ class _DistributedOptimizer(_GradLaunch):
 # torch's Optimizer wraps a class's ``step`` to run step hooks unless it is marked ``hooked``;
 # our step calls the wrapped class's (already hooked) step, so the hooks must not run twice.
 _DistributedOptimizer.step.hooked = True
+
+
+def _refuse_unreduced_inf_check(optimizer) -> None:
+    """A fused optimizer takes GradScaler's other path: the scaler checks ``.grad`` for inf/nan
+    itself and hands ``found_inf`` to ``step()``. Without ``synchronize()`` first it checked this
+    rank's own gradients, before they were reduced: a rank that overflowed alone would skip the
+    step while the others take it. Refused, on every rank (they all take this path)."""
+    if "found_inf" in optimizer.__dict__:
+        raise HorovodArgumentError(
+            "DistributedOptimizer.step() from GradScaler.step() with a fused optimizer, without "
+            "optimizer.synchronize() first: the scaler checked this rank's own gradients for "
+            "inf/nan before they were reduced, so ranks could skip different steps. Call "
+            "optimizer.synchronize() and scaler.unscale_(optimizer) before, and "
+            "scaler.step(optimizer) inside `with optimizer.skip_synchronize():`")
 
 
 def _check_passes(passes) -> None:

@@ -107,7 +107,8 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
     sharded = getattr(optimizer, "_shard_broadcast", None)  # DistributedOptimizer(shard=...)
     if sharded is not None and sharded(root_rank):
         return
-    state_dict = optimizer.state_dict()
+    full = getattr(optimizer, "_shard_full_state_dict", None)  # collective, never consolidated
+    state_dict = full() if full is not None else optimizer.state_dict()
     structure = {"param_groups": state_dict["param_groups"], "state": {}}
     local_tensors = {}
     for pid, pstate in state_dict["state"].items():

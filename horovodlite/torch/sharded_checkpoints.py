@@ -47,7 +47,12 @@ class ShardedCheckpoints:
                     "state_dict() there, or on every rank without consolidating")
             return held[1]
         with _named_if_alone(self._shard_rank, "state_dict()"):
-            return to_torch(self.param_groups, self._shard_collect())
+            return self._shard_full_state_dict()
+
+    def _shard_full_state_dict(self) -> dict:
+        """The full state, always collective (what every rank calls together: the elastic
+        state's snapshots, broadcast_optimizer_state), whatever consolidate_state_dict held."""
+        return to_torch(self.param_groups, self._shard_collect())
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Gathers the full state on rank ``to`` of the optimizer's process set (as torch's
@@ -63,7 +68,7 @@ class ShardedCheckpoints:
             raise HorovodArgumentError(
                 f"consolidate_state_dict(to={to}): not a rank of the optimizer's "
                 f"{self._shard_size} ranks")
-        full = to_torch(self.param_groups, self._shard_collect())
+        full = self._shard_full_state_dict()
         self._shard_consolidated = (self._shard_steps, full if self._shard_rank == to else None,
                                     int(to))
 

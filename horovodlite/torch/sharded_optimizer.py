@@ -57,6 +57,7 @@ from horovodlite.common.process_sets import _id_of
 from horovodlite.common.reduce_ops import Average, Sum
 from horovodlite.torch import summary
 from horovodlite.torch.collectives import grouped_allgather_async, grouped_reducescatter_async
+from horovodlite.torch.distributed_optimizer import _refuse_unreduced_inf_check
 from horovodlite.torch.mpi_ops import grouped_allreduce_async_, synchronize
 from horovodlite.torch.shard_layout import ShardLayout, check_elementwise
 from horovodlite.torch.sharded_checkpoints import ShardedCheckpoints
@@ -350,6 +351,7 @@ class _ShardedOptimizer(ShardedOverlap, ShardedClipping, ShardedCheckpoints):
             with torch.enable_grad():
                 loss = closure()
         if not self._shard_synced:
+            _refuse_unreduced_inf_check(self)
             self._shard_refresh()
             self._shard_reduce(agree=False)
         self._shard_synced = False

@@ -292,6 +292,9 @@ class ShardedOverlap:
         and reduced ranges are cleared."""
         self._overlap_reset()
         self._shard_synced = False
+        # Learnt from the last step, which a rank that joins at the reset has not seen: every
+        # rank starts from the same value, so they decide alike whether to gather (_shard_reduce).
+        self._overlap_early = False
         for b in self._shard_buckets:
             b.grad = None
             for p in b.params:

@@ -208,6 +208,50 @@ def test_survivors_that_see_a_commit_differently_restore_the_same_one(monkeypatc
     assert all(v == seen[0] for v in seen), f"rank {hvd.rank()}: the ranks differ: {seen}"
 
 
+def test_sync_gives_every_rank_rank0s_commit_count():
+    """A worker that joins a running job starts at 0 commits; agree_on_commit compares counts,
+    so the sync makes them rank 0's."""
+    state = hvd.elastic.ObjectState(epoch=0)
+    state.commits = 7 if hvd.rank() == 0 else 0
+    state.sync()
+    assert state.commits == 7, hvd.rank()
+
+
+def test_a_commit_after_a_consolidated_rank0_save_is_collective_on_every_rank():
+    """consolidate_state_dict(to=0) makes state_dict() local on rank 0 and refused elsewhere
+    until the next step; the elastic state's snapshot (and broadcast_optimizer_state) gather
+    the state collectively regardless (they raised on every rank but 0)."""
+    model = torch.nn.Linear(4, 3)
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters(),
+                                   shard="optimizer_state")
+    state = hvd.elastic.TorchState(model, opt, epoch=0)
+    state.sync()
+    opt.zero_grad()
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    opt.consolidate_state_dict(to=0)
+    state.commit()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert state._handlers["optimizer"]._saved["state"][0]["step"] == 1, hvd.rank()
+
+
+def test_a_reset_forgets_what_the_sharded_optimizer_learnt_of_the_last_step():
+    """shard="gradients" learns from the step before whether buckets were retired during
+    backward; a rank that joins at a reset has not seen that step, so every rank forgets it
+    (the survivors would gather the ranges, the newcomer not: a hang)."""
+    model = torch.nn.Linear(4, 3)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   shard="gradients")
+    opt.zero_grad()
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()  # without synchronize(): the next step may retire buckets during backward
+    assert opt._overlap_early
+    opt._hvd_abandon_step()
+    assert not opt._overlap_early
+
+
 # --------------------------------------------------------------------------- ElasticSampler
 
 

@@ -288,6 +288,30 @@ def test_grad_scaler_skips_on_every_rank(mode, fused):
     assert_same(model, ref, rtol=0, atol=0, what="GradScaler")  # bit-identical
 
 
+@pytest.mark.parametrize("mode", [None, *MODES])
+def test_a_fused_scaler_step_without_synchronize_is_refused(mode):
+    """With a fused optimizer GradScaler checks .grad for inf/nan itself before step(): without
+    synchronize() that is this rank's own gradient, so a rank overflowing alone would skip the
+    step the others take. Refused on every rank, naming the recipe; the recipe then works."""
+    x, y = make_data(steps=2, dtype=torch.float32)
+    model = make_model(dtype=torch.float32)
+    opt = wrap(torch.optim.Adam(model.parameters(), lr=0.01, fused=True), model, mode)
+    scaler = torch.amp.GradScaler("cpu")
+    opt.zero_grad()
+    scaler.scale(F.mse_loss(model(shard(x[0])), shard(y[0]))).backward()
+    with pytest.raises(ValueError, match=r"without optimizer.synchronize\(\) first"):
+        scaler.step(opt)
+    opt.synchronize()  # what was in flight ends; then the recipe
+    scaler = torch.amp.GradScaler("cpu")
+    opt.zero_grad()
+    scaler.scale(F.mse_loss(model(shard(x[1])), shard(y[1]))).backward()
+    opt.synchronize()
+    scaler.unscale_(opt)
+    with opt.skip_synchronize():
+        scaler.step(opt)
+    scaler.update()
+
+
 def train_with_changes(shard_mode, steps=5):
     """Per-group hyperparameters, an LR scheduler, a layer frozen and unfrozen, a parameter
     used on rank 0 only, one used nowhere, and a param group added at step 2."""

@@ -99,6 +99,12 @@ class OptimizerHandler(StateHandler):
         # which ends with save() on every rank.
         self.name, self.value, self._saved = name, value, None
 
+    def save(self) -> None:
+        if self.sharded:  # collective, whatever consolidate_state_dict holds for a rank-0 save
+            self._saved = copy.deepcopy(self.value._shard_full_state_dict())
+        else:
+            super().save()
+
     def _abandon_step(self) -> None:
         abandon = getattr(self.value, "_hvd_abandon_step", None)
         if abandon is not None:

@@ -220,13 +220,13 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
     resets = 0
     skip_sync = False
     committed = _commits(state)  # the commit count at the last reset: progress since it?
-    agree = False
     while True:
         try:
-            if agree:  # after a failure: every rank restores the same commit (state.py)
-                agree = False
-                getattr(state, "agree_on_commit", lambda: None)()
             if not skip_sync:
+                # every rank restores the same commit (state.py), then takes rank 0's state;
+                # before every sync, so that every rank of the job - one that failed, one that
+                # was interrupted, one that just joined - runs the same collectives
+                getattr(state, "agree_on_commit", lambda: None)()
                 state.sync()
             result = func(state, *args, **kwargs)
             finish()
@@ -234,7 +234,6 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
         except HorovodInternalError as exc:
             error, skip_sync, skip_restore = exc, False, False
             state.restore()
-            agree = True
         except HostsUpdatedInterrupt as exc:
             error, skip_sync, skip_restore = exc, exc.skip_sync, True
             if _retiring():  # the leaving ranks' processed samples must count: sync with them

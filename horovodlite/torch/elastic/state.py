@@ -186,12 +186,16 @@ class ObjectState(State):
         self._saved_objects = refs[""]
 
     def sync(self) -> None:
-        """Rank 0's current attribute values to every rank (one ``broadcast_object``), then
-        ``save()``: every rank's snapshot is the synchronised state."""
-        if self._object_names:
-            root = self._bcast_object({n: getattr(self, n) for n in self._object_names})
-            for name, value in root.items():
-                setattr(self, name, value)
+        """Rank 0's current attribute values and commit count to every rank (one
+        ``broadcast_object``), then ``save()``: every rank's snapshot is the synchronised
+        state."""
+        root = self._bcast_object({"objects": {n: getattr(self, n) for n in self._object_names},
+                                   "commits": self.commits})
+        for name, value in root["objects"].items():
+            setattr(self, name, value)
+        # The same count everywhere (a worker that joined starts at 0): agree_on_commit
+        # compares them.
+        self.commits = root["commits"]
         self.save()
 
 
