@@ -92,6 +92,8 @@ class State:
         to the snapshot before it otherwise, so every rank restores the same commit."""
         from horovodlite.torch.functions import allgather_object
 
+        if not is_initialized():  # nothing to agree with (commit() took no pending snapshot)
+            return
         pending = getattr(self, "_pending", False)
         every = allgather_object((self.commits, pending), name="elastic.commits")
         if not pending:
@@ -189,13 +191,15 @@ class ObjectState(State):
         """Rank 0's current attribute values and commit count to every rank (one
         ``broadcast_object``), then ``save()``: every rank's snapshot is the synchronised
         state."""
-        root = self._bcast_object({"objects": {n: getattr(self, n) for n in self._object_names},
-                                   "commits": self.commits})
-        for name, value in root["objects"].items():
-            setattr(self, name, value)
-        # The same count everywhere (a worker that joined starts at 0): agree_on_commit
-        # compares them.
-        self.commits = root["commits"]
+        if self._object_names or is_initialized():
+            root = self._bcast_object({"objects": {n: getattr(self, n)
+                                                   for n in self._object_names},
+                                       "commits": self.commits})
+            for name, value in root["objects"].items():
+                setattr(self, name, value)
+            # The same count everywhere (a worker that joined starts at 0): agree_on_commit
+            # compares them.
+            self.commits = root["commits"]
         self.save()
 
 
