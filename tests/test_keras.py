@@ -48,20 +48,27 @@ MIXED_CHECKS = ["wrapped_in_a_loss_scaler", "mixed_float16_same_weights_and_scal
                 "policy_after_wrapping_is_named", "keras_gradient_accumulation_equals_one_process"]
 
 
-def test_mixed_float16_and_keras_accumulation_at_np2():
-    """mixed_float16 used to put the loss scaler's inf check before the reduction: the rank
-    whose own gradients overflowed skipped a reduction the other waited in."""
+def run_checked_job(script: Path, checks: list, *args) -> str:
+    """``script`` at np 2 under horovodliterun; asserts it succeeded and every rank passed
+    every check; returns its output without rank prefixes."""
     cmd = [sys.executable, "-m", "horovodlite.runner.launch", "-np", "2", sys.executable,
-           str(HERE / "scripts" / "keras_mixed.py")]
+           str(script), *map(str, args)]
     rc, out, _ = retry_if_launcher_did_not_start(
         lambda: run_job(cmd, cwd=HERE.parent, env=env(), timeout=300,
-                        what="horovodliterun np=2 keras_mixed.py"))
+                        what=f"horovodliterun np=2 {script.name}"))
     out = unprefixed(out)
     assert rc == 0, out[-8000:]
     for r in range(2):
-        for name in MIXED_CHECKS:
+        for name in checks:
             assert f"rank {r}: CHECK {name} ok" in out, f"rank {r} did not pass {name}:\n" + \
                 out[-8000:]
+    return out
+
+
+def test_mixed_float16_and_keras_accumulation_at_np2():
+    """mixed_float16 used to put the loss scaler's inf check before the reduction: the rank
+    whose own gradients overflowed skipped a reduction the other waited in."""
+    run_checked_job(HERE / "scripts" / "keras_mixed.py", MIXED_CHECKS)
 
 
 def test_installed_version_is_within_the_declared_range():
@@ -69,17 +76,7 @@ def test_installed_version_is_within_the_declared_range():
 
 
 def test_keras_api_at_np2(tmp_path):
-    cmd = [sys.executable, "-m", "horovodlite.runner.launch", "-np", "2", sys.executable,
-           str(SCRIPT), str(tmp_path / "model.keras")]
-    rc, out, _ = retry_if_launcher_did_not_start(
-        lambda: run_job(cmd, cwd=HERE.parent, env=env(), timeout=300,
-                        what="horovodliterun np=2 keras_job.py"))
-    out = unprefixed(out)
-    assert rc == 0, out[-8000:]
-    for r in range(2):
-        for name in CHECKS:
-            assert f"rank {r}: CHECK {name} ok" in out, f"rank {r} did not pass {name}:\n" + \
-                out[-8000:]
+    out = run_checked_job(SCRIPT, CHECKS, tmp_path / "model.keras")
     assert "finished gradual learning rate warmup to 0.1" in out
 
 

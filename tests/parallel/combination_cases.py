@@ -206,13 +206,17 @@ def clip(case, opt, params):
         opt.clip_grad_norm_(0.05)
 
 
+def make_scaler(case: dict):
+    return torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2,
+                                enabled=case["scaler"] == "1")
+
+
 def train_reference(case: dict, size: int):
     """One process, the global batch: each backward pass's loss is the ranks' losses combined
     as the ranks' gradients are (mean or sum)."""
     model = Net(case["params"])
     opt = make_optimizer(case, trained_params(model, case))
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2,
-                                  enabled=case["scaler"] == "1")
+    scaler = make_scaler(case)
     passes = int(case["passes"])
     for step in range(STEPS):
         if case["params"] == "added" and step == ADD_AT:
@@ -274,8 +278,7 @@ def train_distributed(case: dict):
             opt = _wrap(case, model, opt)
         except hvd.HorovodArgumentError as exc:
             raise Refused(str(exc)) from exc
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2,
-                                  enabled=case["scaler"] == "1")
+    scaler = make_scaler(case)
     passes = int(case["passes"])
     explicit = case["scaler"] == "1" or case["clip"] != "none"
     for step in range(STEPS):

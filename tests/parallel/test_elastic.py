@@ -96,6 +96,17 @@ def test_commit_and_restore_round_trip():
     assert state.epoch == 5
 
 
+def sharded_adam_state():
+    """A Linear, its Adam with shard="optimizer_state", and a synced TorchState of both."""
+    model = torch.nn.Linear(4, 3)
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters(),
+                                   shard="optimizer_state")
+    state = hvd.elastic.TorchState(model, opt, epoch=0)
+    state.sync()
+    return model, opt, state
+
+
 def test_growth_between_commits_keeps_a_sharded_optimizer_with_its_model(monkeypatch):
     """state.check_host_updates() between commits (the job is about to grow): training goes on
     from the live weights, so a sharded optimizer, which lays its state out again from its
@@ -104,12 +115,7 @@ def test_growth_between_commits_keeps_a_sharded_optimizer_with_its_model(monkeyp
     from horovodlite.torch.elastic import discovery
 
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 3)
-    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
-                                   named_parameters=model.named_parameters(),
-                                   shard="optimizer_state")
-    state = hvd.elastic.TorchState(model, opt, epoch=0)
-    state.sync()
+    model, opt, state = sharded_adam_state()
 
     def train():
         opt.zero_grad()
@@ -221,12 +227,7 @@ def test_a_commit_after_a_consolidated_rank0_save_is_collective_on_every_rank():
     """consolidate_state_dict(to=0) makes state_dict() local on rank 0 and refused elsewhere
     until the next step; the elastic state's snapshot (and broadcast_optimizer_state) gather
     the state collectively regardless (they raised on every rank but 0)."""
-    model = torch.nn.Linear(4, 3)
-    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
-                                   named_parameters=model.named_parameters(),
-                                   shard="optimizer_state")
-    state = hvd.elastic.TorchState(model, opt, epoch=0)
-    state.sync()
+    model, opt, state = sharded_adam_state()
     opt.zero_grad()
     model(torch.ones(2, 4)).sum().backward()
     opt.step()
