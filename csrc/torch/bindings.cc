@@ -25,6 +25,12 @@ TorchOpsHost g_host;
 
 Context& Ctx() { return g_host.context(); }
 
+// How the reducer waits for handles from a Python call: without the GIL.
+void WithoutGil(const std::function<void()>& wait) {
+  py::gil_scoped_release nogil;
+  wait();
+}
+
 void CheckLists(OpType op, const std::vector<at::Tensor>& inputs,
                 const std::vector<std::string>& names) {
   if (inputs.empty() || inputs.size() != names.size()) {
@@ -276,13 +282,8 @@ void RegisterGradReducer(py::module_& m) {
       .def("set_device", &GradReducer::SetDevice, py::arg("device"))
       .def("set_passes", &GradReducer::SetPasses, py::arg("passes"))
       .def("reset_counters", &GradReducer::ResetCounters)
-      .def("launch_missing", &GradReducer::LaunchMissing)
-      .def("wait_all", [](GradReducer& r) {
-        r.WaitAll([](const std::function<void()>& wait) {
-          py::gil_scoped_release nogil;
-          wait();
-        });
-      })
+      .def("launch_missing", [](GradReducer& r) { return r.LaunchMissing(WithoutGil); })
+      .def("wait_all", [](GradReducer& r) { r.WaitAll(WithoutGil); })
       .def("abandon", &GradReducer::Abandon)
       .def("in_flight", &GradReducer::InFlight)
       .def("num_in_flight", &GradReducer::num_in_flight)

@@ -62,6 +62,8 @@ c10::Stream CurrentStream(const c10::Device& device) {
   return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
 }
 
+}  // namespace
+
 // Device buckets: the current stream waits for the work queued so far on `streams` (those other
 // than itself); then clears them. An event recorded now covers more than the member's
 // accumulation (whatever that stream queued since), which only waits longer.
@@ -76,8 +78,6 @@ void WaitForStreams(const c10::Device& device, std::vector<c10::Stream>* streams
   }
   streams->clear();
 }
-
-}  // namespace
 
 void GradReducer::SetBuckets(const std::vector<std::vector<int>>& members,
                              const std::vector<std::string>& negotiated,
@@ -267,46 +267,37 @@ void GradReducer::MoveIntoViewsLocked(Bucket& b) {
 void GradReducer::ReadyLocked(int index, std::exception_ptr* error) {
   order_.push_back(index);
   Param& p = params_[static_cast<size_t>(index)];
-  if (p.bucket < 0 || buckets_[static_cast<size_t>(p.bucket)].broken) {
+  if (p.bucket < 0) {
     LaunchLocked(p, error);
     return;
   }
   Bucket& b = buckets_[static_cast<size_t>(p.bucket)];
   p.bucket_ready = true;
-  std::string reason;
-  if (!AdoptLocked(p, b, &reason)) {
-    BreakLocked(b, reason, error);
-    return;
-  }
   if (!b.device.is_cpu()) {  // where autograd accumulated into the view (and AdoptLocked copied)
     const c10::Stream stream = CurrentStream(b.device);
     if (std::find(b.streams.begin(), b.streams.end(), stream) == b.streams.end()) {
       b.streams.push_back(stream);
     }
   }
+  if (b.broken) return;  // its members go out at synchronize, once the ranks agreed
+  std::string reason;
+  if (!AdoptLocked(p, b, &reason)) {
+    const auto at = std::find(b.members.begin(), b.members.end(), index) - b.members.begin();
+    BreakLocked(b, static_cast<int>(at), reason);
+    return;
+  }
   if (++b.ready == static_cast<int>(b.members.size())) LaunchBucketLocked(b, error);
 }
 
-void GradReducer::BreakLocked(Bucket& b, const std::string& reason, std::exception_ptr* error) {
+void GradReducer::BreakLocked(Bucket& b, int position, const std::string& reason) {
+  // Nothing goes out yet: whether this bucket goes out whole or member by member is decided
+  // with the other ranks at synchronize (LaunchMissing: SubmitMarkersLocked), and the members
+  // go out there, from the user's stream (which first waits for the members' streams).
+  if (!b.broken) ++b.fallback_steps;
   b.broken = true;
-  ++b.fallback_steps;
-  b.fallback = reason;
-  // Members ready so far go out now, one by one, from this stream: it waits for theirs first.
-  // The rest go out on their own hooks (or at LaunchMissing) the same way, since the bucket is
-  // broken.
-  if (!b.streams.empty()) {
-    try {
-      WaitForStreams(b.device, &b.streams);
-    } catch (...) {
-      if (!*error) *error = std::current_exception();
-    }
-  }
-  for (int i : b.members) {
-    Param& m = params_[static_cast<size_t>(i)];
-    if (!m.bucket_ready || m.handle != 0 || m.deferred) continue;
-    std::exception_ptr failed;
-    LaunchLocked(m, &failed);
-    if (failed && !*error) *error = failed;
+  if (b.broken_at < 0 || position < b.broken_at) {
+    b.broken_at = position;
+    b.fallback = reason;
   }
 }
 
@@ -314,8 +305,7 @@ void GradReducer::LaunchBucketLocked(Bucket& b, std::exception_ptr* error) {
   try {
     Context& ctx = hooks_.context();
     CheckMembership(ctx, spec_.process_set, OpType::kAllreduce, b.label);
-    const size_t ranks = ctx.process_sets().Members(spec_.process_set).value_or(
-        std::vector<int>{}).size();
+    const int ranks = RanksLocked();
     // Device buckets: the ready event Submit records on this stream must follow every member.
     if (!b.streams.empty()) WaitForStreams(b.device, &b.streams);
     if (!b.device.is_cpu() || (ranks <= 2 && b.own == 0 && b.flat.defined())) {
@@ -365,8 +355,9 @@ void GradReducer::LaunchMissingBucketsLocked() {
   for (Bucket& b : buckets_) {
     if (b.handle != 0 || b.broken) continue;
     std::string reason;
-    for (int i : b.members) {  // a member frozen or removed since the layout: not this step
-      const Param& m = params_[static_cast<size_t>(i)];
+    size_t at = 0;
+    for (; at < b.members.size(); ++at) {  // a member frozen or removed since the layout
+      const Param& m = params_[static_cast<size_t>(b.members[at])];
       if (!m.active) reason = "parameter '" + m.name + "' left the optimizer";
       if (m.active && !m.tensor.requires_grad()) {
         reason = "parameter '" + m.name + "' does not require grad";
@@ -388,18 +379,22 @@ void GradReducer::LaunchMissingBucketsLocked() {
           ++b.own;
         }
       } else if (!AdoptLocked(m, b, &reason)) {  // a partial accumulation: adopted as it is
+        at = k;
         break;
       }
       m.bucket_ready = true;
       ++b.ready;
     }
-    std::exception_ptr failed;
     if (!reason.empty()) {
-      BreakLocked(b, reason, &failed);
-    } else {
-      LaunchBucketLocked(b, &failed);
+      BreakLocked(b, static_cast<int>(at), reason);
+      continue;
     }
+    std::exception_ptr failed;
+    LaunchBucketLocked(b, &failed);
     if (failed && !launch_error_) launch_error_ = failed;
+  }
+  for (Bucket& b : buckets_) {
+    if (b.broken) SubmitMarkersLocked(b);
   }
 }
 

@@ -152,6 +152,12 @@ void GradReducer::ResetLocked() {
     b.own = 0;
     b.ready = 0;
     b.broken = false;
+    b.broken_at = -1;
+    b.refused = false;
+    for (int h : b.markers) {  // LaunchMissing did not get to wait for them
+      if (hooks_.handles != nullptr) hooks_.handles->Release(h);
+    }
+    b.markers.clear();
     b.copies = 0;
     b.streams.clear();
   }
@@ -218,55 +224,115 @@ void GradReducer::OnGradReady(int index) {
   if (error) hooks_.raise(error);
 }
 
-std::vector<int> GradReducer::LaunchMissing() {
+std::vector<int> GradReducer::LaunchMissing(
+    const std::function<void(const std::function<void()>&)>& release_gil) {
   FetchSiteOnce();
   std::vector<int> deferred;
+  std::vector<std::pair<size_t, int>> markers;  // (bucket, handle)
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (detached_) return deferred;
+    LaunchMissingBucketsLocked();  // broken buckets: markers submitted
+    LaunchAloneLocked(false, &deferred);
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      for (int h : buckets_[k].markers) markers.emplace_back(k, h);
+      buckets_[k].markers.clear();
+    }
+  }
+  if (markers.empty()) return deferred;
+  // Every rank sent the broken buckets' markers, or some sent a bucket whole: the core raises
+  // that mismatch on every rank, and the members of that bucket do not go out.
+  std::vector<Status> results(markers.size());
+  release_gil([&] {
+    for (size_t k = 0; k < markers.size(); ++k) {
+      std::shared_ptr<TorchPayload> payload;
+      results[k] = WaitForHandle(*hooks_.handles, markers[k].second, &payload);
+    }
+  });
   std::lock_guard<std::mutex> lock(mu_);
   if (detached_) return deferred;
-  LaunchMissingBucketsLocked();
+  for (size_t k = 0; k < markers.size(); ++k) {
+    if (results[k].ok() || markers[k].first >= buckets_.size()) continue;
+    Bucket& b = buckets_[markers[k].first];
+    if (!b.refused && !launch_error_) launch_error_ = BucketErrorLocked(b, results[k]);
+    b.refused = true;
+  }
+  LaunchAloneLocked(true, &deferred);
+  return deferred;
+}
+
+void GradReducer::LaunchAloneLocked(bool broken, std::vector<int>* deferred) {
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
     if (!p.active || p.handle != 0 || !p.tensor.requires_grad()) continue;
-    if (p.bucket >= 0 && !buckets_[static_cast<size_t>(p.bucket)].broken) continue;  // went out
+    if ((p.bucket >= 0) != broken) continue;
+    if (broken) {
+      Bucket& b = buckets_[static_cast<size_t>(p.bucket)];
+      if (!b.broken || b.refused) continue;  // went out whole, or the ranks disagreed
+      if (!b.streams.empty()) {  // device: this stream waits for the members' streams
+        try {
+          WaitForStreams(b.device, &b.streams);
+        } catch (...) {
+          if (!launch_error_) launch_error_ = std::current_exception();
+        }
+      }
+    }
     if (!p.deferred && !p.sparse_seen && !p.tensor.grad().defined()) {
       // Unused on this rank: the other ranks wait for its allreduce, so it sends zeros.
       p.tensor.mutable_grad() = at::zeros_like(p.tensor, at::MemoryFormat::Contiguous);
     }
     std::exception_ptr failed;
     if (p.deferred || LaunchLocked(p, &failed) == Outcome::kDeferred) {
-      deferred.push_back(static_cast<int>(i));
+      deferred->push_back(static_cast<int>(i));
     } else if (failed && !launch_error_) {
       launch_error_ = failed;  // WaitAll raises it; the rest still go out (other ranks wait)
     }
   }
-  return deferred;
 }
 
 void GradReducer::WaitAll(const std::function<void(const std::function<void()>&)>& release_gil) {
   std::vector<int> handles;
+  std::vector<int> bucket_of;  // per handle: its bucket, -1 for a gradient's own
   std::exception_ptr launch_error;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (Param& p : params_) {
       if (p.handle != 0) handles.push_back(std::exchange(p.handle, 0));
     }
-    for (Bucket& b : buckets_) {
-      if (b.handle != 0) handles.push_back(std::exchange(b.handle, 0));
+    bucket_of.assign(handles.size(), -1);
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      if (buckets_[k].handle == 0) continue;
+      handles.push_back(std::exchange(buckets_[k].handle, 0));
+      bucket_of.push_back(static_cast<int>(k));
     }
     in_flight_ = 0;
     launch_error = std::exchange(launch_error_, nullptr);
     ResetLocked();
   }
   Status first;
+  int first_bucket = -1;
   auto wait_all = [&] {
-    for (int h : handles) {
+    for (size_t k = 0; k < handles.size(); ++k) {
       std::shared_ptr<TorchPayload> payload;
-      Status s = WaitForHandle(*hooks_.handles, h, &payload);
-      if (!s.ok() && first.ok()) first = s;
+      Status s = WaitForHandle(*hooks_.handles, handles[k], &payload);
+      if (!s.ok() && first.ok()) {
+        first = s;
+        first_bucket = bucket_of[k];
+      }
     }
   };
   if (!handles.empty()) release_gil(wait_all);
   if (launch_error) std::rethrow_exception(launch_error);
+  if (first_bucket >= 0) {
+    std::exception_ptr explained;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (static_cast<size_t>(first_bucket) < buckets_.size()) {
+        explained = BucketErrorLocked(buckets_[static_cast<size_t>(first_bucket)], first);
+      }
+    }
+    if (explained) std::rethrow_exception(explained);
+  }
   ThrowIfError(first);
 }
 

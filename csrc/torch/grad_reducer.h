@@ -31,7 +31,10 @@
 //      gradient is copied once (p.grad made the view again). A member that cannot join (sparse
 //      gradient, another dtype/device/shape, frozen or removed at synchronize) breaks the
 //      bucket for this step: every member goes out alone as above, and the reason is kept for
-//      BucketReport.
+//      BucketReport. Whole or member by member is one decision of all ranks: a rank that broke
+//      a bucket first sends a marker under the bucket's names (bucket_agreement.cc), so a rank
+//      that sent it whole and one that could not both raise, naming the parameter, instead of
+//      waiting for names the other never sends.
 //
 // Lifetime: hooks hold the reducer weakly, and neither Detach nor the destructor touches a
 // node's hook list (only the subscriber list of our hook), so the reducer may be destroyed
@@ -97,7 +100,10 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
   void ResetCounters();
   // Enqueues every hooked parameter that requires grad and has not gone out; returns the
   // indices Python must launch (deferred ones). An enqueue that fails is raised by WaitAll.
-  std::vector<int> LaunchMissing();
+  // Buckets broken this step first agree with the other ranks (bucket_agreement.cc): their
+  // markers are waited for here (without the GIL: `release_gil` drops it around the waits).
+  std::vector<int> LaunchMissing(
+      const std::function<void(const std::function<void()>&)>& release_gil);
   // Waits (without the GIL; `release_gil` drops it around the waits) for every handle, then
   // resets the counters; raises LaunchMissing's error, else the first handle's.
   void WaitAll(const std::function<void(const std::function<void()>&)>& release_gil);
@@ -163,9 +169,20 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
   bool AdoptLocked(Param& p, Bucket& b, std::string* reason);
   void MoveIntoViewsLocked(Bucket& b);  // members in tensors of their own: copied into views
   void ReadyLocked(int index, std::exception_ptr* error);
-  void BreakLocked(Bucket& b, const std::string& reason, std::exception_ptr* error);
+  // `position`: the member (in b.members) that cannot join.
+  void BreakLocked(Bucket& b, int position, const std::string& reason);
   void LaunchBucketLocked(Bucket& b, std::exception_ptr* error);
   void LaunchMissingBucketsLocked();
+  // Per-gradient launches at synchronize of what has not gone out: parameters outside buckets
+  // (`broken` false) or the members of broken buckets whose markers the ranks agreed on (true).
+  void LaunchAloneLocked(bool broken, std::vector<int>* deferred);
+  // bucket_agreement.cc. Submits a broken bucket's markers; the names it would have gone out
+  // under, with no elements.
+  void SubmitMarkersLocked(Bucket& b);
+  // What a failed bucket allreduce or marker raises: `status`, explained when the ranks
+  // disagreed on sending the bucket whole (which parameter, which ranks, why here).
+  std::exception_ptr BucketErrorLocked(const Bucket& b, const Status& status) const;
+  int RanksLocked() const;  // in the reducer's process set
 
   Hooks hooks_;
   OpSpec spec_;

@@ -46,6 +46,9 @@ struct GradReducer::Bucket {
   int ready = 0;        // members ready this step
   int handle = 0;       // its allreduce in flight (0: none)
   bool broken = false;  // this step its members go out one by one
+  int broken_at = -1;   // ... because of this member (position in `members`; the first one)
+  std::vector<int> markers;  // handles of its markers in flight (bucket_agreement.cc)
+  bool refused = false;  // the ranks disagreed: its members do not go out this step
   int copies = 0;       // gradients copied in this step
   int last_copies = 0;  // ... in the last step
   int own = 0;          // members reduced in tensors of their own this step
@@ -57,5 +60,9 @@ struct GradReducer::Bucket {
   // recorded on one stream only; LaunchBucketLocked makes that stream wait for the others.
   std::vector<c10::Stream> streams;
 };
+
+// Device buckets: the current stream waits for the work queued so far on `streams` (those other
+// than itself), then forgets them (grad_buckets.cc).
+void WaitForStreams(const c10::Device& device, std::vector<c10::Stream>* streams);
 
 }  // namespace hvdl

@@ -24,9 +24,13 @@ check accepted, ``device_check``) in a build with CUDA; elsewhere they stay on t
 path, whose placement checks raise what they raise. The C++ reducer orders the bucket's
 allreduce after every member's accumulation on the CUDA streams (csrc/torch/grad_buckets.cc).
 
-The layout is rebuilt (observe, agree, lay out) when the parameters on the reducer change or
-one of them is frozen or unfrozen (checked at ``zero_grad()`` and ``synchronize()``; do it on
-every rank), and after an elastic reset. ``HOROVOD_BUCKET_VIEW=0`` or
+The layout is rebuilt (agree, lay out, from the ready order of the step that just ended) when
+the parameters on the reducer change or one of them is frozen or unfrozen (checked at the end
+of ``synchronize()``; do it on every rank), and observed again after an elastic reset. Until
+then the old layout stays: a bucket whose member cannot join it this step (frozen, removed, a
+sparse gradient or one of another dtype, device or shape) goes out member by member, which the
+C++ reducer first agrees with the other ranks (csrc/torch/bucket_agreement.cc): a rank that
+changed a parameter alone makes every rank raise, naming it. ``HOROVOD_BUCKET_VIEW=0`` or
 ``DistributedOptimizer(bucket_view=False)`` turns bucket views off.
 """
 
@@ -164,8 +168,9 @@ class BucketLayout:
     # ------------------------------------------------------------------ called by the optimizer
 
     def check(self, opt) -> None:
-        """At the safe points: a change of the reducer's parameters (added, removed, frozen,
-        unfrozen) drops the layout; the next step observes again."""
+        """At the end of a successful ``synchronize()``: a change of the reducer's parameters
+        (added, removed, frozen, unfrozen) drops the layout, and ``after_synchronize`` builds
+        the next one at once."""
         if self.state == "built" and self._signature(opt) != self.signature:
             fallbacks = [b["fallback"] for b in opt._hvd_reducer.bucket_report()
                          if b["fallback"]]

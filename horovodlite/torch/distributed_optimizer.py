@@ -342,8 +342,11 @@ class _DistributedOptimizer(_GradLaunch):
                 f"{self._hvd_pending_names()} are still in flight. Call optimizer.step() (or "
                 "optimizer.synchronize()) first."
             )
-        self._hvd_refresh()  # hooks for parameters unfrozen since the last step
-        self._hvd_buckets.check(self)
+        # Hooks for parameters unfrozen since the last step. A built bucket layout is kept
+        # until the end of the next synchronize() even if the parameters changed: a rank alone
+        # in dropping it would send gradients under other names than the others (a bucket a
+        # changed member cannot join goes out member by member, agreed with the other ranks).
+        self._hvd_refresh()
         self._hvd_reset_counters()
         self._hvd_fresh_sync = False
         super().zero_grad(set_to_none=set_to_none)

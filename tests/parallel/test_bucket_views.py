@@ -7,6 +7,8 @@ tests/test_parallel.py runs this file at np 1, 2 and 3."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -410,3 +412,61 @@ def test_a_parameter_set_that_differs_between_ranks_is_named_on_every_rank(case)
         opt.step()
     assert opt.bucket_report()["state"] == "built"
     torch.testing.assert_close(good.weight.grad, torch.full((2, 4), (hvd.size() + 1) / 2))
+
+
+@multi_rank
+@pytest.mark.parametrize("case", ["frozen", "sparse"])
+def test_a_bucket_member_that_cannot_join_on_one_rank_is_named_on_every_rank(case):
+    """After the layout is built, rank 1 alone freezes a bucket member (before zero_grad, so
+    its layout check sees it first) or hands one a sparse gradient (before backward, as a
+    user's own gradient). The other ranks send the bucket whole; rank 1 cannot. Whether a
+    bucket goes out whole or member by member is one decision of all ranks: every rank raises,
+    naming the parameter and the ranks, instead of waiting for names the others never send.
+    Then the ranks agree again and train on."""
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model.given = torch.nn.Parameter(torch.zeros(3))  # its gradient is set by hand
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    x = torch.ones(2, 4) * (hvd.rank() + 1)
+
+    def backward(sparse=False):
+        given = torch.ones(3) * (hvd.rank() + 1)
+        model.given.grad = given.to_sparse() if sparse else given
+        model(x).sum().backward()
+
+    for _ in range(2):
+        opt.zero_grad()
+        backward()
+        opt.step()
+    assert opt.bucket_report()["state"] == "built"
+    member = model[1].bias if case == "frozen" else model.given
+    name = "1.bias" if case == "frozen" else "given"
+    if case == "frozen" and hvd.rank() == 1:
+        member.requires_grad_(False)
+    opt.zero_grad()
+    backward(sparse=case == "sparse" and hvd.rank() == 1)
+    with pytest.raises(hvd.HorovodInternalError) as info:
+        opt.step()
+    msg = str(info.value)
+    assert f"rank 1: parameter '{name}'" in msg, msg
+    why = "does not require grad" if case == "frozen" else "has a sparse gradient"
+    assert (f"'{name}' {why}" in msg) == (hvd.rank() == 1), msg  # only rank 1 knows why
+    # The process keeps working: the ranks agree again, and the layout follows.
+    member.requires_grad_(True)
+    for step in range(3):
+        reference = copy.deepcopy(model)
+        opt.zero_grad()
+        backward()
+        reference.given.grad = model.given.grad.clone()
+        opt.synchronize()
+        reference(x).sum().backward()  # this rank's gradients, averaged by hand
+        for k, (p, q) in enumerate(zip(model.parameters(), reference.parameters())):
+            want = hvd.allreduce(q.grad, name=f"bucket_member_{case}_{step}_{k}")
+            torch.testing.assert_close(p.grad, want)
+        with opt.skip_synchronize():
+            opt.step()
+    assert opt.bucket_report()["state"] == "built"
+    weights = hvd.allgather_object([p.detach().clone() for p in model.parameters()],
+                                   name=f"bucket_member_after_{case}")
+    assert all(torch.equal(a, b) for w in weights for a, b in zip(w, weights[0]))
