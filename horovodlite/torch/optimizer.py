@@ -224,7 +224,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             train several groups of ranks separately.
         shard: None (default), ``"optimizer_state"`` or ``"gradients"``: each rank keeps the
             optimizer state (and, with ``"gradients"``, the reduced gradients) of 1/N of the
-            parameters; see docs/sharded_optimizer.md and ``sharded_optimizer.py``.
+            parameters; see docs/sharded_optimizer.md and ``sharded_optimizer.py``. On a
+            rank outside ``process_set`` there is nothing to shard: it gets the optimizer that
+            steps on its own gradients (the options are checked all the same).
         bucket_view: gradients live in flat buckets their allreduce runs on in place
             (docs/bucket_views.md). None (default): ``HOROVOD_BUCKET_VIEW`` (default on).
 
@@ -235,6 +237,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     bucket_view = bucket_view_enabled(bucket_view)
     send_now = send_buckets_now()
     if shard is not None:
+        check_sharding_args(optimizer, shard, compression, op, groups, num_groups,
+                            sparse_as_dense)
+    # Outside the process set nothing is reduced, so nothing is sharded either: the optimizer
+    # steps on this rank's own gradients, with its whole state, as without shard= (one script
+    # can shard in some groups of ranks and train others alone).
+    if shard is not None and process_set.included():
         return _sharded(optimizer, named_parameters, compression, backward_passes_per_step, op,
                         gradient_predivide_factor, num_groups, groups, sparse_as_dense,
                         process_set, shard)
@@ -303,10 +311,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 def _sharded(optimizer, named_parameters, compression, passes, op, predivide, num_groups,
              groups, sparse_as_dense, process_set, shard):
     """``shard=...``: the sharded optimizer (sharded_optimizer.py), built as above."""
-    check_sharding_args(optimizer, shard, compression, op, groups, num_groups, sparse_as_dense)
-    if not process_set.included():
-        raise HorovodArgumentError(
-            f"DistributedOptimizer(shard={shard!r}): this rank is not in the process set")
     params = _DistributedOptimizer._hvd_params(optimizer)
     named = None if named_parameters is None else _check_named_parameters(named_parameters, params)
     base = type(optimizer)

@@ -46,6 +46,11 @@ OPTIONS = {
     "compression": ["none", "fp16"],
     "groups": ["none", "2"],
     "params": ["plain", "frozen", "unused", "added", "sparse"],
+    # The optimizer's process_set: every rank, or the first size - 1 (at np 1 the same); a
+    # rank outside it trains alone on its own rows.
+    "process_set": ["global", "subset"],
+    # The dense layers' forward and backward through torch.compile (AOTAutograd's graphs).
+    "compile": ["0", "1"],
 }
 STEPS = 4
 OVERFLOW_AT = 1  # the step whose loss overflows on the last rank (GradScaler cases)
@@ -138,9 +143,52 @@ def all_cases() -> list:
 
 # ------------------------------------------------------------------------------ the training
 
+# The "subset" process set: registered at init (init()), the same object for every case.
+SUBSET = None
+
+
+def init() -> None:
+    """(Re)starts horovodlite with the "subset" process set registered (from 2 ranks on)."""
+    global SUBSET
+    if not hvd.is_initialized():
+        hvd.init()
+    if hvd.size() < 2:
+        SUBSET = hvd.global_process_set
+        return
+    ranks = list(range(hvd.size() - 1))
+    hvd.shutdown()
+    SUBSET = hvd.ProcessSet(ranks)
+    hvd.init(process_sets=[SUBSET])
+
+
+def parts_of(case: dict) -> list:
+    """The ranks whose rows this rank's training averages: its process set's, or its own."""
+    rank = hvd.rank()
+    if case["process_set"] == "global":
+        return list(range(hvd.size()))
+    return list(SUBSET.ranks) if rank in SUBSET.ranks else [rank]
+
+
+def _body(fc1, fc2, x):
+    h = torch.tanh(fc1(x))
+    return h, fc2(h)
+
+
+_COMPILED = []  # one compiled _body per process: the modules are its inputs, no recompiles
+
+
+def body(case: dict):
+    if case["compile"] == "0":
+        return _body
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(_body, backend="aot_eager"))
+    return _COMPILED[0]
+
+
 class Net(torch.nn.Module):
-    def __init__(self, params: str):
+    def __init__(self, params: str, compiled: str = "0"):
         super().__init__()
+        self.body = body({"compile": compiled})
         torch.manual_seed(0)
         self.emb = torch.nn.Embedding(10, 8, sparse=True) if params == "sparse" else None
         self.fc1 = torch.nn.Linear(8, 16)
@@ -153,8 +201,7 @@ class Net(torch.nn.Module):
     def forward(self, x, idx, part: int, step: int, params: str):
         if self.emb is not None:
             x = x + self.emb(idx)
-        h = torch.tanh(self.fc1(x))
-        out = self.fc2(h)
+        h, out = self.body(self.fc1, self.fc2, x)
         if (params == "unused" and part == 0) or (params == "added" and step >= ADD_AT):
             out = out + self.side(h)
         return out
@@ -189,11 +236,12 @@ def data(step: int, size: int, passes: int):
     return x, y, idx
 
 
-def chunk_loss(model, case, x, y, idx, part, step, size, pass_):
+def chunk_loss(model, case, x, y, idx, part, step, parts, size, pass_):
+    """Rank ``part``'s loss, as a share of the mean over ``parts`` (the ranks averaged)."""
     loss = F.mse_loss(model(x[pass_, part], idx[pass_, part], part, step, case["params"]),
                       y[pass_, part])
     if case["op"] != "sum":
-        loss = loss / size  # averaged over ranks: each rank's share of the global mean
+        loss = loss / len(parts)  # averaged over ranks: each rank's share of the global mean
     if case["scaler"] == "1" and step == OVERFLOW_AT and part == size - 1 and pass_ == 0:
         loss = loss * float("inf")
     return loss
@@ -211,10 +259,10 @@ def make_scaler(case: dict):
                                 enabled=case["scaler"] == "1")
 
 
-def train_reference(case: dict, size: int):
-    """One process, the global batch: each backward pass's loss is the ranks' losses combined
-    as the ranks' gradients are (mean or sum)."""
-    model = Net(case["params"])
+def train_reference(case: dict, parts: list, size: int):
+    """One process, the rows of ``parts`` (of ``size`` ranks): each backward pass's loss is the
+    ranks' losses combined as the ranks' gradients are (mean or sum)."""
+    model = Net(case["params"], case["compile"])
     opt = make_optimizer(case, trained_params(model, case))
     scaler = make_scaler(case)
     passes = int(case["passes"])
@@ -224,8 +272,8 @@ def train_reference(case: dict, size: int):
         opt.zero_grad(set_to_none=case["set_to_none"] == "1")
         x, y, idx = data(step, size, passes)
         for pass_ in range(passes):
-            loss = sum(chunk_loss(model, case, x, y, idx, part, step, size, pass_)
-                       for part in range(size))
+            loss = sum(chunk_loss(model, case, x, y, idx, part, step, parts, size, pass_)
+                       for part in parts)
             scaler.scale(loss).backward()
         scaler.unscale_(opt)
         if case["clip"] != "none":
@@ -250,6 +298,8 @@ def _wrap(case: dict, model: Net, opt):
         kw["groups"] = int(case["groups"])
     if case["shard"] != "none":
         kw["shard"] = case["shard"]
+    if case["process_set"] == "subset":
+        kw["process_set"] = SUBSET
     return hvd.DistributedOptimizer(opt, **kw)
 
 
@@ -271,7 +321,8 @@ def train_distributed(case: dict):
     explicit ``synchronize()`` before clipping or the scaler). Returns (model, scaler), or
     raises; a refusal raises ``hvd.HorovodArgumentError`` from the constructor (``Refused``)."""
     size, rank = hvd.size(), hvd.rank()
-    model = Net(case["params"])
+    parts = parts_of(case)
+    model = Net(case["params"], case["compile"])
     opt = make_optimizer(case, trained_params(model, case))
     with _wire(case):
         try:
@@ -287,9 +338,9 @@ def train_distributed(case: dict):
         opt.zero_grad(set_to_none=case["set_to_none"] == "1")
         x, y, idx = data(step, size, passes)
         for pass_ in range(passes):
-            loss = chunk_loss(model, case, x, y, idx, rank, step, size, pass_)
+            loss = chunk_loss(model, case, x, y, idx, rank, step, parts, size, pass_)
             if case["op"] != "sum":
-                loss = loss * size  # the optimizer averages
+                loss = loss * len(parts)  # the optimizer averages
             scaler.scale(loss).backward()
         if not explicit:
             opt.step()
@@ -325,7 +376,7 @@ def check(case: dict) -> tuple:
         return "error", traceback.format_exc(limit=6)
     if expect is not None:
         return "wrong", f"should be refused at construction naming {expect}, but trained"
-    reference, ref_scaler = train_reference(case, hvd.size())
+    reference, ref_scaler = train_reference(case, parts_of(case), hvd.size())
     tol = TOLERANCE_FP16 if case["compression"] == "fp16" else TOLERANCE
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         if not torch.isfinite(p).all():
@@ -372,7 +423,7 @@ def main(argv=None) -> int:
         cases += all_cases()
     k, n = (int(v) for v in args.part.split("/"))
     cases = cases[k::n]
-    hvd.init()
+    init()
     results = run(cases)
     if hvd.rank() == 0:
         for case, status, detail in results:

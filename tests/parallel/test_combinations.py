@@ -10,10 +10,21 @@ import os
 import random
 
 import combination_cases as cases
+import pytest
 
 import horovodlite.torch as hvd
 
 SAMPLE = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _subset_registered():
+    """The "subset" process set of the cases is registered at init: a restart with it, and one
+    without it afterwards (the next file of this job expects a plain init)."""
+    cases.init()
+    yield
+    hvd.shutdown()
+    hvd.init()
 
 
 def _failures(results) -> list:
