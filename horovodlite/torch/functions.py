@@ -19,8 +19,9 @@ from horovodlite.torch.submission import synchronize
 _C = load()
 
 
-def broadcast_parameters(params, root_rank: int) -> None:
-    """Broadcasts tensors from ``root_rank`` in place.
+def broadcast_parameters(params, root_rank: int, process_set=global_process_set) -> None:
+    """Broadcasts tensors from ``root_rank`` (a global rank) in place, to the ranks of
+    ``process_set``.
 
     ``params``: a dict such as ``model.state_dict()`` (broadcast in sorted key order), a list of
     tensors, or a list of ``(name, tensor)`` pairs such as ``model.named_parameters()``.
@@ -41,7 +42,8 @@ def broadcast_parameters(params, root_rank: int) -> None:
                 f"broadcast_parameters: '{name}' is a {type(p).__name__}, not a tensor"
             )
         target = p.data if isinstance(p, torch.nn.Parameter) else p
-        handles.append(broadcast_async_(target, root_rank, name=f"broadcast_parameters.{name}"))
+        handles.append(broadcast_async_(target, root_rank, name=f"broadcast_parameters.{name}",
+                                        process_set=process_set))
     for h in handles:
         synchronize(h)
 
@@ -85,8 +87,35 @@ def allgather_object(obj: Any, name: str | None = None, process_set=global_proce
     return out
 
 
-def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
-    """Makes every rank's optimizer state and options equal to ``root_rank``'s.
+def _state_structure(state_dict) -> tuple:
+    """The root's side of broadcast_optimizer_state: the state's structure (param groups,
+    scalars, each tensor's dtype and shape) and its tensors as they travel (contiguous; a
+    sparse one, e.g. SGD's momentum of a sparse gradient, dense)."""
+    structure = {"param_groups": state_dict["param_groups"], "state": {}}
+    local_tensors = {}
+    for pid, pstate in state_dict["state"].items():
+        structure["state"][pid] = {}
+        for key, value in pstate.items():
+            if not torch.is_tensor(value):
+                structure["state"][pid][key] = ("value", value)
+            elif value.layout == torch.sparse_coo:
+                structure["state"][pid][key] = ("sparse", value.dtype, tuple(value.shape),
+                                                value.sparse_dim())
+                local_tensors[(pid, key)] = value.to_dense()
+            elif value.layout == torch.strided:
+                structure["state"][pid][key] = ("tensor", value.dtype, tuple(value.shape))
+                local_tensors[(pid, key)] = value.contiguous()
+            else:
+                raise HorovodArgumentError(
+                    f"state '{key}' of parameter {pid} is a {value.layout} tensor; only dense "
+                    "and sparse COO state tensors can be broadcast")
+    return structure, local_tensors
+
+
+def broadcast_optimizer_state(optimizer, root_rank: int, model=None,
+                              process_set=global_process_set) -> None:
+    """Makes the optimizer state and options of every rank of ``process_set`` equal to
+    ``root_rank``'s (a global rank).
 
     The root's state structure, scalar state and param-group options travel as one pickled
     object (so Python types survive: tuples like ``betas``, bools like ``nesterov``); every
@@ -109,19 +138,18 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
         return
     full = getattr(optimizer, "_shard_full_state_dict", None)  # collective, never consolidated
     state_dict = full() if full is not None else optimizer.state_dict()
-    structure = {"param_groups": state_dict["param_groups"], "state": {}}
-    local_tensors = {}
-    for pid, pstate in state_dict["state"].items():
-        structure["state"][pid] = {}
-        for key, value in pstate.items():
-            if torch.is_tensor(value):
-                structure["state"][pid][key] = ("tensor", value.dtype, tuple(value.shape))
-                local_tensors[(pid, key)] = value
-            else:
-                structure["state"][pid][key] = ("value", value)
-    root = broadcast_object(structure, root_rank, name="optimizer_state")
     is_root = _C.rank() == root_rank
-    new_state, handles = {}, []
+    structure, local_tensors = ({}, {})
+    if is_root:
+        try:
+            structure, local_tensors = _state_structure(state_dict)
+        except Exception as exc:  # every rank raises it: none waits for tensors never sent
+            structure = {"error": f"broadcast_optimizer_state: rank {root_rank}: {exc}"}
+    root = broadcast_object(structure, root_rank, name="optimizer_state",
+                            process_set=process_set)
+    if "error" in root:
+        raise HorovodArgumentError(root["error"])
+    new_state, handles, sparse = {}, [], []
     for pid in sorted(root["state"], key=str):
         new_state[pid] = {}
         for key in sorted(root["state"][pid]):
@@ -129,15 +157,20 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
             if kind == "value":
                 new_state[pid][key] = rest[0]
                 continue
-            dtype, shape = rest
+            dtype, shape = rest[:2]
             if is_root:
-                t = local_tensors[(pid, key)].contiguous()
+                t = local_tensors[(pid, key)]
             else:
                 t = torch.empty(shape, dtype=dtype)
-            handles.append(broadcast_async_(t, root_rank, name=f"optimizer_state.{pid}.{key}"))
+            handles.append(broadcast_async_(t, root_rank, name=f"optimizer_state.{pid}.{key}",
+                                            process_set=process_set))
             new_state[pid][key] = t
+            if kind == "sparse":  # sent dense; sparse again once it arrived
+                sparse.append((pid, key, rest[2]))
     for h in handles:
         synchronize(h)
+    for pid, key, sparse_dim in sparse:
+        new_state[pid][key] = new_state[pid][key].to_sparse(sparse_dim)
     optimizer.load_state_dict({"state": new_state, "param_groups": root["param_groups"]})
     # Horovod leaves a gradient on every parameter that requires one (its dummy step needs
     # them) and code reads p.grad right after; zeros where there was none, no state invented.

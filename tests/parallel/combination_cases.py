@@ -51,10 +51,15 @@ OPTIONS = {
     "process_set": ["global", "subset"],
     # The dense layers' forward and backward through torch.compile (AOTAutograd's graphs).
     "compile": ["0", "1"],
+    # hvd.elastic.run with a commit per step, and every rank failing once in the middle of a
+    # step (after backward, its reductions in flight): horovodlite restarts, the state goes
+    # back to the last commit and the step is trained again.
+    "reset": ["0", "1"],
 }
 STEPS = 4
 OVERFLOW_AT = 1  # the step whose loss overflows on the last rank (GradScaler cases)
 ADD_AT = 2  # "added": the step before which a param group joins
+RESET_AT = 3  # "reset": the step that fails once, on every rank, after its backward passes
 ROWS = 4  # rows per rank and backward pass
 TOLERANCE = dict(rtol=2e-4, atol=2e-5)
 # fp16 on the wire rounds a gradient element near zero to another value or to zero, and Adam's
@@ -332,7 +337,8 @@ def train_distributed(case: dict):
     scaler = make_scaler(case)
     passes = int(case["passes"])
     explicit = case["scaler"] == "1" or case["clip"] != "none"
-    for step in range(STEPS):
+
+    def train_step(step: int, fail: bool) -> None:
         if case["params"] == "added" and step == ADD_AT:
             opt.add_param_group({"params": list(model.side.parameters())})
         opt.zero_grad(set_to_none=case["set_to_none"] == "1")
@@ -342,9 +348,11 @@ def train_distributed(case: dict):
             if case["op"] != "sum":
                 loss = loss * len(parts)  # the optimizer averages
             scaler.scale(loss).backward()
+        if fail:
+            raise hvd.HorovodInternalError(f"combination case: a failure at step {step}")
         if not explicit:
             opt.step()
-            continue
+            return
         opt.synchronize()
         scaler.unscale_(opt)
         if case["clip"] != "none":
@@ -352,6 +360,26 @@ def train_distributed(case: dict):
         with opt.skip_synchronize():
             scaler.step(opt)
         scaler.update()
+
+    if case["reset"] == "0":
+        for step in range(STEPS):
+            train_step(step, fail=False)
+        return model, scaler
+    failed = []
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, scaler=scaler, step=0)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < STEPS:
+            fail = state.step == RESET_AT and not failed
+            failed.extend([True] if fail else [])
+            train_step(state.step, fail)
+            state.step += 1
+            state.commit()
+
+    train(state)
+    if not failed:
+        raise AssertionError("the reset case never failed")
     return model, scaler
 
 

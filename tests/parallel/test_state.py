@@ -117,6 +117,23 @@ def test_broadcast_optimizer_state_leaves_a_gradient_on_every_trainable_paramete
     assert not opt.state
 
 
+def test_sparse_state_tensors_reach_every_rank():
+    """SGD's momentum of a sparse gradient (an Embedding(sparse=True)) is a sparse tensor: it
+    travels dense and arrives sparse. It used to fail on the root after the structure went
+    out, leaving every other rank waiting for the tensors."""
+    torch.manual_seed(hvd.rank())
+    emb = torch.nn.Embedding(6, 3, sparse=True)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1, momentum=0.9)
+    emb(torch.tensor([1, 4, hvd.rank() % 6])).sum().backward()
+    opt.step()
+    assert opt.state[emb.weight]["momentum_buffer"].is_sparse
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    mine = opt.state[emb.weight]["momentum_buffer"]
+    assert mine.is_sparse and mine.sparse_dim() == 1
+    every = hvd.allgather_object(mine.to_dense(), name="sparse_state")
+    assert all(torch.equal(t, every[0]) for t in every)
+
+
 def test_lbfgs_and_sparse_adam_are_rejected():
     p = [torch.nn.Parameter(torch.zeros(2))]
     with pytest.raises(ValueError, match="LBFGS is not supported"):

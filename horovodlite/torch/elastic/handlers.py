@@ -35,6 +35,7 @@ import torch
 
 from horovodlite.common import basics
 from horovodlite.common.exceptions import HorovodInternalError
+from horovodlite.common.process_sets import _id_of, global_process_set
 from horovodlite.torch.elastic.sampler import ElasticSampler
 from horovodlite.torch.functions import (
     allgather_object,
@@ -46,7 +47,18 @@ from horovodlite.torch.sharded_optimizer import _ShardedOptimizer
 
 
 class StateHandler:
-    """Snapshot / restore / sync of one object held by a ``TorchState`` attribute ``name``."""
+    """Snapshot / restore / sync of one object held by a ``TorchState`` attribute ``name``.
+
+    ``sync`` runs over ``process_set`` from its first rank: ``TorchState.sync`` sets it to the
+    process set of its DistributedOptimizer, the ranks that train one model together (every
+    rank by default)."""
+
+    process_set = global_process_set
+
+    @property
+    def root(self) -> int:
+        """The global rank the state is taken from: the first of the process set."""
+        return self.process_set.ranks[0] if _id_of(self.process_set) else 0
 
     def __init__(self, name: str, value) -> None:
         self.name = name
@@ -67,7 +79,8 @@ class StateHandler:
 
     def sync(self) -> None:
         """Rank 0's ``state_dict()`` to every rank (collective)."""
-        root = broadcast_object(self.value.state_dict(), 0, name=f"elastic.{self.name}")
+        root = broadcast_object(self.value.state_dict(), self.root, name=f"elastic.{self.name}",
+                                process_set=self.process_set)
         self.value.load_state_dict(root)
 
 
@@ -78,7 +91,8 @@ class ModelHandler(StateHandler):
         self.value.load_state_dict(self._saved)  # copies into the existing tensors
 
     def sync(self) -> None:
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
+        broadcast_parameters(self.value.state_dict(), root_rank=self.root,
+                             process_set=self.process_set)
 
 
 class OptimizerHandler(StateHandler):
@@ -146,7 +160,8 @@ class OptimizerHandler(StateHandler):
         if isinstance(self.value, _ShardedOptimizer):
             self._sync_sharded()
         else:
-            broadcast_optimizer_state(self.value, root_rank=0)
+            broadcast_optimizer_state(self.value, root_rank=self.root,
+                                      process_set=self.process_set)
 
     def _sync_sharded(self) -> None:
         """``broadcast_optimizer_state`` on a sharded optimizer would allgather the whole state
@@ -164,14 +179,16 @@ class OptimizerHandler(StateHandler):
         opt = self.value
         summary = {**opt._shard_summary(), "reset": getattr(self, "_reset", False)}
         self._reset = False
-        every = allgather_object(summary, name=f"elastic.{self.name}")
+        every = allgather_object(summary, name=f"elastic.{self.name}",
+                                 process_set=self.process_set)
         if every[0]["parked"] or any(s["layout"] != every[0]["layout"] for s in every):
             if every[0]["reset"]:
                 opt.load_state_dict(broadcast_object(
-                    self._saved if basics.rank() == 0 else None, 0,
-                    name=f"elastic.{self.name}.state"))
+                    self._saved if basics.rank() == self.root else None, self.root,
+                    name=f"elastic.{self.name}.state", process_set=self.process_set))
             else:
-                broadcast_optimizer_state(opt, root_rank=0)
+                broadcast_optimizer_state(opt, root_rank=self.root,
+                                          process_set=self.process_set)
             return
         for group, options in zip(opt.param_groups, every[0]["options"]):
             group.update(options)
@@ -184,7 +201,8 @@ class SamplerHandler(StateHandler):
     union of the processed indices, which re-partitions what is left over the ranks."""
 
     def sync(self) -> None:
-        states = allgather_object(self.value.state_dict(), name=f"elastic.{self.name}")
+        states = allgather_object(self.value.state_dict(), name=f"elastic.{self.name}",
+                                  process_set=self.process_set)
         merged = dict(states[0])
         merged["processed_indices"] = sorted(set().union(*(s["processed_indices"]
                                                            for s in states)))

@@ -35,8 +35,9 @@ import torch
 
 from horovodlite.common.basics import is_initialized, rank
 from horovodlite.common.exceptions import HostsUpdatedInterrupt
+from horovodlite.common.process_sets import global_process_set
 from horovodlite.torch.collectives import barrier, broadcast
-from horovodlite.torch.elastic.handlers import handler_for
+from horovodlite.torch.elastic.handlers import OptimizerHandler, handler_for
 from horovodlite.torch.functions import broadcast_object
 
 
@@ -267,11 +268,24 @@ class TorchState(ObjectState):
             handler.on_reset()
         super().on_reset()
 
+    def _process_set(self):
+        """The ranks that train this state's model together: its DistributedOptimizer's
+        process set (every rank when it has none, or several)."""
+        sets = {id(ps): ps for h in self._handlers.values() if isinstance(h, OptimizerHandler)
+                and (ps := getattr(h.value, "process_set", None)) is not None}
+        return next(iter(sets.values())) if len(sets) == 1 else global_process_set
+
     def sync(self) -> None:
         """Collective. Handlers in attribute-name order (the same on every rank whatever the
-        keyword order), then the plain attributes, then ``save()``."""
+        keyword order), then the plain attributes, then ``save()``. The handlers' objects are
+        taken from the first rank of the DistributedOptimizer's process set, over that set: a
+        rank outside it trains alone (the optimizer reduces nothing there) and keeps its own."""
+        ps = self._process_set()
         for name in sorted(self._handlers):
-            self._handlers[name].sync()
+            handler = self._handlers[name]
+            handler.process_set = ps
+            if ps.included():
+                handler.sync()
         super().sync()
 
 
