@@ -104,6 +104,10 @@ class DataBackend {
   // the backend learnt of asynchronously (NCCL: ncclCommGetAsyncError, after which the failed
   // communicator is aborted), as a Status naming the rank; Ok when there is none.
   virtual Status CheckAsync() { return Status::Ok(); }
+  // Device buffers only, background thread, on a failure path: ends this backend's device work
+  // that may never finish (NCCL: aborts its communicators, whose kernels then exit; the next
+  // collective on a process set builds a new one). Work that can always finish: nothing to do.
+  virtual void AbortDevice() {}
 };
 
 }  // namespace hvdl

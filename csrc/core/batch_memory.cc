@@ -1,7 +1,10 @@
 #include "core/batch_memory.h"
 
+#include <chrono>
 #include <cstring>
+#include <sstream>
 #include <string>
+#include <thread>
 
 #include "comm/reduce_kernels.h"
 
@@ -99,6 +102,26 @@ std::string DeviceMemory::Describe(const BatchItems& items) {
   return out;
 }
 
+Status DeviceMemory::WaitAfterFailure(DeviceEvent* finished, DataBackend* be,
+                                      const BatchItems& items) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(failure_wait_);
+  for (int polls = 0;; ++polls) {
+    bool done = false;
+    HVDL_RETURN_IF_ERROR(finished->Query(&done));
+    if (done) return Status::Ok();
+    if (be != nullptr) HVDL_RETURN_IF_ERROR(be->CheckAsync());
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 100 ? 10 : 1000));
+  }
+  if (be != nullptr) be->AbortDevice();
+  std::ostringstream os;
+  os << "the device work of " << Describe(items) << " had not finished " << failure_wait_
+     << " s after the earlier failure, so the device backend's work was aborted (its "
+        "communicators are built again by the next collective)";
+  return Status::Aborted(os.str());
+}
+
 Status DeviceMemory::End(const Status& status, BatchItems& items, DataBackend* be) {
   Status s = status;
   std::shared_ptr<DeviceEvent> finished;
@@ -111,8 +134,13 @@ Status DeviceMemory::End(const Status& status, BatchItems& items, DataBackend* b
     if (!added.ok()) {
       // An earlier batch's failure fails this batch's entries: its own work must have run
       // before they complete (the user may free the tensors then), on this error path only.
-      Status waited = be != nullptr ? be->WaitForDevice(finished.get()) : finished->Synchronize();
-      if (!waited.ok()) ops_->Synchronize();  // best effort, as below
+      // Bounded: after that failure the batch's own collective may wait for a peer that is
+      // gone, and a plain stream synchronize behind it would never return.
+      Status waited = WaitAfterFailure(finished.get(), be, items);
+      if (!waited.ok()) {
+        ops_->Synchronize();  // the backend's work was aborted: it returns
+        return Status(added.code(), added.message() + "; " + waited.message());
+      }
     }
     return added;
   }

@@ -110,9 +110,15 @@ class DeviceMemory : public BatchMemory {
   // one, naming it.
   Status Poll() { return in_flight_.Poll(); }
   size_t in_flight() const { return in_flight_.size(); }
+  // How long a batch failed with an earlier batch's error waits for its own device work before
+  // the device backend's work is aborted (End); tests shorten it.
+  void set_failure_wait(double seconds) { failure_wait_ = seconds; }
 
  private:
   static std::string Describe(const BatchItems& items);
+  // End's failure path: `finished` has completed, or the backend failed, or failure_wait_
+  // passed - then the backend's device work is aborted and the error says so.
+  Status WaitAfterFailure(DeviceEvent* finished, DataBackend* be, const BatchItems& items);
 
   struct DeviceBuffer {
     void* data = nullptr;
@@ -124,6 +130,7 @@ class DeviceMemory : public BatchMemory {
   int last_device_ = 0;
   std::map<int, DeviceBuffer> buffers_;  // fusion buffer per device
   bool stream_completion_ = false;
+  double failure_wait_ = 30.0;
   DeviceInFlight in_flight_;
 };
 

@@ -17,6 +17,10 @@ void Executor::set_stream_completion(bool on) {
   if (device_) device_->set_stream_completion(on);
 }
 
+void Executor::set_failure_wait(double seconds) {
+  if (device_) device_->set_failure_wait(seconds);
+}
+
 void Executor::PollDevice() {
   if (!device_ || device_->in_flight() == 0) return;
   Status s = device_->Poll();

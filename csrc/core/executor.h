@@ -71,6 +71,8 @@ class Executor {
   // HOROVOD_GPU_COMPLETION=stream: device batches complete their handles once queued, and their
   // device work is watched by PollDevice (core/device_inflight.h). No effect without a device.
   void set_stream_completion(bool on);
+  // Stream completion's failure path (DeviceMemory::set_failure_wait); tests shorten it.
+  void set_failure_wait(double seconds);
   // Each background cycle: retires device work that has run; an asynchronous failure is logged
   // and fails the next device batch (its message names the batch that failed).
   void PollDevice();

@@ -1,9 +1,11 @@
 // horovodlite._testing, stream completion's failure path: the real Executor with
 // HOROVOD_GPU_COMPLETION=stream on one rank, over a stand-in device whose work stays queued
-// until its stream is synchronized (as CUDA work does) and whose first batch fails
+// until it is asked about or its stream is synchronized, and whose first batch fails
 // asynchronously on command. What a batch that fails with an earlier batch's error may leave
 // behind: the entries complete with the error, so the user may free the tensors at once, and
-// nothing of the batch may still be queued on the device then.
+// nothing of the batch may still be queued on the device then. With `hung`, the second batch's
+// work never finishes by itself (a collective waiting for a peer that is gone): it must end by
+// the backend's abort, never by a stream synchronize, which would not return.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -32,10 +34,7 @@ class QueuedEvent : public DeviceEvent {
   int device() const override { return 0; }
   Status StreamWait(void*) override { return Status::Ok(); }
   Status Query(bool* done) override;
-  Status Synchronize() override {
-    ran = true;
-    return Status::Ok();
-  }
+  Status Synchronize() override;
   bool ran = false;
 
  private:
@@ -54,21 +53,45 @@ class QueuedDeviceOps : public HostDeviceOps {
   }
   Status Synchronize() override {
     ++stream_syncs;
+    if (hung && !aborted) synced_while_hung = true;  // a real device would never return
     for (auto& ev : events) ev->ran = true;
     return Status::Ok();
   }
+  bool stuck() const { return hung && !aborted; }
   std::vector<std::shared_ptr<QueuedEvent>> events;
   int stream_syncs = 0;
   bool fail_first = false;  // the first batch's work failed (the device says so when asked)
+  bool hung = false;        // work recorded from now on never finishes by itself
+  bool aborted = false;     // the backend aborted its device work
+  bool synced_while_hung = false;
 };
 
 Status QueuedEvent::Query(bool* done) {
   if (ops_->fail_first && index_ == 0) {
     return Status::Internal("the device reported an illegal address");
   }
+  if (!ops_->stuck()) ran = true;  // asked about: the work runs (CUDA's runs on its own)
   *done = ran;
   return Status::Ok();
 }
+
+Status QueuedEvent::Synchronize() {
+  if (ops_->stuck()) const_cast<QueuedDeviceOps*>(ops_)->synced_while_hung = true;
+  ran = true;
+  return Status::Ok();
+}
+
+// The backend whose AbortDevice ends the stand-in device's hung work (NCCL's abort ends its
+// kernels).
+class AbortableBackend : public ThreadBackend {
+ public:
+  AbortableBackend(std::shared_ptr<ThreadFabric> fabric, QueuedDeviceOps* ops)
+      : ThreadBackend(std::move(fabric), 0, true), ops_(ops) {}
+  void AbortDevice() override { ops_->aborted = true; }
+
+ private:
+  QueuedDeviceOps* ops_;
+};
 
 struct Outcome {
   bool done = false;
@@ -79,12 +102,12 @@ struct Outcome {
 
 // Batch "a" runs; its work then fails asynchronously; batch "b" runs next and fails with a's
 // error, found by the executor's poll between the two (`poll`) or, without one, by b's own
-// hand-over to the in-flight list (DeviceInFlight::Add retires a first). Returns each batch's
-// outcome.
-py::dict StreamFailureScript(bool poll) {
+// hand-over to the in-flight list (DeviceInFlight::Add retires a first). With `hung`, b's own
+// work never finishes by itself. Returns each batch's outcome and the device's.
+py::dict StreamFailureScript(bool poll, bool hung) {
   QueuedDeviceOps ops;
   BackendRegistry registry;
-  registry.Add(std::make_unique<ThreadBackend>(std::make_shared<ThreadFabric>(1), 0, true));
+  registry.Add(std::make_unique<AbortableBackend>(std::make_shared<ThreadFabric>(1), &ops));
   Config config;
   AllreducePlanner planner(config, nullptr, &registry);
   ProcessSetTable sets(1);
@@ -100,6 +123,7 @@ py::dict StreamFailureScript(bool poll) {
   deps.device_ops = &ops;
   Executor executor(deps);
   executor.set_stream_completion(true);
+  executor.set_failure_wait(0.2);
 
   std::vector<float> data_a(4, 1.0f), data_b(4, 2.0f);
   Outcome a, b;
@@ -138,6 +162,7 @@ py::dict StreamFailureScript(bool poll) {
     run("a", &data_a, &a);
     ops.fail_first = true;
     if (poll) executor.PollDevice();  // finds a's failure: the next device batch reports it
+    ops.hung = hung;
     run("b", &data_b, &b);
   }
   py::dict result;
@@ -149,13 +174,15 @@ py::dict StreamFailureScript(bool poll) {
     d["queued_at_done"] = o->queued_at_done;
     result[name] = d;
   }
+  result["aborted"] = ops.aborted;
+  result["synced_while_hung"] = ops.synced_while_hung;
   return result;
 }
 
 }  // namespace
 
 void RegisterStreamFailureTesting(py::module_& m) {
-  m.def("stream_failure_script", &StreamFailureScript, py::arg("poll"));
+  m.def("stream_failure_script", &StreamFailureScript, py::arg("poll"), py::arg("hung") = false);
 }
 
 }  // namespace hvdl

@@ -26,3 +26,19 @@ def test_a_batch_failed_with_an_earlier_error_completes_after_its_device_work(po
     assert "illegal address" in b["error"]
     # ... and only once its own device work has run
     assert not b["queued_at_done"], b
+    assert not out["aborted"]  # it ran: nothing to abort
+
+
+def test_a_batch_whose_own_work_hangs_after_an_earlier_error_is_aborted_not_waited_for():
+    """The earlier failure found at the hand-over, after the batch ran: its own collective may
+    wait for a peer that is gone (NCCL has no timeout). The executor waits for it a bounded time
+    (0.2 s here, 30 s by default), then aborts the backend's device work and fails the batch
+    saying so. A plain stream synchronize, what it did before, never returns there. (Found by
+    the poll, the failure fails the next batch before it runs: nothing of it to wait for.)"""
+    out = T.stream_failure_script(False, hung=True)
+    b = out["b"]
+    assert b["done"] and "illegal address" in b["error"], b
+    assert "had not finished 0.2 s after the earlier failure" in b["error"], b
+    assert "work was aborted" in b["error"], b
+    assert out["aborted"] and not out["synced_while_hung"], out
+    assert not b["queued_at_done"], b

@@ -225,4 +225,6 @@ Status NcclBackend::WaitForDevice(DeviceEvent* event) { return comms_.Wait(event
 
 Status NcclBackend::CheckAsync() { return comms_.CheckAsyncErrors(); }
 
+void NcclBackend::AbortDevice() { comms_.AbortAll(); }
+
 }  // namespace hvdl

@@ -56,6 +56,7 @@ class NcclBackend : public DataBackend {
                        DataType dtype, ReduceOp op, int ps) override;
   Status WaitForDevice(DeviceEvent* event) override;
   Status CheckAsync() override;
+  void AbortDevice() override;
 
  private:
   Status Comm(int ps, NcclComm** out);

@@ -104,6 +104,11 @@ Status NcclCommunicators::CheckAsyncErrors() {
   return Status::Ok();
 }
 
+void NcclCommunicators::AbortAll() {
+  for (auto& [key, c] : comms_) ncclCommAbort(c.comm);
+  comms_.clear();
+}
+
 Status NcclCommunicators::Wait(DeviceEvent* event) {
   int polls = 0;
   for (;;) {

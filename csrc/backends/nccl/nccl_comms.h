@@ -57,6 +57,8 @@ class NcclCommunicators {
   void Destroy(int key);
   // Non-blocking: the first asynchronous failure of any communicator, which is then aborted.
   Status CheckAsyncErrors();
+  // Aborts every communicator (their kernels exit); the next Get bootstraps a new one.
+  void AbortAll();
   // Blocks until `event` has completed, checking for asynchronous failures meanwhile (an abort
   // ends the communicator's kernels, so the event then completes too).
   Status Wait(DeviceEvent* event);
