@@ -30,7 +30,7 @@ class QueuedDeviceOps;
 // A batch's "finished" event: complete once its stream was synchronized.
 class QueuedEvent : public DeviceEvent {
  public:
-  QueuedEvent(const QueuedDeviceOps* ops, size_t index) : ops_(ops), index_(index) {}
+  QueuedEvent(QueuedDeviceOps* ops, size_t index) : ops_(ops), index_(index) {}
   int device() const override { return 0; }
   Status StreamWait(void*) override { return Status::Ok(); }
   Status Query(bool* done) override;
@@ -38,7 +38,7 @@ class QueuedEvent : public DeviceEvent {
   bool ran = false;
 
  private:
-  const QueuedDeviceOps* ops_;
+  QueuedDeviceOps* ops_;
   size_t index_;
 };
 
@@ -76,7 +76,7 @@ Status QueuedEvent::Query(bool* done) {
 }
 
 Status QueuedEvent::Synchronize() {
-  if (ops_->stuck()) const_cast<QueuedDeviceOps*>(ops_)->synced_while_hung = true;
+  if (ops_->stuck()) ops_->synced_while_hung = true;
   ran = true;
   return Status::Ok();
 }

@@ -34,10 +34,11 @@
 
 namespace hvdl {
 
-int GradReducer::RanksLocked() const {
-  Context& ctx = hooks_.context();
-  return static_cast<int>(
-      ctx.process_sets().Members(spec_.process_set).value_or(std::vector<int>{}).size());
+bool GradReducer::UnderItsNameLocked(const Bucket& b) const {
+  if (!b.device.is_cpu()) return true;
+  const std::vector<int> members =
+      hooks_.context().process_sets().Members(spec_.process_set).value_or(std::vector<int>{});
+  return members.size() <= 2;
 }
 
 void GradReducer::SubmitMarkersLocked(Bucket& b) {
@@ -47,7 +48,7 @@ void GradReducer::SubmitMarkersLocked(Bucket& b) {
     CheckMembership(ctx, spec_.process_set, OpType::kAllreduce, b.label);
     // The names LaunchBucketLocked sends the whole bucket under.
     std::vector<std::string> names;
-    if (!b.device.is_cpu() || RanksLocked() <= 2) {
+    if (UnderItsNameLocked(b)) {
       names.push_back(b.negotiated);
     } else {
       for (int i : b.members) names.push_back(params_[static_cast<size_t>(i)].negotiated);

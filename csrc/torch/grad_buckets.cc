@@ -305,18 +305,18 @@ void GradReducer::LaunchBucketLocked(Bucket& b, std::exception_ptr* error) {
   try {
     Context& ctx = hooks_.context();
     CheckMembership(ctx, spec_.process_set, OpType::kAllreduce, b.label);
-    const int ranks = RanksLocked();
+    const bool own_name = UnderItsNameLocked(b);
     // Device buckets: the ready event Submit records on this stream must follow every member.
     if (!b.streams.empty()) WaitForStreams(b.device, &b.streams);
-    if (!b.device.is_cpu() || (ranks <= 2 && b.own == 0 && b.flat.defined())) {
+    if (!b.device.is_cpu() || (own_name && b.own == 0 && b.flat.defined())) {
       // The flat tensor, in place, under the bucket's name. Device memory at every rank count: a
       // batch of several device tensors would be packed into the fusion buffer (device plans
       // have no spans); from three ranks on the result may differ from the per-gradient path's
       // in the last bits, as that path's does with what the core happened to fuse. With one or
       // two ranks a + b == b + a: bit-identical whatever the layout.
       b.handle = SubmitAllreduceInplace(ctx, spec_, b.flat, b.negotiated, site_);
-    } else if (ranks <= 2) {
-      // Host, gradients in tensors of their own (every member: AdoptLocked keeps a bucket wholly
+    } else if (own_name) {
+      // Host, two ranks or fewer, gradients in tensors of their own (every member: AdoptLocked keeps a bucket wholly
       // in its views or wholly outside): the same op under the same name - a rank whose
       // gradients are in the views sends the flat tensor - reduced where the tensors are.
       std::vector<at::Tensor> grads;

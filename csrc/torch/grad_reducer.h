@@ -182,7 +182,9 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
   // What a failed bucket allreduce or marker raises: `status`, explained when the ranks
   // disagreed on sending the bucket whole (which parameter, which ranks, why here).
   std::exception_ptr BucketErrorLocked(const Bucket& b, const Status& status) const;
-  int RanksLocked() const;  // in the reducer's process set
+  // Whether a bucket that goes out whole does so under its own name (a device bucket, or two
+  // ranks or fewer), else under its members' names; LaunchBucketLocked and the markers agree.
+  bool UnderItsNameLocked(const Bucket& b) const;
 
   Hooks hooks_;
   OpSpec spec_;
