@@ -28,8 +28,8 @@ SCRIPT = "tests/scripts/elastic_train.py"
 pytestmark = pytest.mark.skipif(not gloo_built(), reason="this build has no Gloo controller")
 
 
-def run_elastic(np_: int, *args: str, launcher: tuple = (), timeout: int = 120):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+def run_elastic(np_: int, *args: str, launcher: tuple = (), timeout: int = 120, env=None):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
     cmd = [sys.executable, "-m", "horovodlite.runner.launch", "--elastic", *launcher, "-np",
            str(np_), sys.executable, SCRIPT, *args]
     start = time.monotonic()
@@ -84,6 +84,25 @@ def test_a_worker_killed_mid_step_the_sharded_optimizer_state_is_resharded():
     assert sorted(re.findall(r"SHARD rank (\d) holds 33 of 65 momentum values", out)) == \
         ["0", "1"], out
     assert took < 60, f"{took:.0f} s\n{out}"
+
+
+def test_the_retired_rounds_watchdog_stays_silent_in_the_next_round():
+    """The failed round's context is kept alive (a collective may still hold it), and so was
+    its heartbeat watchdog: it went on reading round 0's heartbeats, and once the killed rank
+    had been silent for HOROVOD_GLOO_TIMEOUT_SECONDS it declared it lost - in the middle of
+    round 1, where that rank does not exist - and kept polling the store (seen across hosts as
+    "lost ranks 2, 3: no heartbeat for 10 s" 10 s into round 1, then wrong weights). The delay
+    that makes it certain: round 1 lasts well past the timeout (4 s here, 16 steps of 0.4 s).
+    Two names for this machine make round 0 a job of two "hosts" (a Gloo group and its
+    watchdog; one host has neither) and round 1 a job of one. A killed process is noticed by
+    the launcher at once, so no watchdog may report silence."""
+    rc, out, _ = run_elastic(3, "--kill", "2:0:2", "--step-seconds", "0.4",
+                             launcher=("-H", "localhost:2,127.0.0.1:1"),
+                             env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "4"})
+    assert rc == 0, out
+    assert finals(out) == {0: (2, 2, 18), 1: (2, 2, 18)}, out
+    assert "hvd.elastic: continuing from commit 2 with 3 -> 2 ranks" in out, out
+    assert "no heartbeat" not in out, out
 
 
 @pytest.mark.parametrize("args,final,losses", REPEATED_LOSSES[:1], ids=["during-recovery"])
