@@ -10,13 +10,16 @@
 // for receives from one peer), its status dropped: the error being returned already says what
 // went wrong, and Transport::Wait is final on every path, so afterwards the buffers are free.
 // Declare it AFTER the buffers its requests use, so that it is destroyed (and drains) first.
-// Draining never waits longer than the transport's own bound: a failed transport fails its
-// waits at once; a live peer either matches what was posted or is lost (its transport's
-// timeout or a cancel ends the wait).
+// Draining is bounded: a failed transport fails its waits at once; a live peer either matches
+// what was posted or is lost (its transport's timeout or a cancel ends the wait); and a
+// transport without a timeout (MPI) gives up at the drain's deadline, drain_bound() from its
+// start (Transport::WaitUntil).
 // Not thread-safe, like every transport: the thread that runs the algorithm.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <iterator>
 #include <vector>
 
@@ -72,15 +75,35 @@ class PostedRequests {
     }
     return first;
   }
-  // The destructor's work, for a caller that must free the buffers before it goes away.
-  void Drain() { (void)WaitAll(); }
+  // The destructor's work: what is still posted after an early return, each request waited
+  // for until one deadline at most.
+  void Drain() {
+    if (posted_.empty()) return;
+    const auto deadline = std::chrono::steady_clock::now() + drain_bound();
+    std::vector<int> all;
+    all.swap(posted_);
+    for (int r : all) (void)t_->WaitUntil(r, deadline);
+  }
   size_t outstanding() const { return posted_.size(); }
+
+  // How long a drain waits in all (30 s; tests shorten it). Process-wide.
+  static std::chrono::milliseconds drain_bound() {
+    return std::chrono::milliseconds(drain_bound_ms().load(std::memory_order_relaxed));
+  }
+  static void set_drain_bound(std::chrono::milliseconds bound) {
+    drain_bound_ms().store(bound.count(), std::memory_order_relaxed);
+  }
 
  private:
   Status Remember(int r, int* request) {
     posted_.push_back(r);
     if (request != nullptr) *request = r;
     return Status::Ok();
+  }
+
+  static std::atomic<int64_t>& drain_bound_ms() {
+    static std::atomic<int64_t> ms{30000};
+    return ms;
   }
 
   Transport* t_;

@@ -41,7 +41,7 @@ Status RoutedTransport::PostRecv(const std::vector<Span>& spans, size_t esize, i
   return Status::Ok();
 }
 
-Status RoutedTransport::Wait(int request) {
+std::pair<Transport*, int> RoutedTransport::Take(int request) {
   const auto [part, inner] = requests_[static_cast<size_t>(request)];
   free_.push_back(request);
   Transport* waited = parts_[static_cast<size_t>(part)].get();
@@ -64,7 +64,17 @@ Status RoutedTransport::Wait(int request) {
       }
     }
   }
+  return {waited, inner};
+}
+
+Status RoutedTransport::Wait(int request) {
+  const auto [waited, inner] = Take(request);
   return waited->Wait(inner);
+}
+
+Status RoutedTransport::WaitUntil(int request, std::chrono::steady_clock::time_point deadline) {
+  const auto [waited, inner] = Take(request);
+  return waited->WaitUntil(inner, deadline);
 }
 
 bool RoutedTransport::Progress() {

@@ -36,12 +36,16 @@ class RoutedTransport : public Transport {
   Status PostRecv(const std::vector<Span>& spans, size_t esize, int peer, int tag,
                   int* request) override;
   Status Wait(int request) override;
+  Status WaitUntil(int request, std::chrono::steady_clock::time_point deadline) override;
   int single_copy_peers() const override;
   bool Progress() override;
   bool Ready(int request) override;
 
  private:
   int Remember(int part, int inner);
+  // Releases our id and returns (its part, the part's id), once the other parts have moved
+  // what they can (see Wait).
+  std::pair<Transport*, int> Take(int request);
 
   std::vector<std::unique_ptr<Transport>> parts_;
   std::vector<Route> routes_;

@@ -172,7 +172,10 @@ Status SingleCopyTransport::PostSend(const std::vector<Span>& spans, size_t esiz
 Status SingleCopyTransport::Posted(int id, Status s) {
   if (s.ok()) return s;
   Request& r = requests_[static_cast<size_t>(id)];
-  if (r.second >= 0) (void)base_->Wait(r.second);
+  if (r.second >= 0) {
+    (void)base_->WaitUntil(r.second, std::chrono::steady_clock::now() +
+                                         PostedRequests::drain_bound());
+  }
   r.first = r.second = -1;
   r.local.clear();
   free_.push_back(id);
@@ -196,8 +199,7 @@ Status SingleCopyTransport::PostRecv(const std::vector<Span>& spans, size_t esiz
 
 // Receives from one peer are waited for in posting order, so descriptors are consumed, and
 // acknowledgements sent, in the order the sender posted them.
-Status SingleCopyTransport::CompleteReceive(Request* r) {
-  HVDL_RETURN_IF_ERROR(base_->Wait(r->first));
+Status SingleCopyTransport::FinishReceive(Request* r) {
   const uint64_t* d = r->descriptor.data();
   const uint64_t total = d[1];
   if (total != static_cast<uint64_t>(TotalCount(r->local))) {
@@ -243,18 +245,30 @@ bool SingleCopyTransport::Ready(int request) {
 
 Status SingleCopyTransport::Wait(int request) {
   Request& r = requests_[static_cast<size_t>(request)];
-  Status s;
-  if (r.receive_descriptor) {
-    s = CompleteReceive(&r);
-  } else {
-    s = base_->Wait(r.first);
-    // The acknowledgement's receive (or the separate data) is waited for even after a failed
-    // descriptor (transport.h): the base transport has failed then, and fails the wait at once.
-    if (r.second >= 0) {
-      Status second = base_->Wait(r.second);
-      if (s.ok()) s = second;
-    }
+  Status s = base_->Wait(r.first);
+  // The acknowledgement's receive (or the separate data) is waited for even after a failed
+  // descriptor (transport.h): the base transport has failed then, and fails the wait at once.
+  if (!r.receive_descriptor && r.second >= 0) {
+    Status second = base_->Wait(r.second);
+    if (s.ok()) s = second;
   }
+  return Finish(request, s);
+}
+
+// The same, each base request waited for until the deadline at most.
+Status SingleCopyTransport::WaitUntil(int request, std::chrono::steady_clock::time_point deadline) {
+  Request& r = requests_[static_cast<size_t>(request)];
+  Status s = base_->WaitUntil(r.first, deadline);
+  if (!r.receive_descriptor && r.second >= 0) {
+    Status second = base_->WaitUntil(r.second, deadline);
+    if (s.ok()) s = second;
+  }
+  return Finish(request, s);
+}
+
+Status SingleCopyTransport::Finish(int request, Status s) {
+  Request& r = requests_[static_cast<size_t>(request)];
+  if (s.ok() && r.receive_descriptor) s = FinishReceive(&r);
   r.local.clear();
   free_.push_back(request);
   return s;

@@ -42,6 +42,7 @@ class SingleCopyTransport : public Transport {
   Status PostRecv(const std::vector<Span>& spans, size_t esize, int peer, int tag,
                   int* request) override;
   Status Wait(int request) override;
+  Status WaitUntil(int request, std::chrono::steady_clock::time_point deadline) override;
   // The base's (a single-copy receive copies in its own Wait, which a peer never waits for).
   bool Progress() override { return base_->Progress(); }
   bool Ready(int request) override;
@@ -62,7 +63,9 @@ class SingleCopyTransport : public Transport {
   Request& NewRequest(int peer, bool receive_descriptor, int* id);
   Status Posted(int id, Status s);
   void Probe(const std::vector<std::string>& hosts);
-  Status CompleteReceive(Request* r);
+  // A receive's second half, once its descriptor arrived: the copy, or the separate message.
+  Status FinishReceive(Request* r);
+  Status Finish(int request, Status s);
 
   std::unique_ptr<Transport> base_;
   std::vector<uint8_t> peers_;  // per member: 1 if messages with it go by single copy

@@ -21,9 +21,12 @@
 //     give-up final itself (Gloo: a cancel closes the group's connections, so no message lands
 //     after it; gloo_work.h);
 //   - Wait ends: once the transport has failed (a peer lost, a cancel, a timeout) its waits
-//     fail at once, and a wait on a live peer is bounded by the transport's timeout.
+//     fail at once, and a wait on a live peer is bounded by the transport's timeout. A
+//     transport without a timeout of its own (MPI) bounds the cleanup instead: WaitUntil, which
+//     the cleanup after an error uses, gives up at a deadline (mpi_transport.cc says how).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <vector>
 
@@ -53,6 +56,14 @@ class Transport {
   // Blocks until the request completed or failed, and releases it; final either way (above).
   // Receives from one peer on one tag are waited for in the order they were posted.
   virtual Status Wait(int request) = 0;
+  // Wait for the cleanup after an error (PostedRequests' drain): a peer that failed elsewhere
+  // may never match what was posted to it, so this gives up at `deadline` where the transport
+  // can. Final like Wait. The default is Wait, for transports whose waits are bounded anyway
+  // (shared memory, Gloo, the test transports).
+  virtual Status WaitUntil(int request, std::chrono::steady_clock::time_point deadline) {
+    (void)deadline;
+    return Wait(request);
+  }
   // Members whose messages travel by single copy (read straight from their memory).
   virtual int single_copy_peers() const { return 0; }
 

@@ -35,6 +35,7 @@ void RegisterFaultTesting(py::module_& m);   // testing/testing_faults.cc
 void RegisterNoticeTesting(py::module_& m);  // testing/testing_notices.cc
 void RegisterStreamFailureTesting(py::module_& m);  // testing/testing_stream_failure.cc
 void RegisterQueueTesting(py::module_& m);   // testing/testing_queue.cc
+void RegisterMpiTesting(py::module_& m);     // testing/testing_mpi.cc
 namespace {
 
 template <typename T>
@@ -442,6 +443,7 @@ void RegisterTesting(py::module_& m) {
   RegisterFaultTesting(m);
   RegisterNoticeTesting(m);
   RegisterStreamFailureTesting(m);
+  RegisterMpiTesting(m);
 }
 
 }  // namespace hvdl
