@@ -55,6 +55,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed
+from torch.nn.modules.batchnorm import _BatchNorm
 from lightning_utilities.core.rank_zero import rank_zero_only
 
 import horovodlite.torch as hvd
@@ -141,10 +142,44 @@ class EnvironmentLogic:
 def _sync_layers(layer_sync, model):
     """``Trainer(sync_batchnorm=True)``: Lightning's default plugin converts to torch's
     ``SyncBatchNorm``, which needs a torch.distributed group (and a GPU); horovodlite's
-    ``hvd.SyncBatchNorm`` takes its place. A plugin of the user's own is applied as it is."""
+    ``hvd.SyncBatchNorm`` takes its place. A plugin of the user's own is applied as it is.
+    Returns (the model, what _revert_layers needs: each converted layer's own class by name)."""
     if type(layer_sync).__name__ == "TorchSyncBatchNorm":
-        return hvd.SyncBatchNorm.convert_sync_batchnorm(model)
-    return layer_sync.apply(model)
+        originals = {name: type(m) for name, m in model.named_modules()
+                     if isinstance(m, _BatchNorm) and not isinstance(m, hvd.SyncBatchNorm)}
+        return hvd.SyncBatchNorm.convert_sync_batchnorm(model), originals
+    return layer_sync.apply(model), None
+
+
+def _revert_layers(layer_sync, model, originals):
+    """At teardown, as DDPStrategy does: the layers that _sync_layers converted go back to
+    their own classes (torch's plugin can only make a generic BatchNorm of them), holding the
+    same parameters and running statistics; a plugin of the user's own reverts its own."""
+    if originals is None:
+        return layer_sync.revert(model)
+    return _reverted(model, "", originals)
+
+
+def _reverted(module, path: str, originals: dict):
+    out = module
+    if isinstance(module, hvd.SyncBatchNorm) and path in originals:
+        try:
+            out = originals[path](module.num_features, module.eps, module.momentum,
+                                  module.affine, module.track_running_stats)
+        except TypeError:  # a BatchNorm subclass of the user's own with another signature
+            out = module
+        if out is not module:
+            with torch.no_grad():
+                if module.affine:
+                    out.weight, out.bias = module.weight, module.bias
+                if module.track_running_stats:
+                    out.running_mean = module.running_mean
+                    out.running_var = module.running_var
+                    out.num_batches_tracked = module.num_batches_tracked
+            out.train(module.training)
+    for name, child in module.named_children():
+        out.add_module(name, _reverted(child, f"{path}.{name}" if path else name, originals))
+    return out
 
 
 # Methods of hvd.DistributedOptimizer that a LightningOptimizer (which copies the optimizer's
@@ -271,7 +306,8 @@ class StrategyLogic:
         super().setup(trainer)  # device, precision's module conversion, optimizers when fitting
         assert self.model is not None
         if trainer.state.fn == "fit" and getattr(self, "_layer_sync", None) is not None:
-            self.model = _sync_layers(self._layer_sync, self.model)
+            self.model, self._hvd_layer_originals = _sync_layers(self._layer_sync, self.model)
+            self._hvd_layers_synced = True
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         if trainer.state.fn != "fit":  # TrainerFn.FITTING, a str enum
             return
@@ -359,6 +395,9 @@ class StrategyLogic:
             remove = getattr(optimizer, "_hvd_remove_hooks", None)
             if remove is not None:
                 remove()
+        if getattr(self, "_hvd_layers_synced", False) and self.model is not None:
+            self.model = _revert_layers(self._layer_sync, self.model, self._hvd_layer_originals)
+            self._hvd_layers_synced = False
         super().teardown()
 
     @classmethod

@@ -6,7 +6,8 @@
 - precision "bf16-mixed" and "16-mixed", ``accumulate_grad_batches=2``, ``gradient_clip_val``:
   the weights equal DDPStrategy's (float32, to the order of the additions);
 - an optimizer wrapped with ``shard=`` in ``configure_optimizers``: equal to DDPStrategy's;
-- ``sync_batchnorm=True``: the BatchNorm layers become ``hvd.SyncBatchNorm`` and training equals
+- ``sync_batchnorm=True``: the BatchNorm layers become ``hvd.SyncBatchNorm`` while training (and
+  their own class again after it, as DDPStrategy reverts them) and training equals
   one process on the global batch (torch's own SyncBatchNorm, which DDPStrategy uses, runs on
   GPUs only, so the reference is one process: batch statistics over the global batch are what
   synchronised batch norm computes).
@@ -66,6 +67,18 @@ class Model(pl.LightningModule):
             return opt
         return hvd.DistributedOptimizer(opt, named_parameters=self.named_parameters(),
                                         shard=self.shard)
+
+
+class SeeLayer(pl.Callback):
+    """Calls ``see(module)`` once, at the first training batch."""
+
+    def __init__(self, see):
+        self.see, self.seen = see, False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if not self.seen:
+            self.see(pl_module)
+            self.seen = True
 
 
 def fit(strategy, model, rows_per_batch=ROWS, **kw) -> dict:
@@ -131,8 +144,12 @@ def main() -> None:
     for shard in ("optimizer_state", "gradients"):
         close(f"shard_{shard}_equals_ddp", fit("horovodlite", Model(shard)), want, 1e-5)
     model = Model()
-    got = fit("horovodlite", model, sync_batchnorm=True)
-    assert isinstance(model.net[1], hvd.SyncBatchNorm), type(model.net[1])
+    synced = []
+    got = fit("horovodlite", model, sync_batchnorm=True,
+              callbacks=[SeeLayer(lambda m: synced.append(type(m.net[1])))])
+    assert synced == [hvd.SyncBatchNorm], synced  # while training
+    # after it, the user's own class again (DDPStrategy's teardown reverts too, to a generic one)
+    assert type(model.net[1]) is torch.nn.BatchNorm1d, type(model.net[1])
     close("sync_batchnorm_equals_one_process", got, one_process(), 1e-5, buffers=True)
     print(f"rank {hvd.rank()}: DONE", flush=True)
 
