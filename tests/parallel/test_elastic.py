@@ -125,6 +125,7 @@ def test_growth_between_commits_keeps_a_sharded_optimizer_with_its_model(monkeyp
     train()
     state.commit()
     train()  # past the commit
+    state.epoch = 1
     live = opt.state_dict()
     monkeypatch.setattr(discovery, "active", lambda: True)
     monkeypatch.setattr(discovery, "updates_agreed", lambda: (1, []))
@@ -133,6 +134,16 @@ def test_growth_between_commits_keeps_a_sharded_optimizer_with_its_model(monkeyp
     saved = state._handlers["optimizer"]._saved
     assert saved["state"][0]["step"] == live["state"][0]["step"] == 2, hvd.rank()
     assert torch.equal(saved["state"][0]["exp_avg"], live["state"][0]["exp_avg"]), hvd.rank()
+    # A failure before the change completes (the sync after the interrupt loses a rank) restores
+    # that snapshot: the model and the plain attributes must come back from the same point as
+    # the optimizer (they came back from the commit before, a step behind its state)
+    weights = model.weight.detach().clone()
+    state.epoch = 5
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    state.restore()
+    assert torch.equal(model.weight, weights), hvd.rank()
+    assert state.epoch == 1 and opt.state_dict()["state"][0]["step"] == 2, hvd.rank()
 
 
 def test_a_reset_before_the_first_commit_lays_a_sharded_optimizer_out_again(monkeypatch):

@@ -255,12 +255,14 @@ class TorchState(ObjectState):
     def _before_hosts_update(self) -> None:
         """A sharded optimizer lays its state out again over the ranks after the change, from
         its snapshot (handlers.py): between commits the snapshot is older than the model,
-        which goes on from its live weights. Snapshot it now, while every shard's holder is
-        still in the job (one allgather, in attribute-name order on every rank)."""
+        which goes on from its live weights. So everything is snapshotted now, while every
+        shard's holder is still in the job (a sharded optimizer's save is one allgather, in
+        attribute-name order on every rank): the model, the other objects and the plain
+        attributes too, so that a failure before the change completes restores them from the
+        same point as the optimizer, not from the commit before."""
         for name in sorted(self._handlers):
-            handler = self._handlers[name]
-            if getattr(handler, "sharded", False):
-                handler.save()
+            self._handlers[name].save()
+        ObjectState.save(self)
 
     def on_reset(self) -> None:
         """Handlers drop what referred to the old runtime, then the reset callbacks run."""
