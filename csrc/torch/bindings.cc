@@ -283,7 +283,7 @@ void RegisterGradReducer(py::module_& m) {
       .def("set_passes", &GradReducer::SetPasses, py::arg("passes"))
       .def("reset_counters", &GradReducer::ResetCounters)
       .def("launch_missing", [](GradReducer& r) { return r.LaunchMissing(WithoutGil); })
-      .def("wait_all", [](GradReducer& r) { r.WaitAll(WithoutGil); })
+      .def("wait_all", [](GradReducer& r) { return r.WaitAll(WithoutGil); })
       .def("abandon", &GradReducer::Abandon)
       .def("in_flight", &GradReducer::InFlight)
       .def("num_in_flight", &GradReducer::num_in_flight)

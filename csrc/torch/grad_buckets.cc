@@ -342,6 +342,11 @@ void GradReducer::LaunchBucketLocked(Bucket& b, std::exception_ptr* error) {
       b.handle = Submit(ctx, spec_, grads, grads, names,
                         std::vector<std::string>(grads.size(), site_));
     }
+    for (int i : b.members) {
+      Param& m = params_[static_cast<size_t>(i)];
+      m.sent = true;
+      m.sent_data = m.tensor.grad().data_ptr();
+    }
     in_flight_ += static_cast<int>(b.members.size());
     // A bucket is fused already: holding it back to batch it with later gradients would only
     // delay it to the end of backward, where nothing is left to overlap it with.

@@ -185,6 +185,8 @@ GradReducer::Outcome GradReducer::LaunchLocked(Param& p, std::exception_ptr* err
     ThrowIfError(CheckTensor(grad, "allreduce", p.negotiated));
     CheckMembership(ctx, spec_.process_set, OpType::kAllreduce, p.negotiated);
     p.handle = SubmitAllreduceInplace(ctx, spec_, grad, p.negotiated, site_);
+    p.sent = true;
+    p.sent_data = grad.data_ptr();
     ++in_flight_;
     return Outcome::kLaunched;
   } catch (...) {
@@ -290,7 +292,8 @@ void GradReducer::LaunchAloneLocked(bool broken, std::vector<int>* deferred) {
   }
 }
 
-void GradReducer::WaitAll(const std::function<void(const std::function<void()>&)>& release_gil) {
+std::vector<std::string> GradReducer::WaitAll(
+    const std::function<void(const std::function<void()>&)>& release_gil) {
   std::vector<int> handles;
   std::vector<int> bucket_of;  // per handle: its bucket, -1 for a gradient's own
   std::exception_ptr launch_error;
@@ -322,6 +325,15 @@ void GradReducer::WaitAll(const std::function<void(const std::function<void()>&)
     }
   };
   if (!handles.empty()) release_gil(wait_all);
+  std::vector<std::string> replaced;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Param& p : params_) {
+      if (!std::exchange(p.sent, false)) continue;
+      const at::Tensor& grad = p.tensor.grad();
+      if (!grad.defined() || grad.data_ptr() != p.sent_data) replaced.push_back(p.name);
+    }
+  }
   if (launch_error) std::rethrow_exception(launch_error);
   if (first_bucket >= 0) {
     std::exception_ptr explained;
@@ -334,12 +346,14 @@ void GradReducer::WaitAll(const std::function<void(const std::function<void()>&)
     if (explained) std::rethrow_exception(explained);
   }
   ThrowIfError(first);
+  return replaced;
 }
 
 void GradReducer::Abandon() {
   std::lock_guard<std::mutex> lock(mu_);
   for (Param& p : params_) {
     if (p.handle != 0) hooks_.handles->Release(std::exchange(p.handle, 0));
+    p.sent = false;
   }
   for (Bucket& b : buckets_) {
     if (b.handle != 0) hooks_.handles->Release(std::exchange(b.handle, 0));

@@ -105,8 +105,11 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
   std::vector<int> LaunchMissing(
       const std::function<void(const std::function<void()>&)>& release_gil);
   // Waits (without the GIL; `release_gil` drops it around the waits) for every handle, then
-  // resets the counters; raises LaunchMissing's error, else the first handle's.
-  void WaitAll(const std::function<void(const std::function<void()>&)>& release_gil);
+  // resets the counters; raises LaunchMissing's error, else the first handle's. Returns the
+  // parameters whose p.grad was replaced (another tensor, or `.data` swapped) while their
+  // gradient was in flight: the result went into the tensor that was sent, not into p.grad.
+  std::vector<std::string> WaitAll(
+      const std::function<void(const std::function<void()>&)>& release_gil);
   // Drops this step's handles without waiting (elastic rollback) and resets the counters.
   void Abandon();
   std::vector<int> InFlight() const;  // indices with an allreduce in flight

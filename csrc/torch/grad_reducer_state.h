@@ -33,6 +33,8 @@ struct GradReducer::Param {
                              // once the bucket released its flat tensor)
   bool bucket_ready = false;  // counted ready in its bucket this step
   bool own = false;           // this step reduced in a tensor of its own, not in its view
+  bool sent = false;          // its gradient went out this step (here, not from Python) ...
+  const void* sent_data = nullptr;  // ... from this memory: WaitAll checks p.grad is still it
 };
 
 struct GradReducer::Bucket {

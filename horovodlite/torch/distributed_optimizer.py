@@ -250,7 +250,7 @@ class _DistributedOptimizer(_GradLaunch):
             error = error or exc
         if self._hvd_reducer is not None:
             try:
-                self._hvd_reducer.wait_all()
+                _warn_replaced(self._hvd_reducer.wait_all())
             except Exception as exc:
                 error = error or exc
         for pending in {id(v): v for v in self._hvd_pending.own.values()}.values():
@@ -425,6 +425,23 @@ def _refuse_unreduced_inf_check(optimizer) -> None:
             "inf/nan before they were reduced, so ranks could skip different steps. Call "
             "optimizer.synchronize() and scaler.unscale_(optimizer) before, and "
             "scaler.step(optimizer) inside `with optimizer.skip_synchronize():`")
+
+
+def _warn_replaced(names) -> None:
+    """Parameters whose ``p.grad`` was replaced (``p.grad = t``, ``p.grad.data = t``) after
+    backward sent it and before ``synchronize()``: the reduced gradient went into the tensor that
+    was sent, and ``p.grad`` holds what the user put there - this rank trains on it, unreduced.
+    A misuse (as in Horovod), but never a silent one."""
+    if names:
+        from horovodlite.common.basics import rank
+
+        shown = ", ".join(repr(n) for n in names[:5]) + (" ..." if len(names) > 5 else "")
+        warnings.warn(
+            f"rank {rank()}: the gradient of {len(names)} parameter(s) ({shown}) was replaced "
+            "while its allreduce was in flight (p.grad or p.grad.data assigned after backward, "
+            "before synchronize()): the average went into the tensor that was sent, so p.grad "
+            "holds this rank's own value. Change gradients in place, or after synchronize()",
+            RuntimeWarning, stacklevel=4)
 
 
 def _check_passes(passes) -> None:

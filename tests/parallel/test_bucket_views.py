@@ -470,3 +470,47 @@ def test_a_bucket_member_that_cannot_join_on_one_rank_is_named_on_every_rank(cas
     weights = hvd.allgather_object([p.detach().clone() for p in model.parameters()],
                                    name=f"bucket_member_after_{case}")
     assert all(torch.equal(a, b) for w in weights for a, b in zip(w, weights[0]))
+
+
+@pytest.mark.parametrize("bucket_view", [True, False], ids=["buckets", "per-gradient"])
+def test_a_gradient_replaced_while_in_flight_is_named(bucket_view):
+    """``p.grad = t`` (or ``p.grad.data = t``) after backward sent the gradient: the average
+    goes into the tensor that was sent, p.grad keeps the user's value. A misuse, as in Horovod,
+    but it used to pass silently; now every step that does it warns, naming the parameter and
+    the rank. Steps that change gradients in place, or only after synchronize(), do not warn."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   bucket_view=bucket_view, backward_passes_per_step=1)
+
+    def backward():
+        opt.zero_grad()
+        model(torch.ones(3, 4) * (hvd.rank() + 1)).sum().backward()
+
+    for _ in range(2):  # the first step builds the bucket layout
+        backward()
+        opt.step()
+    backward()
+    replaced = model[1].weight.grad.clone()
+    model[1].weight.grad = replaced
+    with pytest.warns(RuntimeWarning, match=rf"rank {hvd.rank()}: the gradient of 1 "
+                                            r"parameter\(s\) \('1.weight'\) was replaced"):
+        opt.synchronize()
+    assert model[1].weight.grad is replaced
+    with opt.skip_synchronize():
+        opt.step()
+    backward()
+    model[1].weight.grad.data = model[1].weight.grad.data.clone()
+    with pytest.warns(RuntimeWarning, match=r"'1.weight'"):
+        opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        backward()
+        model[0].bias.grad.mul_(1.0)  # in place: fine
+        opt.synchronize()
+        model[0].bias.grad = model[0].bias.grad * 2  # after synchronize: fine
+        with opt.skip_synchronize():
+            opt.step()
