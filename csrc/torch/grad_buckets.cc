@@ -346,6 +346,7 @@ void GradReducer::LaunchBucketLocked(Bucket& b, std::exception_ptr* error) {
       Param& m = params_[static_cast<size_t>(i)];
       m.sent = true;
       m.sent_data = m.tensor.grad().data_ptr();
+      m.sent_version = static_cast<int64_t>(m.tensor.grad()._version());
     }
     in_flight_ += static_cast<int>(b.members.size());
     // A bucket is fused already: holding it back to batch it with later gradients would only

@@ -187,6 +187,7 @@ GradReducer::Outcome GradReducer::LaunchLocked(Param& p, std::exception_ptr* err
     p.handle = SubmitAllreduceInplace(ctx, spec_, grad, p.negotiated, site_);
     p.sent = true;
     p.sent_data = grad.data_ptr();
+    p.sent_version = static_cast<int64_t>(grad._version());
     ++in_flight_;
     return Outcome::kLaunched;
   } catch (...) {
@@ -325,15 +326,21 @@ std::vector<std::string> GradReducer::WaitAll(
     }
   };
   if (!handles.empty()) release_gil(wait_all);
-  std::vector<std::string> replaced;
+  std::vector<std::string> replaced, changed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (Param& p : params_) {
       if (!std::exchange(p.sent, false)) continue;
       const at::Tensor& grad = p.tensor.grad();
-      if (!grad.defined() || grad.data_ptr() != p.sent_data) replaced.push_back(p.name);
+      if (!grad.defined() || grad.data_ptr() != p.sent_data) {
+        replaced.push_back(p.name);
+      } else if (static_cast<int64_t>(grad._version()) != p.sent_version) {
+        changed.push_back(p.name);
+      }
     }
   }
+  replaced.emplace_back();
+  replaced.insert(replaced.end(), changed.begin(), changed.end());
   if (launch_error) std::rethrow_exception(launch_error);
   if (first_bucket >= 0) {
     std::exception_ptr explained;

@@ -35,6 +35,7 @@ struct GradReducer::Param {
   bool own = false;           // this step reduced in a tensor of its own, not in its view
   bool sent = false;          // its gradient went out this step (here, not from Python) ...
   const void* sent_data = nullptr;  // ... from this memory: WaitAll checks p.grad is still it
+  int64_t sent_version = 0;         // ... at this version: and that nothing changed it meanwhile
 };
 
 struct GradReducer::Bucket {

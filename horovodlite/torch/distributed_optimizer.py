@@ -427,20 +427,37 @@ def _refuse_unreduced_inf_check(optimizer) -> None:
             "scaler.step(optimizer) inside `with optimizer.skip_synchronize():`")
 
 
-def _warn_replaced(names) -> None:
-    """Parameters whose ``p.grad`` was replaced (``p.grad = t``, ``p.grad.data = t``) after
-    backward sent it and before ``synchronize()``: the reduced gradient went into the tensor that
-    was sent, and ``p.grad`` holds what the user put there - this rank trains on it, unreduced.
-    A misuse (as in Horovod), but never a silent one."""
-    if names:
-        from horovodlite.common.basics import rank
+def _warn_replaced(found) -> None:
+    """``found``: the reducer's parameters whose ``p.grad`` was replaced after backward sent it
+    and before ``synchronize()`` (``p.grad = t``, ``p.grad.data = t``), then "", then those whose
+    ``p.grad`` was changed in place meanwhile. Replaced: the average went into the tensor that
+    was sent, and this rank trains on the user's, unreduced. Changed in place (the
+    ``scaler.unscale_(optimizer)`` or clipping before ``synchronize()`` of a wrong recipe): a
+    race with the allreduce writing the same memory. Misuses (as in Horovod), never silent."""
+    cut = found.index("") if "" in found else len(found)
+    replaced, changed = found[:cut], found[cut + 1:]
+    if not replaced and not changed:
+        return
+    from horovodlite.common.basics import rank
 
-        shown = ", ".join(repr(n) for n in names[:5]) + (" ..." if len(names) > 5 else "")
+    def names(ns):
+        return f"{len(ns)} parameter(s) (" + ", ".join(repr(n) for n in ns[:5]) + \
+            (" ..." if len(ns) > 5 else "") + ")"
+
+    if replaced:
         warnings.warn(
-            f"rank {rank()}: the gradient of {len(names)} parameter(s) ({shown}) was replaced "
-            "while its allreduce was in flight (p.grad or p.grad.data assigned after backward, "
-            "before synchronize()): the average went into the tensor that was sent, so p.grad "
-            "holds this rank's own value. Change gradients in place, or after synchronize()",
+            f"rank {rank()}: the gradient of {names(replaced)} was replaced while its allreduce "
+            "was in flight (p.grad or p.grad.data assigned after backward, before "
+            "synchronize()): the average went into the tensor that was sent, so p.grad holds "
+            "this rank's own value. Change gradients after synchronize()",
+            RuntimeWarning, stacklevel=4)
+    if changed:
+        warnings.warn(
+            f"rank {rank()}: the gradient of {names(changed)} was changed in place while its "
+            "allreduce was in flight (e.g. scaler.unscale_(optimizer) or clipping before "
+            "optimizer.synchronize()): it raced with the average being written into it. Call "
+            "optimizer.synchronize() first, then change gradients, then step inside "
+            "`with optimizer.skip_synchronize():`",
             RuntimeWarning, stacklevel=4)
 
 

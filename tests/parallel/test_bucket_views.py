@@ -473,11 +473,12 @@ def test_a_bucket_member_that_cannot_join_on_one_rank_is_named_on_every_rank(cas
 
 
 @pytest.mark.parametrize("bucket_view", [True, False], ids=["buckets", "per-gradient"])
-def test_a_gradient_replaced_while_in_flight_is_named(bucket_view):
+def test_a_gradient_replaced_or_changed_while_in_flight_is_named(bucket_view):
     """``p.grad = t`` (or ``p.grad.data = t``) after backward sent the gradient: the average
-    goes into the tensor that was sent, p.grad keeps the user's value. A misuse, as in Horovod,
-    but it used to pass silently; now every step that does it warns, naming the parameter and
-    the rank. Steps that change gradients in place, or only after synchronize(), do not warn."""
+    goes into the tensor that was sent, p.grad keeps the user's value; changed in place
+    meanwhile (scaler.unscale_ before synchronize()): a race with the average. Misuses, as in
+    Horovod, but they used to pass silently; now every step that does one warns, naming the
+    parameter and the rank. Steps that change gradients after synchronize() do not warn."""
     import warnings
 
     torch.manual_seed(0)
@@ -506,11 +507,16 @@ def test_a_gradient_replaced_while_in_flight_is_named(bucket_view):
     model[1].weight.grad.data = model[1].weight.grad.data.clone()
     with pytest.warns(RuntimeWarning, match=r"'1.weight'"):
         opt.step()
+    backward()
+    model[0].bias.grad.mul_(0.5)  # scaler.unscale_ before synchronize() does this
+    with pytest.warns(RuntimeWarning, match=rf"rank {hvd.rank()}: the gradient of 1 "
+                                            r"parameter\(s\) \('0.bias'\) was changed in place"):
+        opt.step()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         backward()
-        model[0].bias.grad.mul_(1.0)  # in place: fine
         opt.synchronize()
+        model[0].bias.grad.mul_(0.5)  # in place after synchronize: fine
         model[0].bias.grad = model[0].bias.grad * 2  # after synchronize: fine
         with opt.skip_synchronize():
             opt.step()
