@@ -55,10 +55,11 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed
-from torch.nn.modules.batchnorm import _BatchNorm
 from lightning_utilities.core.rank_zero import rank_zero_only
+from torch.nn.modules.batchnorm import _BatchNorm
 
 import horovodlite.torch as hvd
+from horovodlite.torch.sync_batch_norm import take_batchnorm_state
 
 
 def _ensure_init() -> None:
@@ -169,14 +170,7 @@ def _reverted(module, path: str, originals: dict):
         except TypeError:  # a BatchNorm subclass of the user's own with another signature
             out = module
         if out is not module:
-            with torch.no_grad():
-                if module.affine:
-                    out.weight, out.bias = module.weight, module.bias
-                if module.track_running_stats:
-                    out.running_mean = module.running_mean
-                    out.running_var = module.running_var
-                    out.num_batches_tracked = module.num_batches_tracked
-            out.train(module.training)
+            take_batchnorm_state(out, module)
     for name, child in module.named_children():
         out.add_module(name, _reverted(child, f"{path}.{name}" if path else name, originals))
     return out

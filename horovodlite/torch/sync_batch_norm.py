@@ -169,17 +169,23 @@ class SyncBatchNorm(_BatchNorm):
         if isinstance(module, _BatchNorm) and not isinstance(module, cls):
             out = cls(module.num_features, module.eps, module.momentum, module.affine,
                       module.track_running_stats, process_set)
-            with torch.no_grad():
-                if module.affine:
-                    out.weight, out.bias = module.weight, module.bias
-                if module.track_running_stats:
-                    out.running_mean = module.running_mean
-                    out.running_var = module.running_var
-                    out.num_batches_tracked = module.num_batches_tracked
-            out.train(module.training)
+            take_batchnorm_state(out, module)
         for name, child in module.named_children():
             out.add_module(name, cls.convert_sync_batchnorm(child, process_set))
         return out
+
+
+def take_batchnorm_state(target, source) -> None:
+    """``target`` (a BatchNorm of the same configuration) takes ``source``'s parameters and
+    running statistics - the same tensors, not copies - and its training mode."""
+    with torch.no_grad():
+        if source.affine:
+            target.weight, target.bias = source.weight, source.bias
+        if source.track_running_stats:
+            target.running_mean = source.running_mean
+            target.running_var = source.running_var
+            target.num_batches_tracked = source.num_batches_tracked
+    target.train(source.training)
 
 
 __all__ = ["SyncBatchNorm"]
