@@ -125,8 +125,11 @@ Status MpiTransport::WaitUntil(int request, std::chrono::steady_clock::time_poin
   }
   if (finished) return s;
   const int rc = MPI_Cancel(&r);
-  const auto cancel_deadline = Clock::now() + std::chrono::seconds(1);
-  while (rc == MPI_SUCCESS && Clock::now() < cancel_deadline) {
+  // Once broken, each further request of the drain gets one test after its cancel, not a second.
+  const auto cancel_deadline =
+      Clock::now() + (broken_.ok() ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(0));
+  for (bool first = true; rc == MPI_SUCCESS && (first || Clock::now() < cancel_deadline);
+       first = false) {
     if (over("MPI_Test (ring cleanup, cancelled)")) {
       if (!s.ok() || !cancelled) return s;
       return Status::Aborted(what + ", left behind by an earlier error, was not matched in time "
@@ -136,6 +139,7 @@ Status MpiTransport::WaitUntil(int request, std::chrono::steady_clock::time_poin
   }
   // Neither completed nor cancelled: MPI keeps the request and its buffer; so does this
   // transport (the slot is never reused), which refuses every later post.
+  if (!broken_.ok()) return broken_;
   broken_ = Status::Aborted("the MPI transport cannot be used any more: " + what +
                             " (in its communicator), left behind by an earlier error, was never "
                             "matched and could not be cancelled; the job must be restarted");
