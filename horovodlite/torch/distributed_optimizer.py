@@ -239,11 +239,16 @@ class _DistributedOptimizer(_GradLaunch):
         optimizer's process set it does nothing: that rank trains on its own gradients."""
         if self._hvd_local:
             return
-        error = None
+        error = vote = None
         try:
             self._hvd_refresh()
         except Exception as exc:  # a parameter not named: nothing changed, go on with the rest
             error = exc
+        if self._hvd_find_unused:
+            try:
+                vote = self._hvd_start_unused_vote()
+            except Exception as exc:
+                error = error or exc
         try:
             self._hvd_launch_missing()
         except Exception as exc:  # what did go out is waited for before raising
@@ -259,6 +264,11 @@ class _DistributedOptimizer(_GradLaunch):
             except Exception as exc:  # wait for the rest before raising the first failure
                 error = error or exc
         self._hvd_pending.clear()
+        if vote is not None:
+            try:
+                self._hvd_end_unused_vote(vote)
+            except Exception as exc:
+                error = error or exc
         self._hvd_site = None
         if self._hvd_resparsify:  # reduced densely, handed back in the layout autograd made
             for p, sparse_dim in self._hvd_sparse_seen.items():

@@ -13,7 +13,13 @@ from horovodlite.torch import device_check
 from horovodlite.torch.collectives import sparse_allreduce_async
 from horovodlite.torch.compression import Compression
 from horovodlite.torch.in_flight import Pending
-from horovodlite.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_
+from horovodlite.torch.mpi_ops import (
+    Sum,
+    allreduce_async,
+    allreduce_async_,
+    grouped_allreduce_async_,
+    synchronize,
+)
 from horovodlite.torch.submission import (
     CUDA_BUILT,
     allreduce_inplace,
@@ -24,6 +30,28 @@ from horovodlite.torch.submission import (
 
 class _GradLaunch:
     """Mixin of ``_DistributedOptimizer``: uses its ``_hvd_*`` attributes."""
+
+    # ------------------------------------------------------------ find_unused_parameters
+
+    def _hvd_start_unused_vote(self):
+        """``find_unused_parameters=True``, at ``synchronize()`` before the zeros of this rank's
+        unused parameters are filled in: how many ranks gave each parameter a gradient (one
+        int32 per parameter, summed), asynchronously. Returns what ``_hvd_end_unused_vote``
+        needs."""
+        params = self._hvd_params()
+        used = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
+        handle = allreduce_async(used, name=f"{self._hvd_prefix}.used", op=Sum,
+                                 process_set=self.process_set)
+        return params, handle
+
+    def _hvd_end_unused_vote(self, vote) -> None:
+        """After the reductions: a parameter no rank gave a gradient was reduced as zeros
+        everywhere; it gets ``.grad = None`` back, so the optimizer skips it (one process
+        would never have given it a gradient)."""
+        params, handle = vote
+        for p, ranks in zip(params, synchronize(handle).tolist()):
+            if ranks == 0:
+                p.grad = None
 
     # ---------------------------------------------------------------------------- launching
 

@@ -198,7 +198,8 @@ def _share_dict(optimizer, cls):
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set, shard=None, bucket_view=None):
+                         process_set=global_process_set, shard=None, bucket_view=None,
+                         find_unused_parameters=False):
     """Wraps ``optimizer`` so that every ``step()`` uses gradients reduced across ranks.
 
     Args:
@@ -229,11 +230,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             steps on its own gradients (the options are checked all the same).
         bucket_view: gradients live in flat buckets their allreduce runs on in place
             (docs/bucket_views.md). None (default): ``HOROVOD_BUCKET_VIEW`` (default on).
+        find_unused_parameters: False (default, as Horovod): a parameter without a gradient on
+            a rank is reduced as zeros, and one that no rank used gets a zero gradient and is
+            stepped (weight decay, momentum move it). True (as DDP's option of that name): the
+            ranks also agree at each ``synchronize()`` (one small allreduce) which parameters
+            no rank gave a gradient, and those keep ``.grad = None``, so the optimizer skips
+            them as one process would. Not with ``shard=`` or ``op=hvd.Adasum``.
 
     Returns an instance of ``type(optimizer)`` sharing its param groups and state.
     """
     _check_args(optimizer, compression, op, gradient_predivide_factor, process_set)
     _check_passes(backward_passes_per_step)
+    _check_find_unused(find_unused_parameters, shard, op)
     bucket_view = bucket_view_enabled(bucket_view)
     send_now = send_buckets_now()
     if shard is not None:
@@ -298,6 +306,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         _hvd_should_sync=True,
         _hvd_fresh_sync=False,
         _hvd_local=local,
+        _hvd_find_unused=bool(find_unused_parameters),
         # Bucket views (buckets.py): only on the C++ reducer's path.
         _hvd_buckets=BucketLayout(bucket_view and reducer is not None,
                                   f"grad.opt{count}" + (f".ps{ps_id}" if ps_id else ""),
@@ -306,6 +315,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     obj.__dict__.update(state)
     obj._hvd_refresh()
     return obj
+
+
+def _check_find_unused(find_unused, shard, op) -> None:
+    if not isinstance(find_unused, bool):
+        raise HorovodArgumentError(
+            f"DistributedOptimizer: find_unused_parameters must be a bool, got {find_unused!r}")
+    if find_unused and (shard is not None or op == Adasum):
+        other = f"shard={shard!r}" if shard is not None else "op=hvd.Adasum"
+        raise HorovodArgumentError(
+            f"DistributedOptimizer: find_unused_parameters=True does not combine with {other} "
+            "(it is built for the unsharded optimizer's Average and Sum); drop one of them")
 
 
 def _sharded(optimizer, named_parameters, compression, passes, op, predivide, num_groups,

@@ -45,7 +45,7 @@ OPTIONS = {
     "op": ["average", "sum", "predivide"],
     "compression": ["none", "fp16"],
     "groups": ["none", "2"],
-    "params": ["plain", "frozen", "unused", "added", "sparse"],
+    "params": ["plain", "frozen", "unused", "added", "sparse", "nobody"],
     # The optimizer's process_set: every rank, or the first size - 1 (at np 1 the same); a
     # rank outside it trains alone on its own rows.
     "process_set": ["global", "subset"],
@@ -87,6 +87,8 @@ def refused(case: dict) -> tuple | None:
             return ("shard", "compression")
         if case["groups"] != "none":
             return ("shard", "groups")
+        if case["params"] == "nobody":  # find_unused_parameters=True
+            return ("shard", "find_unused_parameters")
     return None
 
 
@@ -111,7 +113,8 @@ def parse_id(text: str) -> dict:
 
 
 # One case per refusal rule, each otherwise as plain as it gets.
-REFUSAL_CASES = ["shard=optimizer_state,compression=fp16", "shard=gradients,groups=2"]
+REFUSAL_CASES = ["shard=optimizer_state,compression=fp16", "shard=gradients,groups=2",
+                 "shard=optimizer_state,params=nobody"]
 
 
 def pairwise_cases() -> list:
@@ -198,8 +201,9 @@ class Net(torch.nn.Module):
         self.emb = torch.nn.Embedding(10, 8, sparse=True) if params == "sparse" else None
         self.fc1 = torch.nn.Linear(8, 16)
         self.fc2 = torch.nn.Linear(16, 4)
-        # "unused": used by rank 0's rows only; "added": joins the optimizer at ADD_AT
-        self.side = torch.nn.Linear(16, 4) if params in ("unused", "added") else None
+        # "unused": used by rank 0's rows only; "added": joins the optimizer at ADD_AT;
+        # "nobody": in the optimizer, used by no rank (find_unused_parameters=True)
+        self.side = torch.nn.Linear(16, 4) if params in ("unused", "added", "nobody") else None
         if params == "frozen":
             self.fc1.bias.requires_grad_(False)
 
@@ -305,6 +309,8 @@ def _wrap(case: dict, model: Net, opt):
         kw["shard"] = case["shard"]
     if case["process_set"] == "subset":
         kw["process_set"] = SUBSET
+    if case["params"] == "nobody":
+        kw["find_unused_parameters"] = True
     return hvd.DistributedOptimizer(opt, **kw)
 
 

@@ -8,6 +8,7 @@ a plain single-process reference on the whole batch, and compares parameters aft
 """
 
 import os
+import re
 
 import pytest
 import torch
@@ -293,3 +294,66 @@ def test_optimizer_over_a_process_set():
         hvd.remove_process_set(ps)
     hvd.shutdown()
     hvd.init()
+
+
+# --------------------------------------------------------------- a parameter no rank uses
+
+
+class WithSpare(torch.nn.Module):
+    """An MLP and a layer that no rank uses in forward (in the optimizer all the same)."""
+
+    def __init__(self, seed):
+        super().__init__()
+        self.net = mlp(seed)
+        torch.manual_seed(seed + 100)
+        self.spare = torch.nn.Linear(3, 3).double()
+
+    def forward(self, x):
+        return self.net(x)
+
+
+@pytest.mark.parametrize("bucket_view", [True, False], ids=["buckets", "per-gradient"])
+@pytest.mark.parametrize("set_to_none", [True, False], ids=["to-none", "to-zero"])
+@pytest.mark.parametrize("passes", [1, 2])
+def test_find_unused_parameters_leaves_a_parameter_no_rank_used_alone(bucket_view, set_to_none,
+                                                                      passes):
+    """find_unused_parameters=True (DDP's option): the ranks agree which parameters no rank
+    gave a gradient; those keep .grad None and AdamW's weight decay does not move them, as in
+    one process. Without it (Horovod's behaviour) they get zeros and decay."""
+    x, y = data(11, 4)
+    model, plain, reference = WithSpare(4), WithSpare(4), WithSpare(4)
+    make = lambda m: torch.optim.AdamW(m.parameters(), lr=0.05, weight_decay=0.5)  # noqa: E731
+    opt = hvd.DistributedOptimizer(make(model), named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=passes, bucket_view=bucket_view,
+                                   find_unused_parameters=True)
+    horovod = hvd.DistributedOptimizer(make(plain), named_parameters=plain.named_parameters(),
+                                       backward_passes_per_step=passes, bucket_view=bucket_view)
+    ref_opt = make(reference)
+    for s in range(4):
+        for o in (opt, horovod, ref_opt):
+            o.zero_grad(set_to_none=set_to_none)
+        for m in (model, plain):
+            for half in range(passes):  # each pass a half of this rank's shard, summed
+                xs, ys = shard(x[s]), shard(y[s])
+                rows = slice(half * len(xs) // passes, (half + 1) * len(xs) // passes)
+                (F.mse_loss(m(xs[rows]), ys[rows], reduction="sum") / GLOBAL_BATCH).backward()
+        (F.mse_loss(reference(x[s]), y[s], reduction="sum") / GLOBAL_BATCH / hvd.size()).backward()
+        for o in (opt, horovod, ref_opt):
+            o.step()
+        assert model.spare.weight.grad is None, hvd.rank()
+        assert_same(model, reference, what=f"step {s}")
+    # Horovod's way: the spare layer got zeros and decayed (that is why the option exists)
+    assert not torch.equal(plain.spare.weight, reference.spare.weight)
+
+
+def test_find_unused_parameters_is_refused_where_it_does_not_apply():
+    model = torch.nn.Linear(2, 2)
+    for kw, named in [({"shard": "optimizer_state"}, "shard='optimizer_state'"),
+                      ({"op": hvd.Adasum}, "op=hvd.Adasum")]:
+        with pytest.raises(hvd.HorovodArgumentError, match=f"find_unused_parameters=True does "
+                                                            f"not combine with {re.escape(named)}"):
+            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     find_unused_parameters=True, **kw)
+    with pytest.raises(hvd.HorovodArgumentError, match="must be a bool"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 find_unused_parameters="yes")
