@@ -40,7 +40,7 @@ class _GradLaunch:
         needs."""
         params = self._hvd_params()
         used = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
-        handle = allreduce_async(used, name=f"{self._hvd_prefix}.used", op=Sum,
+        handle = allreduce_async(used, name=f"{self._hvd_prefix}:unused-vote", op=Sum,
                                  process_set=self.process_set)
         return params, handle
 
