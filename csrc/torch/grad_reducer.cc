@@ -293,7 +293,7 @@ void GradReducer::LaunchAloneLocked(bool broken, std::vector<int>* deferred) {
   }
 }
 
-std::vector<std::string> GradReducer::WaitAll(
+std::pair<std::vector<std::string>, std::vector<std::string>> GradReducer::WaitAll(
     const std::function<void(const std::function<void()>&)>& release_gil) {
   std::vector<int> handles;
   std::vector<int> bucket_of;  // per handle: its bucket, -1 for a gradient's own
@@ -339,8 +339,6 @@ std::vector<std::string> GradReducer::WaitAll(
       }
     }
   }
-  replaced.emplace_back();
-  replaced.insert(replaced.end(), changed.begin(), changed.end());
   if (launch_error) std::rethrow_exception(launch_error);
   if (first_bucket >= 0) {
     std::exception_ptr explained;
@@ -353,7 +351,7 @@ std::vector<std::string> GradReducer::WaitAll(
     if (explained) std::rethrow_exception(explained);
   }
   ThrowIfError(first);
-  return replaced;
+  return {replaced, changed};
 }
 
 void GradReducer::Abandon() {

@@ -108,8 +108,8 @@ class GradReducer : public GradReadyListener, public std::enable_shared_from_thi
   // resets the counters; raises LaunchMissing's error, else the first handle's. Returns the
   // parameters whose p.grad was replaced (another tensor, or `.data` swapped) while their
   // gradient was in flight - the result went into the tensor that was sent, not into p.grad -
-  // then "", then those whose p.grad was changed in place meanwhile (a race with the ring).
-  std::vector<std::string> WaitAll(
+  // and those whose p.grad was changed in place meanwhile (a race with the ring).
+  std::pair<std::vector<std::string>, std::vector<std::string>> WaitAll(
       const std::function<void(const std::function<void()>&)>& release_gil);
   // Drops this step's handles without waiting (elastic rollback) and resets the counters.
   void Abandon();

@@ -438,14 +438,13 @@ def _refuse_unreduced_inf_check(optimizer) -> None:
 
 
 def _warn_replaced(found) -> None:
-    """``found``: the reducer's parameters whose ``p.grad`` was replaced after backward sent it
-    and before ``synchronize()`` (``p.grad = t``, ``p.grad.data = t``), then "", then those whose
-    ``p.grad`` was changed in place meanwhile. Replaced: the average went into the tensor that
+    """``found``: the reducer's (parameters whose ``p.grad`` was replaced after backward sent it
+    and before ``synchronize()`` (``p.grad = t``, ``p.grad.data = t``), those whose ``p.grad``
+    was changed in place meanwhile). Replaced: the average went into the tensor that
     was sent, and this rank trains on the user's, unreduced. Changed in place (the
     ``scaler.unscale_(optimizer)`` or clipping before ``synchronize()`` of a wrong recipe): a
     race with the allreduce writing the same memory. Misuses (as in Horovod), never silent."""
-    cut = found.index("") if "" in found else len(found)
-    replaced, changed = found[:cut], found[cut + 1:]
+    replaced, changed = found
     if not replaced and not changed:
         return
     from horovodlite.common.basics import rank
