@@ -36,7 +36,7 @@ TIMEOUT = int(os.environ.get("HVDL_PARALLEL_TIMEOUT", "300"))
 # The files the Gloo controller runs too: data movement, errors, the optimizer, its own init.
 GLOO = ["test_allreduce.py", "test_collectives.py", "test_errors.py", "test_optimizer_api.py",
         "test_optimizer_native.py", "test_gloo_init.py", "test_sharded_optimizer.py",
-        "test_combinations.py",
+        "test_combinations.py", "test_powersgd.py",
         "test_sharded_overlap.py", "test_bucket_views.py"]
 CASES = ([("mpi", m, n) for m in PARALLEL for n in SIZES] +
          [("gloo", m, n) for m in GLOO for n in SIZES if n in (2, 3)])

@@ -151,12 +151,13 @@ def _describe(entry) -> str:
 class BucketLayout:
     """The bucket state of one DistributedOptimizer: off, observing, or built."""
 
-    def __init__(self, enabled: bool, prefix: str, process_set):
+    def __init__(self, enabled: bool, prefix: str, process_set,
+                 off_reason: str = "turned off (bucket_view=False or HOROVOD_BUCKET_VIEW=0)"):
         self.enabled = enabled
         self.prefix = prefix
         self.process_set = process_set
         self.state = "observing" if enabled else "off"
-        self.reason = "" if enabled else "turned off (bucket_view=False or HOROVOD_BUCKET_VIEW=0)"
+        self.reason = "" if enabled else off_reason
         self.threshold = None  # bytes per bucket; None: the fusion threshold
         self.generation = 0  # layouts built (the most of any rank's, agreed at each build):
         # part of bucket names, so a new layout never meets the response cache's entries of an

@@ -47,6 +47,7 @@ from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.torch import summary
 from horovodlite.torch.grad_launch import _GradLaunch
 from horovodlite.torch.in_flight import NativeHook
+from horovodlite.torch.powersgd import PowerSGDStep
 from horovodlite.torch.submission import (
     op_name,
 )
@@ -258,7 +259,14 @@ class _DistributedOptimizer(_GradLaunch):
                 _warn_replaced(self._hvd_reducer.wait_all())
             except Exception as exc:
                 error = error or exc
-        for pending in {id(v): v for v in self._hvd_pending.own.values()}.values():
+        launched = {id(v): v for v in self._hvd_pending.own.values()}.values()
+        for pending in launched:  # PowerSGD: the second reduction (Q) of every matrix first
+            if isinstance(pending, PowerSGDStep):
+                try:
+                    pending.launch_q(self.op, self._hvd_prescale, self._hvd_postscale)
+                except Exception as exc:
+                    error = error or exc
+        for pending in launched:
             try:
                 pending.finish(self._hvd_compression)
             except Exception as exc:  # wait for the rest before raising the first failure
@@ -278,6 +286,8 @@ class _DistributedOptimizer(_GradLaunch):
         self._hvd_fresh_sync = True
         if error is not None:
             raise error
+        if self._hvd_powersgd is not None:
+            self._hvd_powersgd.step_done()
         # Bucket views: a changed parameter set drops the layout; the first step observed
         # builds one (collective; every rank got here without error).
         self._hvd_buckets.check(self)
@@ -369,8 +379,23 @@ class _DistributedOptimizer(_GradLaunch):
                 f"{self._hvd_pending_names()} are in flight; call optimizer.step() or "
                 "synchronize() first."
             )
+        powersgd = self.__dict__.get("_hvd_powersgd")
+        if "powersgd" in state_dict:
+            state_dict = dict(state_dict)
+            saved = state_dict.pop("powersgd")
+            if powersgd is not None:
+                powersgd.load_state_dict(saved)
         super().load_state_dict(state_dict)
         self._hvd_reset_counters()
+
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state, and with PowerSGD its state under ``"powersgd"``
+        (the step count, each matrix's Q and this rank's error feedback)."""
+        out = super().state_dict()
+        powersgd = self.__dict__.get("_hvd_powersgd")
+        if powersgd is not None:
+            out["powersgd"] = powersgd.state_dict()
+        return out
 
     def _hvd_abandon_step(self) -> None:
         """Drops this step's reductions after a failure (``hvd.elastic`` rolls back): their

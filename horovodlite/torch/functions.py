@@ -124,7 +124,9 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None,
     which case no state is invented (horovod's dummy optimizer step would shift Adam's step
     count). Every ``torch.optim`` optimizer is supported but LBFGS and SparseAdam (ValueError);
     parameters without gradients (no state) are handled. Afterwards every parameter that
-    requires a gradient has one, zeros where it had none, as with Horovod.
+    requires a gradient has one, zeros where it had none, as with Horovod (not for a
+    DistributedOptimizer with ``find_unused_parameters=True``, which tells an unused
+    parameter by its missing gradient).
     """
     optimizer = getattr(optimizer, "_hvd_wrapped", optimizer)
     for unsupported in (torch.optim.LBFGS, torch.optim.SparseAdam):
@@ -172,12 +174,38 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None,
     for pid, key, sparse_dim in sparse:
         new_state[pid][key] = new_state[pid][key].to_sparse(sparse_dim)
     optimizer.load_state_dict({"state": new_state, "param_groups": root["param_groups"]})
+    powersgd = optimizer.__dict__.get("_hvd_powersgd")
+    if powersgd is not None:  # compression=hvd.Compression.powersgd(...)
+        _broadcast_powersgd(powersgd, root_rank, process_set)
     # Horovod leaves a gradient on every parameter that requires one (its dummy step needs
     # them) and code reads p.grad right after; zeros where there was none, no state invented.
+    # Not with find_unused_parameters=True: its vote takes a gradient for use, and under
+    # zero_grad(set_to_none=False) invented zeros would make every parameter used for good.
+    if optimizer.__dict__.get("_hvd_find_unused"):
+        return
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
+
+
+def _broadcast_powersgd(state, root_rank: int, process_set) -> None:
+    """The root's PowerSGD step count and Qs (powersgd.py) to every rank of ``process_set``."""
+    is_root = _C.rank() == root_rank
+    root = broadcast_object(
+        {"step": state.step, "q": {k: (v.dtype, tuple(v.shape)) for k, v in state.q.items()}}
+        if is_root else None, root_rank, name="optimizer_state.powersgd",
+        process_set=process_set)
+    q, handles = {}, []
+    for name in sorted(root["q"]):
+        dtype, shape = root["q"][name]
+        t = state.q[name].contiguous() if is_root else torch.empty(shape, dtype=dtype)
+        handles.append(broadcast_async_(t, root_rank, name=f"optimizer_state.powersgd.{name}",
+                                        process_set=process_set))
+        q[name] = t
+    for h in handles:
+        synchronize(h)
+    state.adopt(root["step"], q, process_set.size())
 
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",

@@ -100,6 +100,16 @@ class _GradLaunch:
                 self._hvd_pending[p] = Pending([p], wait)
             else:
                 dense.append(p)
+        powersgd = self._hvd_powersgd
+        if powersgd is not None:
+            rest = []
+            for p in dense:
+                if powersgd.compressing(p.grad):
+                    self._hvd_pending[p] = powersgd.launch(p, self._parameter_names[p],
+                                                           self._hvd_wire_name(p))
+                else:
+                    rest.append(p)
+            dense = rest
         if not dense:
             return
         wires, ctxs = [], []

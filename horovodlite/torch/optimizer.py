@@ -23,9 +23,10 @@ from horovodlite.common.process_sets import ProcessSet, _id_of, global_process_s
 from horovodlite.common.reduce_ops import Adasum, Average, Sum
 from horovodlite.torch.adasum_optimizer import _AdasumDeltaOptimizer
 from horovodlite.torch.buckets import BucketLayout, bucket_view_enabled, send_buckets_now
-from horovodlite.torch.compression import Compression
+from horovodlite.torch.compression import Compression, PowerSGD
 from horovodlite.torch.distributed_optimizer import _C, _check_passes, _DistributedOptimizer
 from horovodlite.torch.in_flight import InFlight, hook_site
+from horovodlite.torch.powersgd import PowerSGDState
 from horovodlite.torch.sharded_optimizer import _ShardedOptimizer, check_sharding_args
 
 # Per process set: how many DistributedOptimizers this process has created. Part of every
@@ -151,11 +152,19 @@ def _check_args(optimizer, compression, op, gradient_predivide_factor, process_s
         raise HorovodArgumentError(
             f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}"
         )
+    if compression is Compression.powersgd:
+        raise HorovodArgumentError(
+            "compression=hvd.Compression.powersgd is the factory: call it, e.g. "
+            "compression=hvd.Compression.powersgd(rank=4)")
     if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
         raise HorovodArgumentError(
-            "compression must be hvd.Compression.none, .fp16, .bf16 or an object "
-            "with compress()/decompress()"
+            "compression must be hvd.Compression.none, .fp16, .bf16, .powersgd(...) or an "
+            f"object with compress()/decompress(), got {compression!r}"
         )
+    if isinstance(compression, PowerSGD) and op == Adasum:
+        raise HorovodArgumentError(
+            "DistributedOptimizer: compression=hvd.Compression.powersgd(...) does not combine "
+            "with op=hvd.Adasum (Adasum combines whole parameter deltas); drop one of them")
     if not isinstance(process_set, ProcessSet):
         raise HorovodArgumentError(
             f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}"
@@ -206,7 +215,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         named_parameters: ``model.named_parameters()``; names the allreduces (timeline, errors).
             Must name every optimized parameter once. Without it, names are generated in
             param-group order, identically on every rank.
-        compression: ``hvd.Compression.none/fp16/bf16``: dtype of gradients on the wire.
+        compression: ``hvd.Compression.none/fp16/bf16``: dtype of gradients on the wire;
+            ``hvd.Compression.powersgd(rank=4, warmup_steps=10, error_feedback=True)``: a
+            low-rank approximation of each gradient matrix (not with ``shard=`` or Adasum).
         backward_passes_per_step: backward passes accumulated locally (summed) before one
             allreduce.
         op: ``hvd.Average`` (default), ``hvd.Sum``, or ``hvd.Adasum`` (Adasum delta optimizer:
@@ -286,6 +297,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         _hvd_next_index=0,
         _hvd_prefix=f"grad.opt{count}" + (f".ps{ps_id}" if ps_id else ""),
         _hvd_compression=compression,
+        _hvd_powersgd=(PowerSGDState(compression, process_set)
+                       if isinstance(compression, PowerSGD) and not local else None),
         _hvd_prescale=prescale,
         _hvd_postscale=postscale,
         _hvd_groups=group_lists,
@@ -310,11 +323,25 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         # Bucket views (buckets.py): only on the C++ reducer's path.
         _hvd_buckets=BucketLayout(bucket_view and reducer is not None,
                                   f"grad.opt{count}" + (f".ps{ps_id}" if ps_id else ""),
-                                  process_set),
+                                  process_set, _buckets_off_reason(bucket_view, reducer, local,
+                                                                   compression, op)),
     )
     obj.__dict__.update(state)
     obj._hvd_refresh()
     return obj
+
+
+def _buckets_off_reason(bucket_view, reducer, local, compression, op) -> str:
+    """Why the gradients of this optimizer do not live in buckets (when they do not)."""
+    if not bucket_view:
+        return "turned off (bucket_view=False or HOROVOD_BUCKET_VIEW=0)"
+    if local:
+        return "this rank is outside the optimizer's process set (nothing is reduced)"
+    if compression is not Compression.none:
+        return f"compression={compression!r}: gradients are reduced one by one"
+    if op == Adasum:
+        return "op=hvd.Adasum reduces parameter deltas, not gradients"
+    return "HOROVOD_NATIVE_GRADIENT_HOOKS=0: gradients are reduced one by one"
 
 
 def _check_find_unused(find_unused, shard, op) -> None:

@@ -28,8 +28,10 @@ import traceback
 
 import torch
 import torch.nn.functional as F
+from powersgd_reference import Reference
 
 import horovodlite.torch as hvd
+from horovodlite.torch.powersgd import initial_q
 
 # Each option and its values; the first value is the default of a case that leaves it out.
 OPTIONS = {
@@ -43,7 +45,9 @@ OPTIONS = {
     "scaler": ["0", "1"],  # GradScaler, with an overflow on the last rank at one step
     "set_to_none": ["1", "0"],
     "op": ["average", "sum", "predivide"],
-    "compression": ["none", "fp16"],
+    # powersgd: rank 2 (fc1, fc2 and side compress), one warm-up step; the reference applies
+    # the same algorithm to the ranks' own gradients (powersgd_reference.py)
+    "compression": ["none", "fp16", "powersgd"],
     "groups": ["none", "2"],
     "params": ["plain", "frozen", "unused", "added", "sparse", "nobody"],
     # The optimizer's process_set: every rank, or the first size - 1 (at np 1 the same); a
@@ -64,8 +68,10 @@ ROWS = 4  # rows per rank and backward pass
 TOLERANCE = dict(rtol=2e-4, atol=2e-5)
 # fp16 on the wire rounds a gradient element near zero to another value or to zero, and Adam's
 # first step on an element is about lr times the sign of its gradient: one step of lr (0.01)
-# apart is what compression may cost a parameter that joins late (measured: 0.0098).
+# apart is what compression may cost a parameter that joins late (measured: 0.0098). PowerSGD
+# against its float64 reference (QR there, Gram-Schmidt here) has the same near-zero elements.
 TOLERANCE_FP16 = dict(rtol=2e-2, atol=2.5e-2)
+POWERSGD = dict(rank=2, warmup_steps=1)
 
 
 def valid(case: dict) -> bool:
@@ -113,8 +119,8 @@ def parse_id(text: str) -> dict:
 
 
 # One case per refusal rule, each otherwise as plain as it gets.
-REFUSAL_CASES = ["shard=optimizer_state,compression=fp16", "shard=gradients,groups=2",
-                 "shard=optimizer_state,params=nobody"]
+REFUSAL_CASES = ["shard=optimizer_state,compression=fp16", "shard=gradients,compression=powersgd",
+                 "shard=gradients,groups=2", "shard=optimizer_state,params=nobody"]
 
 
 def pairwise_cases() -> list:
@@ -275,15 +281,27 @@ def train_reference(case: dict, parts: list, size: int):
     opt = make_optimizer(case, trained_params(model, case))
     scaler = make_scaler(case)
     passes = int(case["passes"])
+    powersgd = None
+    if case["compression"] == "powersgd" and compressed_here(case):
+        powersgd = Reference(POWERSGD["rank"], POWERSGD["warmup_steps"], len(parts),
+                             lambda name, m: initial_q(0, name, m, POWERSGD["rank"]), op="sum")
+    if case["reset"] == "1" and model.emb is not None:
+        # hvd.elastic.run's first sync: broadcast_optimizer_state leaves zeros where .grad was
+        # None; under zero_grad(set_to_none=False) the embedding's sparse gradients are then
+        # added into them, densely (the other parameters get a gradient every step)
+        model.emb.weight.grad = torch.zeros_like(model.emb.weight)
     for step in range(STEPS):
         if case["params"] == "added" and step == ADD_AT:
             opt.add_param_group({"params": list(model.side.parameters())})
         opt.zero_grad(set_to_none=case["set_to_none"] == "1")
         x, y, idx = data(step, size, passes)
-        for pass_ in range(passes):
-            loss = sum(chunk_loss(model, case, x, y, idx, part, step, parts, size, pass_)
-                       for part in parts)
-            scaler.scale(loss).backward()
+        if powersgd is not None:
+            powersgd_backward(model, case, opt, scaler, powersgd, (x, y, idx), step, parts, size)
+        else:
+            for pass_ in range(passes):
+                loss = sum(chunk_loss(model, case, x, y, idx, part, step, parts, size, pass_)
+                           for part in parts)
+                scaler.scale(loss).backward()
         scaler.unscale_(opt)
         if case["clip"] != "none":
             torch.nn.utils.clip_grad_norm_(
@@ -291,6 +309,43 @@ def train_reference(case: dict, parts: list, size: int):
         scaler.step(opt)
         scaler.update()
     return model, scaler
+
+
+def compressed_here(case: dict) -> bool:
+    """Whether this rank's optimizer reduces (and so compresses): outside its process set it
+    trains alone, uncompressed."""
+    return case["process_set"] == "global" or hvd.rank() in SUBSET.ranks
+
+
+def powersgd_backward(model, case, opt, scaler, reference, batch, step, parts, size) -> None:
+    """The reference's backward passes with PowerSGD: each rank's own gradients (its share of
+    the global loss, scaled, summed over the passes), then ``.grad`` = the reference
+    algorithm's sum of the ranks' approximations. Sparse gradients are summed as they are."""
+    x, y, idx = batch
+    names = {p: n for n, p in model.named_parameters()}
+    params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
+    own = [{} for _ in parts]
+    for pass_ in range(int(case["passes"])):
+        for i, part in enumerate(parts):
+            loss = scaler.scale(chunk_loss(model, case, x, y, idx, part, step, parts, size,
+                                           pass_))
+            for p, g in zip(params, torch.autograd.grad(loss, params, allow_unused=True)):
+                if g is not None:
+                    own[i][names[p]] = g if names[p] not in own[i] else own[i][names[p]] + g
+    dense = {names[p] for p in params if p.grad is not None and not p.grad.is_sparse}
+    own = [{n: (g.to_dense() if n in dense else g) for n, g in grads.items()} for grads in own]
+    sparse = {n for grads in own for n, g in grads.items() if g.is_sparse}
+    reduced = reference.reduce([{n: g for n, g in grads.items() if n not in sparse}
+                                for grads in own])
+    for n in sparse:
+        reduced[n] = torch.stack([grads[n] for grads in own if n in grads]).sum(0).coalesce()
+    for p in params:
+        if names[p] in reduced:
+            g = reduced[names[p]].to(p.dtype)
+            # autograd adds a sparse gradient into a dense .grad densely (the zeros that
+            # hvd.elastic.run's first sync leaves, kept by zero_grad(set_to_none=False)): the
+            # ranks then reduce, and compress, a dense gradient
+            p.grad = g if p.grad is None or p.grad.is_sparse else p.grad.zero_() + g
 
 
 def _wrap(case: dict, model: Net, opt):
@@ -303,6 +358,8 @@ def _wrap(case: dict, model: Net, opt):
         kw["gradient_predivide_factor"] = 2.0
     if case["compression"] == "fp16":
         kw["compression"] = hvd.Compression.fp16
+    elif case["compression"] == "powersgd":
+        kw["compression"] = hvd.Compression.powersgd(**POWERSGD)
     if case["groups"] != "none":
         kw["groups"] = int(case["groups"])
     if case["shard"] != "none":
@@ -411,7 +468,7 @@ def check(case: dict) -> tuple:
     if expect is not None:
         return "wrong", f"should be refused at construction naming {expect}, but trained"
     reference, ref_scaler = train_reference(case, parts_of(case), hvd.size())
-    tol = TOLERANCE_FP16 if case["compression"] == "fp16" else TOLERANCE
+    tol = TOLERANCE if case["compression"] == "none" else TOLERANCE_FP16
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         if not torch.isfinite(p).all():
             return "wrong", f"{name} is not finite"

@@ -1,0 +1,202 @@
+"""PowerSGD gradient compression with error feedback (Vogels, Karimireddy and Jaggi, 2019), for
+``hvd.DistributedOptimizer(..., compression=hvd.Compression.powersgd(rank=4))``.
+
+Per step and per compressed gradient, seen as a matrix ``M`` (n x m: the first dimension by the
+rest, so a convolution's weight is out-channels by the rest), on every rank ``i``:
+
+1. ``M_i = grad_i + e_i`` (``e_i``: what earlier steps left out on this rank, the error
+   feedback), ``Q``: the last step's reduced Q (the same on every rank), orthonormalised.
+2. ``P_i = M_i Q`` (n x r) goes out at once, from the gradient hook, overlapping the rest of
+   backward: ``P = sum_i P_i``.
+3. At ``synchronize()``: ``P`` orthonormalised (Gram-Schmidt, the same on every rank: every rank
+   holds the same reduced P), ``Q_i = M_i^T P`` (m x r) goes out with the optimizer's op,
+   ``Q = op_i Q_i``. While it travels, ``e_i = M_i - P Q_i^T`` (what this rank's own
+   approximation leaves out).
+4. ``grad = P Q^T``: the op (average or sum) of the ranks' rank-r approximations ``P P^T M_i``.
+
+Only P and Q travel: ``r (n + m)`` numbers instead of ``n m``. Vectors (biases, norms), sparse
+gradients and matrices where ``r (n + m) >= n m`` travel uncompressed, as do all gradients
+during the first ``warmup_steps`` steps.
+
+Every rank takes the same decisions from the same numbers: whether a tensor is compressed (its
+shape and the step), Q's random start (seeded by the parameter's name), the orthonormalisation
+(of the reduced P). A step whose reduced P or Q is not finite (a rank's gradient overflowed
+under a loss scaler, which then skips the step) leaves Q and the error feedback as they were.
+A column of the reduced Q that is all zeros (no rank had a gradient there) keeps its old value,
+so a parameter idle for a step does not lose its subspace.
+
+State (``opt.state_dict()["powersgd"]``): the step count, Q and this rank's error per parameter
+name. ``broadcast_optimizer_state`` (and so ``hvd.elastic.TorchState.sync``) sends the root's
+step and Qs to every rank; each rank keeps its own error feedback while the number of ranks is
+the one it was made with, and starts it again from zero when that changed (logged).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import zlib
+
+import torch
+
+from horovodlite.common.exceptions import HorovodArgumentError
+from horovodlite.common.process_sets import global_process_set
+from horovodlite.torch.compression import PowerSGD
+from horovodlite.torch.mpi_ops import Sum, allreduce_async_, synchronize
+
+log = logging.getLogger("horovodlite")
+
+_EPS = 1e-8
+
+
+def orthonormalize_(m: torch.Tensor) -> torch.Tensor:
+    """Gram-Schmidt on the columns of ``m`` (n x r), in place: each column normalised, then
+    removed from the ones after it. A zero column stays zero."""
+    for i in range(m.shape[1]):
+        col = m[:, i:i + 1]
+        col.div_(col.norm() + _EPS)
+        if i + 1 < m.shape[1]:
+            rest = m[:, i + 1:]
+            rest.sub_(col * (col.t() @ rest))
+    return m
+
+
+def initial_q(seed: int, name: str, m: int, rank: int) -> torch.Tensor:
+    """Q's random start for the parameter ``name`` (m x rank, float32, on the CPU): normal
+    values from a generator seeded by ``seed`` and the name, so every rank starts alike."""
+    g = torch.Generator().manual_seed(zlib.crc32(hashlib.sha1(f"{seed}/{name}".encode()).digest()))
+    return torch.randn(m, rank, generator=g)
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype P, Q and the error are computed in: float64 stays, the rest is float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class PowerSGDStep:
+    """One parameter's compressed reduction during a step (the state machine of the steps in
+    the module docstring)."""
+
+    __slots__ = ("state", "p", "name", "wire_name", "M", "P", "Q", "memory", "Qi", "wire",
+                 "handle", "error", "finite")
+
+    def __init__(self, state, p, name, wire_name):
+        self.state, self.p, self.name, self.wire_name = state, p, name, wire_name
+
+    def launch_p(self) -> None:
+        """Step 1-2, from the gradient hook: ``P_i = M_i Q`` goes out."""
+        state, grad = self.state, self.p.grad
+        with torch.profiler.record_function("horovodlite.powersgd.compress"):
+            M = grad.detach().reshape(grad.shape[0], -1).to(_work_dtype(grad.dtype), copy=True)
+            error = state.error.get(self.name)
+            if error is not None and state.config.error_feedback:
+                M.add_(error.view_as(M))
+            Q = state.q.get(self.name)
+            if Q is None or Q.shape != (M.shape[1], state.config.rank):
+                Q = state.initial_q(self.name, M.shape[1], M)
+            self.memory = Q.to(device=M.device, dtype=M.dtype)  # kept if this step fails
+            Q = orthonormalize_(self.memory.clone())
+            self.M, self.Q = M, Q
+            self.P = M @ Q
+        self.handle = allreduce_async_(self.P, name=f"{self.wire_name}.powersgd.p", op=Sum,
+                                       process_set=state.process_set)
+
+    def launch_q(self, op, prescale, postscale) -> None:
+        """Step 3, at ``synchronize()``: the reduced P orthonormalised, ``Q_i = M_i^T P`` out."""
+        synchronize(self.handle)
+        with torch.profiler.record_function("horovodlite.powersgd.orthonormalize"):
+            self.finite = torch.isfinite(self.P).all()
+            P = orthonormalize_(self.P)
+            self.Qi = self.M.t() @ P
+        self.wire = self.Qi.clone()
+        self.handle = allreduce_async_(self.wire, name=f"{self.wire_name}.powersgd.q",
+                                       op=op, prescale_factor=prescale,
+                                       postscale_factor=postscale,
+                                       process_set=self.state.process_set)
+        if self.state.config.error_feedback:  # while Q travels
+            with torch.profiler.record_function("horovodlite.powersgd.error_feedback"):
+                self.error = self.M.sub_(P @ self.Qi.t())  # M is not needed any more
+
+    @property
+    def params(self) -> list:
+        return [self.p]
+
+    def finish(self, compression=None) -> None:
+        """Step 4: ``grad = P Q^T``; Q and the error kept for the next step."""
+        state = self.state
+        synchronize(self.handle)
+        Q = self.wire
+        with torch.profiler.record_function("horovodlite.powersgd.decompress"):
+            grad = self.p.grad
+            grad.copy_((self.P @ Q.t()).view(grad.shape))
+            ok = self.finite & torch.isfinite(Q).all()
+            keep = ok & (Q.abs().amax(dim=0, keepdim=True) > 0)  # per column
+            state.q[self.name] = torch.where(keep, Q, self.memory)
+            if state.config.error_feedback:
+                old_e = state.error.get(self.name)
+                if old_e is None or old_e.shape != self.error.shape:
+                    old_e = torch.zeros_like(self.error)
+                state.error[self.name] = torch.where(ok, self.error, old_e)
+        self.M = self.P = self.Q = self.memory = self.Qi = self.wire = self.error = None
+
+
+class PowerSGDState:
+    """One DistributedOptimizer's PowerSGD state: the step count, and per parameter name the
+    reduced Q and this rank's error feedback."""
+
+    def __init__(self, config: PowerSGD, process_set=global_process_set):
+        self.config = config
+        self.process_set = process_set
+        self.step = 0
+        self.q: dict = {}
+        self.error: dict = {}
+        self.size = None  # the number of ranks the error feedback was made with
+
+    def compressing(self, grad) -> bool:
+        """Whether ``grad`` goes out compressed this step (the same answer on every rank)."""
+        return (self.step >= self.config.warmup_steps and not grad.is_sparse
+                and grad.dtype.is_floating_point and self.config.compresses(grad.shape))
+
+    def initial_q(self, name: str, m: int, like: torch.Tensor) -> torch.Tensor:
+        return initial_q(self.config.seed, name, m, self.config.rank).to(like.device,
+                                                                         like.dtype)
+
+    def launch(self, p, name: str, wire_name: str) -> PowerSGDStep:
+        self.size = self.process_set.size()
+        job = PowerSGDStep(self, p, name, wire_name)
+        job.launch_p()
+        return job
+
+    def step_done(self) -> None:
+        self.step += 1
+
+    # ------------------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "rank": self.config.rank, "size": self.size,
+                "q": dict(self.q), "error": dict(self.error)}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if sd.get("rank", self.config.rank) != self.config.rank:
+            raise HorovodArgumentError(
+                f"load_state_dict: the PowerSGD state was saved with rank={sd['rank']}, this "
+                f"optimizer compresses with rank={self.config.rank}")
+        self.step = int(sd["step"])
+        self.q = {k: v.clone() for k, v in sd.get("q", {}).items()}
+        self.error = {k: v.clone() for k, v in sd.get("error", {}).items()}
+        self.size = sd.get("size")
+
+    def adopt(self, step: int, q: dict, size: int) -> None:
+        """The root's step and Qs, after ``broadcast_optimizer_state``: the error feedback
+        stays this rank's own, or starts again from zero where the number of ranks changed
+        since it was made."""
+        self.step, self.q = step, q
+        if self.error and self.size is not None and self.size != size:
+            log.info("PowerSGD: the error feedback of %d parameter(s) starts again from zero: "
+                     "it was made with %d ranks, the job now has %d", len(self.error),
+                     self.size, size)
+            self.error = {}
+        self.size = size
+
+
+__all__ = ["initial_q", "PowerSGDState", "PowerSGDStep", "orthonormalize_"]
