@@ -27,7 +27,7 @@ CHECKS = ["steps", "fit_equals_one_process", "warmup_formula", "momentum_correct
           "accumulation_updates", "backward_passes_per_step_equals_one_process",
           "compression_fp16",
           "load_model_wraps_the_optimizer", "load_model_keeps_the_state", "load_model_resumes",
-          "allreduce", "allgather", "broadcast"]
+          "allreduce", "allgather", "broadcast", "powersgd_refused"]
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("keras") is None,

@@ -39,6 +39,7 @@ import keras
 import torch
 
 import horovodlite.torch as hvd
+from horovodlite.torch.compression import PowerSGD
 
 _classes: dict = {}
 _count = itertools.count()  # per process: names the collectives of each wrapped optimizer
@@ -186,6 +187,10 @@ def DistributedOptimizer(optimizer, name=None, compression=hvd.Compression.none,
                          f"{backward_passes_per_step!r}")
     if not isinstance(process_set, hvd.ProcessSet):
         raise ValueError(f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}")
+    if isinstance(compression, PowerSGD):
+        raise ValueError(f"DistributedOptimizer (Keras): compression={compression!r} is built "
+                         "for horovodlite.torch's DistributedOptimizer; use "
+                         "hvd.Compression.none, .fp16 or .bf16")
     optimizer = _loss_scaled(optimizer)
     cls = _dynamic_class(type(optimizer))
     wrapped = cls.__new__(cls)

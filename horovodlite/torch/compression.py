@@ -88,14 +88,14 @@ class PowerSGD:
         return (f"hvd.Compression.powersgd(rank={self.rank}, warmup_steps={self.warmup_steps}, "
                 f"error_feedback={self.error_feedback}, seed={self.seed})")
 
-    # What travels uncompressed (vectors, small matrices, warm-up) takes the generic path.
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
+    # Not a compressor of single tensors: it needs the gradients' state across steps.
+    def compress(self, tensor):
+        raise HorovodArgumentError(
+            f"{self!r} compresses the gradients of horovodlite.torch's DistributedOptimizer "
+            "only; collectives (allreduce, reducescatter, ...) take hvd.Compression.none, "
+            ".fp16 or .bf16")
 
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+    decompress = compress
 
     def compresses(self, shape) -> bool:
         """Whether a gradient of ``shape`` is compressed (after the warm-up)."""

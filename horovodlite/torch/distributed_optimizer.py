@@ -260,15 +260,18 @@ class _DistributedOptimizer(_GradLaunch):
             except Exception as exc:
                 error = error or exc
         launched = {id(v): v for v in self._hvd_pending.own.values()}.values()
-        for pending in launched:  # PowerSGD: the second reduction (Q) of every matrix first
-            if isinstance(pending, PowerSGDStep):
-                try:
-                    pending.launch_q(self.op, self._hvd_prescale, self._hvd_postscale)
-                except Exception as exc:
-                    error = error or exc
+        compressed = [p for p in launched if isinstance(p, PowerSGDStep)]
+        if compressed:  # PowerSGD: the second reduction (Q) of every matrix first
+            try:
+                self._hvd_powersgd.launch_q(compressed, self.op, self._hvd_prescale,
+                                            self._hvd_postscale, f"{self._hvd_prefix}.powersgd.q")
+            except Exception as exc:
+                error = error or exc
+        # what PowerSGD does not compress travels as it is
+        compression = self._hvd_compression if self._hvd_powersgd is None else None
         for pending in launched:
             try:
-                pending.finish(self._hvd_compression)
+                pending.finish(compression)
             except Exception as exc:  # wait for the rest before raising the first failure
                 error = error or exc
         self._hvd_pending.clear()

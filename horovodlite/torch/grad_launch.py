@@ -113,8 +113,9 @@ class _GradLaunch:
         if not dense:
             return
         wires, ctxs = [], []
+        compression = self._hvd_compression if powersgd is None else Compression.none
         for p in dense:
-            wire, ctx = self._hvd_compression.compress(p.grad)
+            wire, ctx = compression.compress(p.grad)
             wires.append(wire.contiguous())
             ctxs.append(ctx)
         kwargs = dict(op=self.op, prescale_factor=self._hvd_prescale,

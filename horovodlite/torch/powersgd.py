@@ -42,7 +42,12 @@ import torch
 from horovodlite.common.exceptions import HorovodArgumentError
 from horovodlite.common.process_sets import global_process_set
 from horovodlite.torch.compression import PowerSGD
-from horovodlite.torch.mpi_ops import Sum, allreduce_async_, synchronize
+from horovodlite.torch.mpi_ops import (
+    Sum,
+    allreduce_async_,
+    grouped_allreduce_async_,
+    synchronize,
+)
 
 log = logging.getLogger("horovodlite")
 
@@ -101,21 +106,20 @@ class PowerSGDStep:
         self.handle = allreduce_async_(self.P, name=f"{self.wire_name}.powersgd.p", op=Sum,
                                        process_set=state.process_set)
 
-    def launch_q(self, op, prescale, postscale) -> None:
-        """Step 3, at ``synchronize()``: the reduced P orthonormalised, ``Q_i = M_i^T P`` out."""
+    def prepare_q(self) -> None:
+        """Step 3, at ``synchronize()``: the reduced P orthonormalised, ``Q_i = M_i^T P``."""
         synchronize(self.handle)
         with torch.profiler.record_function("horovodlite.powersgd.orthonormalize"):
             self.finite = torch.isfinite(self.P).all()
-            P = orthonormalize_(self.P)
-            self.Qi = self.M.t() @ P
+            orthonormalize_(self.P)
+            self.Qi = self.M.t() @ self.P
         self.wire = self.Qi.clone()
-        self.handle = allreduce_async_(self.wire, name=f"{self.wire_name}.powersgd.q",
-                                       op=op, prescale_factor=prescale,
-                                       postscale_factor=postscale,
-                                       process_set=self.state.process_set)
-        if self.state.config.error_feedback:  # while Q travels
+
+    def error_feedback(self) -> None:
+        """While Q travels: what this rank's own approximation leaves out."""
+        if self.state.config.error_feedback:
             with torch.profiler.record_function("horovodlite.powersgd.error_feedback"):
-                self.error = self.M.sub_(P @ self.Qi.t())  # M is not needed any more
+                self.error = self.M.sub_(self.P @ self.Qi.t())  # M is not needed any more
 
     @property
     def params(self) -> list:
@@ -124,7 +128,7 @@ class PowerSGDStep:
     def finish(self, compression=None) -> None:
         """Step 4: ``grad = P Q^T``; Q and the error kept for the next step."""
         state = self.state
-        synchronize(self.handle)
+        self.handle.wait()
         Q = self.wire
         with torch.profiler.record_function("horovodlite.powersgd.decompress"):
             grad = self.p.grad
@@ -138,6 +142,20 @@ class PowerSGDStep:
                     old_e = torch.zeros_like(self.error)
                 state.error[self.name] = torch.where(ok, self.error, old_e)
         self.M = self.P = self.Q = self.memory = self.Qi = self.wire = self.error = None
+
+
+class _GroupWait:
+    """The grouped allreduce of a step's Qs, waited for once by whichever job comes first."""
+
+    __slots__ = ("handle", "done")
+
+    def __init__(self, handle):
+        self.handle, self.done = handle, False
+
+    def wait(self) -> None:
+        if not self.done:
+            self.done = True
+            synchronize(self.handle)
 
 
 class PowerSGDState:
@@ -166,6 +184,23 @@ class PowerSGDState:
         job = PowerSGDStep(self, p, name, wire_name)
         job.launch_p()
         return job
+
+    def launch_q(self, jobs: list, op, prescale, postscale, name: str) -> None:
+        """Step 3 of every compressed parameter: their Q_i go out as one grouped allreduce per
+        dtype (one negotiation), in the order of their names (the same on every rank)."""
+        jobs = sorted(jobs, key=lambda j: j.wire_name)
+        for job in jobs:
+            job.prepare_q()
+        for dtype in sorted({j.wire.dtype for j in jobs}, key=str):
+            group = [j for j in jobs if j.wire.dtype == dtype]
+            wait = _GroupWait(grouped_allreduce_async_(
+                [j.wire for j in group], name=f"{name}.{str(dtype)[6:]}", op=op,
+                prescale_factor=prescale, postscale_factor=postscale,
+                process_set=self.process_set))
+            for job in group:
+                job.handle = wait
+        for job in jobs:
+            job.error_feedback()
 
     def step_done(self) -> None:
         self.step += 1

@@ -260,3 +260,11 @@ def test_what_does_not_combine_is_refused_at_construction(build, named):
         build(opt, model)
     # the plain optimizer is untouched: it can still be wrapped
     assert hvd.DistributedOptimizer(opt, compression=hvd.Compression.powersgd()) is not None
+
+
+def test_collectives_refuse_powersgd_by_name():
+    with pytest.raises(hvd.HorovodArgumentError, match="compresses the gradients of "
+                       "horovodlite.torch's DistributedOptimizer only"):
+        hvd.allreduce(torch.ones(4, 4), name="powersgd.refused",
+                      compression=hvd.Compression.powersgd())
+    assert hvd.allreduce(torch.ones(2), name="powersgd.after").tolist() == [1.0, 1.0]

@@ -181,6 +181,12 @@ def main(path: str) -> None:
           n * (n + 1) / 2)
     check("allgather", hvd.allgather(np.array([r])).tolist() == list(range(n)))
     check("broadcast", float(hvd.broadcast(keras.ops.ones(2) * r, 1 % n)[0]) == 1 % n)
+    try:  # PowerSGD is the torch DistributedOptimizer's: refused at construction, by name
+        hvd.DistributedOptimizer(keras.optimizers.SGD(LR),
+                                 compression=hvd.Compression.powersgd(rank=2))
+        check("powersgd_refused", False, "constructed")
+    except ValueError as exc:
+        check("powersgd_refused", "compression=hvd.Compression.powersgd(rank=2" in str(exc), exc)
     print(f"rank {r}: DONE")
 
 
