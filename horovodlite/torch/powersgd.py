@@ -80,29 +80,34 @@ def _work_dtype(dtype: torch.dtype) -> torch.dtype:
 
 class PowerSGDStep:
     """One parameter's compressed reduction during a step (the state machine of the steps in
-    the module docstring)."""
+    the module docstring). Memory: M is the gradient itself (a view) when there is no error
+    feedback to add and no dtype to change, else one new matrix, which then becomes the next
+    error feedback in place; the result is written straight into the gradient."""
 
-    __slots__ = ("state", "p", "name", "wire_name", "M", "P", "Q", "memory", "Qi", "wire",
+    __slots__ = ("state", "p", "name", "wire_name", "M", "own", "P", "memory", "Qi", "wire",
                  "handle", "error", "finite")
 
     def __init__(self, state, p, name, wire_name):
         self.state, self.p, self.name, self.wire_name = state, p, name, wire_name
+        self.error = None
 
     def launch_p(self) -> None:
         """Step 1-2, from the gradient hook: ``P_i = M_i Q`` goes out."""
-        state, grad = self.state, self.p.grad
+        state, grad = self.state, self.p.grad.detach()
         with torch.profiler.record_function("horovodlite.powersgd.compress"):
-            M = grad.detach().reshape(grad.shape[0], -1).to(_work_dtype(grad.dtype), copy=True)
-            error = state.error.get(self.name)
-            if error is not None and state.config.error_feedback:
-                M.add_(error.view_as(M))
+            G = grad.reshape(grad.shape[0], -1)
+            work = _work_dtype(grad.dtype)
+            error = state.error.get(self.name) if state.config.error_feedback else None
+            if error is not None and error.shape == G.shape and error.device == G.device:
+                M = torch.add(G.to(work), error)
+            else:
+                M = G.to(work)
+            self.M, self.own = M, M.data_ptr() != G.data_ptr()
             Q = state.q.get(self.name)
             if Q is None or Q.shape != (M.shape[1], state.config.rank):
                 Q = state.initial_q(self.name, M.shape[1], M)
-            self.memory = Q.to(device=M.device, dtype=M.dtype)  # kept if this step fails
-            Q = orthonormalize_(self.memory.clone())
-            self.M, self.Q = M, Q
-            self.P = M @ Q
+            self.memory = Q.to(device=M.device, dtype=work)  # kept if this step fails
+            self.P = M @ orthonormalize_(self.memory.clone())
         self.handle = allreduce_async_(self.P, name=f"{self.wire_name}.powersgd.p", op=Sum,
                                        process_set=state.process_set)
 
@@ -116,32 +121,39 @@ class PowerSGDStep:
         self.wire = self.Qi.clone()
 
     def error_feedback(self) -> None:
-        """While Q travels: what this rank's own approximation leaves out."""
+        """While Q travels: what this rank's own approximation leaves out, ``M - P Q_i^T``
+        (in M's memory when it is ours)."""
         if self.state.config.error_feedback:
             with torch.profiler.record_function("horovodlite.powersgd.error_feedback"):
-                self.error = self.M.sub_(self.P @ self.Qi.t())  # M is not needed any more
+                if self.own:
+                    self.error = self.M.addmm_(self.P, self.Qi.t(), alpha=-1)
+                else:
+                    self.error = torch.addmm(self.M, self.P, self.Qi.t(), alpha=-1)
+        self.M = None
 
     @property
     def params(self) -> list:
         return [self.p]
 
     def finish(self, compression=None) -> None:
-        """Step 4: ``grad = P Q^T``; Q and the error kept for the next step."""
+        """Step 4: ``grad = P Q^T``; Q and the error kept for the next step, unless the
+        reduced P or Q is not finite (the same decision on every rank: they hold the same)."""
         state = self.state
         self.handle.wait()
-        Q = self.wire
+        Q, P = self.wire, self.P
         with torch.profiler.record_function("horovodlite.powersgd.decompress"):
             grad = self.p.grad
-            grad.copy_((self.P @ Q.t()).view(grad.shape))
-            ok = self.finite & torch.isfinite(Q).all()
-            keep = ok & (Q.abs().amax(dim=0, keepdim=True) > 0)  # per column
-            state.q[self.name] = torch.where(keep, Q, self.memory)
-            if state.config.error_feedback:
-                old_e = state.error.get(self.name)
-                if old_e is None or old_e.shape != self.error.shape:
-                    old_e = torch.zeros_like(self.error)
-                state.error[self.name] = torch.where(ok, self.error, old_e)
-        self.M = self.P = self.Q = self.memory = self.Qi = self.wire = self.error = None
+            if grad.is_contiguous() and grad.dtype == P.dtype:
+                torch.mm(P, Q.t(), out=grad.view(grad.shape[0], -1))
+            else:
+                grad.copy_((P @ Q.t()).view(grad.shape))
+            if bool(self.finite) and bool(torch.isfinite(Q).all()):
+                nonzero = Q.abs().amax(dim=0, keepdim=True) > 0  # a column no rank used
+                state.q[self.name] = Q if bool(nonzero.all()) else \
+                    torch.where(nonzero, Q, self.memory)
+                if self.error is not None:
+                    state.error[self.name] = self.error
+        self.P = self.memory = self.Qi = self.wire = self.error = None
 
 
 class _GroupWait:
