@@ -232,6 +232,9 @@ class PowerSGDState:
         self.q = {k: v.clone() for k, v in sd.get("q", {}).items()}
         self.error = {k: v.clone() for k, v in sd.get("error", {}).items()}
         self.size = sd.get("size")
+        size = self.process_set.size()
+        if size is not None:  # saved with another number of ranks: the error starts again
+            self.adopt(self.step, self.q, size)
 
     def adopt(self, step: int, q: dict, size: int) -> None:
         """The root's step and Qs, after ``broadcast_optimizer_state``: the error feedback

@@ -268,3 +268,19 @@ def test_collectives_refuse_powersgd_by_name():
         hvd.allreduce(torch.ones(4, 4), name="powersgd.refused",
                       compression=hvd.Compression.powersgd())
     assert hvd.allreduce(torch.ones(2), name="powersgd.after").tolist() == [1.0, 1.0]
+
+
+def test_a_checkpoint_of_another_number_of_ranks_drops_the_error_feedback():
+    model, opt = make(hvd.Compression.powersgd(rank=RANK, warmup_steps=0))
+    opt.zero_grad()
+    loss_of(model, 0).backward()
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    assert saved["powersgd"]["size"] == hvd.size() and saved["powersgd"]["error"]
+    opt.load_state_dict(saved)
+    assert sorted(opt.state_dict()["powersgd"]["error"]) == sorted(saved["powersgd"]["error"])
+    saved["powersgd"]["size"] = hvd.size() + 2
+    opt.load_state_dict(saved)
+    state = opt.state_dict()["powersgd"]
+    assert state["error"] == {} and state["size"] == hvd.size()
+    assert all(torch.equal(state["q"][k], saved["powersgd"]["q"][k]) for k in state["q"])
