@@ -188,6 +188,8 @@ class CMakeBuild(build_ext):
             if os.environ.get(var):
                 configure.append(f"-D{var}={os.environ[var]}")
         configure.append(f"-DHVDL_SANITIZE={sanitize}")  # always passed: no stale cache value
+        unity = os.environ.get("HVDL_UNITY_BUILD", "0") == "1"  # CMakeLists.txt says when
+        configure.append(f"-DHVDL_UNITY_BUILD={'ON' if unity else 'OFF'}")
         extra = os.environ.get("HVDL_CMAKE_ARGS", "").split()
         subprocess.run(configure + extra, check=True)
         _say("compiling (about a minute on 2 cores)")

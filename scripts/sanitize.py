@@ -49,10 +49,14 @@ def _copy_package(pkg: Path) -> None:
     shutil.copytree(ROOT / "horovodlite", pkg / "horovodlite", ignore=ignore, dirs_exist_ok=True)
 
 
-def build(sanitize: str = DEFAULT) -> Path:
-    """Configures (once) and builds the sanitized modules; returns the package copy's folder."""
+def build(sanitize: str = DEFAULT, unity: bool | None = None) -> Path:
+    """Configures (once) and builds the sanitized modules; returns the package copy's folder.
+    ``unity``: a unity build (CMakeLists.txt's HVDL_UNITY_BUILD; default: HVDL_UNITY_BUILD=1
+    in the environment), taken at the first configure."""
     import torch.utils
 
+    if unity is None:
+        unity = os.environ.get("HVDL_UNITY_BUILD") == "1"
     base = folder(sanitize)
     cmake_dir, pkg = base / "cmake", base / "pkg"
     _copy_package(pkg)
@@ -71,6 +75,7 @@ def build(sanitize: str = DEFAULT) -> Path:
         f"-DPython_EXECUTABLE={sys.executable}",
         f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
         "-DHVDL_RELOCATABLE=OFF", "-DHVDL_WITH_CUDA=OFF", "-DHVDL_WITH_NCCL=OFF",
+        f"-DHVDL_UNITY_BUILD={'ON' if unity else 'OFF'}",
     ]
     if cache.get("MPI_C_COMPILER"):
         configure.append(f"-DMPI_C_COMPILER={cache['MPI_C_COMPILER']}")

@@ -101,7 +101,22 @@ def pytest_xdist_make_scheduler(config, log):
     return LaneScheduling(config, log)
 
 
+def _rebuild_once() -> None:
+    """An editable install rebuilds its extension at every import (``cmake --build`` under a
+    lock: 0.1-0.5 s, one rank after the other), and the suite starts thousands of processes
+    that import it. It is rebuilt here, once, and every process the suite starts skips it
+    (``HOROVODLITE_NO_REBUILD=1``; the test of the rebuild itself takes the variable away)."""
+    if os.environ.get("HOROVODLITE_NO_REBUILD") == "1" or os.environ.get("HVDL_PARALLEL_WORKER"):
+        return
+    from horovodlite._extension import load
+
+    load()
+    os.environ["HOROVODLITE_NO_REBUILD"] = "1"
+
+
 def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the controller, before it starts any worker
+        _rebuild_once()
     if not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("xdist"):
         config._hvdl_lanes_dir = tempfile.mkdtemp(prefix="hvdl-lanes-")
 

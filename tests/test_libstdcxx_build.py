@@ -3,11 +3,12 @@
 The machine where every collective segfaulted had CC/CXX naming a wrapper whose link step took
 the static libstdc++ (docs/troubleshooting.md). Here the real project is configured and built
 with such a wrapper (``g++ "$@" -static-libstdc++``, CPU only, into a temporary folder, without
-optimisation to keep it to a few minutes) and the result must be a working module that defines
-none of libstdc++'s own symbols - or a configure error naming the compiler and the fix. The
-module is then loaded with the package in front of the installed one, and runs an allreduce on
-one rank. The other wrapper (a ``-B`` folder holding only libstdc++.a), the refusal and the
-post-link check are covered on a small project by tests/unit/test_libstdcxx_guard.py.
+optimisation and in batches (a unity build) to keep it to a minute or two) and the result must
+be a working module that defines none of libstdc++'s own symbols - or a configure error naming
+the compiler and the fix. The module is then loaded with the package in front of the installed
+one, and runs an allreduce on one rank. The other wrapper (a ``-B`` folder holding only
+libstdc++.a), the refusal and the post-link check are covered on a small project by
+tests/unit/test_libstdcxx_guard.py.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def test_whole_module_with_a_static_libstdcxx_compiler(tmp_path):
     configure = subprocess.run(
         ["cmake", "-S", str(ROOT), "-B", str(build), "-G", "Ninja",
          f"-DCMAKE_CXX_COMPILER={wrapper}", "-DCMAKE_BUILD_TYPE=None",
-         "-DHVDL_WITH_CUDA=OFF", "-DHVDL_WITH_NCCL=OFF",
+         "-DHVDL_WITH_CUDA=OFF", "-DHVDL_WITH_NCCL=OFF", "-DHVDL_UNITY_BUILD=ON",
          f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={package}", f"-DPython_EXECUTABLE={sys.executable}",
          f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", f"-DMPI_C_COMPILER={mpicc()}"],
         capture_output=True, text=True, timeout=600)

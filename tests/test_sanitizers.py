@@ -36,7 +36,7 @@ JOBS = ["test_failures.py", "-k", "not (slow_rank or killed_by_a_signal or stays
 @pytest.fixture(scope="module")
 def env():
     try:
-        sanitize.build()
+        sanitize.build(unity=True)  # a whole build in batches: less than half the CPU time
     except subprocess.CalledProcessError as e:
         pytest.fail(f"the sanitizer build failed: {e}")
     return sanitize.environment()
