@@ -13,7 +13,8 @@ is the slowest rank's (the ranks start together after a barrier). Configurations
 - ``hvdl``, ``hvdl-fp16``, ``hvdl-powersgd``: horovodlite's DistributedOptimizer;
 - ``ddp``, ``ddp-powersgd``: DistributedDataParallel on gloo (env://), the latter with
   ``powerSGD_hook`` (``PowerSGDState(matrix_approximation_rank=R, start_powerSGD_iter=...,
-  use_error_feedback=True, warm_start=True)``).
+  use_error_feedback=True, warm_start=True)``) and all gradients in one bucket (with several,
+  gloo aborted on a collective mismatch across hosts).
 
 Printed: per configuration the median step time and its range over rounds (each round's median),
 samples/s, the ratio to ``hvdl``, and the effective bandwidth: gradient bytes reduced per second
@@ -60,15 +61,19 @@ def make_model(width: int, layers: int):
 def build(config: str, args):
     """(model, optimizer) of one configuration, fresh."""
     model = make_model(args.width, args.layers)
-    if config.startswith("ddp"):
+    if config == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
-        if config == "ddp-powersgd":
-            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-            state = psgd.PowerSGDState(process_group=None,
-                                       matrix_approximation_rank=args.rank,
-                                       start_powerSGD_iter=args.psgd_warmup,
-                                       use_error_feedback=True, warm_start=True)
-            model.register_comm_hook(state, psgd.powerSGD_hook)
+    elif config == "ddp-powersgd":
+        # One bucket: with several, the hook's chained allreduces (P, then Q, per bucket) reach
+        # gloo in different orders on different ranks across hosts, and gloo aborts ("Received
+        # data size doesn't match expected size", torch 2.13, 2 hosts x 2 ranks).
+        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1024)
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+        state = psgd.PowerSGDState(process_group=None,
+                                   matrix_approximation_rank=args.rank,
+                                   start_powerSGD_iter=args.psgd_warmup,
+                                   use_error_feedback=True, warm_start=True)
+        model.register_comm_hook(state, psgd.powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     if config.startswith("hvdl"):
         compression = {"hvdl": hvd.Compression.none, "hvdl-fp16": hvd.Compression.fp16,
