@@ -267,8 +267,7 @@ class _DistributedOptimizer(_GradLaunch):
                                             self._hvd_postscale, f"{self._hvd_prefix}.powersgd.q")
             except Exception as exc:
                 error = error or exc
-        # what PowerSGD does not compress travels as it is
-        compression = self._hvd_compression if self._hvd_powersgd is None else None
+        compression = self._hvd_wire_compression()
         for pending in launched:
             try:
                 pending.finish(compression)

@@ -55,6 +55,11 @@ class _GradLaunch:
 
     # ---------------------------------------------------------------------------- launching
 
+    def _hvd_wire_compression(self):
+        """The compressor of what goes out one tensor at a time: with PowerSGD, what it does
+        not compress travels as it is."""
+        return self._hvd_compression if self._hvd_powersgd is None else Compression.none
+
     def _hvd_prepare_grad(self, p):
         """``p.grad`` ready for the wire: zeros when this rank has none (unused parameter),
         densified with ``sparse_as_dense``. A parameter is known to have sparse gradients only
@@ -113,7 +118,7 @@ class _GradLaunch:
         if not dense:
             return
         wires, ctxs = [], []
-        compression = self._hvd_compression if powersgd is None else Compression.none
+        compression = self._hvd_wire_compression()
         for p in dense:
             wire, ctx = compression.compress(p.grad)
             wires.append(wire.contiguous())

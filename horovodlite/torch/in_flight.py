@@ -40,7 +40,7 @@ class Pending:
         synchronize(self.handle)
         for p, wire, ctx in zip(self.params, self.wires, self.ctxs):
             if wire is not p.grad:
-                p.grad.copy_(wire if compression is None else compression.decompress(wire, ctx))
+                p.grad.copy_(compression.decompress(wire, ctx))
 
 
 class InFlight(collections.abc.MutableMapping):
