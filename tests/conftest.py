@@ -7,21 +7,23 @@ tests/parallel  every test runs on all ranks under MPI; tests/test_parallel.py l
 
 Two lanes, and late lanes. The whole builds (tests/test_install.py, tests/test_libstdcxx_build.py,
 tests/test_sanitizers.py: most of this lane's time, all of it compiling), the sdist and the docs
-builds (tests/test_sdist.py, tests/test_docs.py) form the "build" lane; every other test (the
-multi-rank jobs, then the single-process tests of tests/unit) forms "main", but
-tests/test_parallel.py: its jobs (all tests/parallel files at one number of ranks, one job per
-launcher) form one *late* lane per number of ranks. Under pytest-xdist (``-n 2``, the README's test
-command) each lane is one work unit of the scheduler below, so it runs on one worker of its own, in
-collection order. The two lanes start first, one on each worker; xdist hands a late lane to a
+builds (tests/test_sdist.py, tests/test_docs.py) form the "build" lane; the multi-rank jobs form
+"main". tests/test_parallel.py's jobs (all tests/parallel files at one number of ranks, one job
+per launcher) form one *late* lane per number of ranks, and the single-process tests of
+tests/unit one more late lane ("late-unit"). Under pytest-xdist (``-n 2``, the README's test
+command) each lane is one work unit of the scheduler below, so it runs on one worker of its own,
+in collection order. The two lanes start first, one on each worker; xdist hands a late lane to a
 worker only when its lane is nearly done, so the late lanes fill whichever worker ends first
 instead of leaving it idle while the other still has minutes to go. Until then no two multi-rank
 jobs overlap; a late lane's jobs (correctness checks, with generous timeouts) may overlap the other
 lane's last tests. The build lane runs at a low CPU priority (``nice 19``), filling the time the
-main lane's jobs leave the CPUs idle (waits, timeouts, sleeping ranks); a late lane runs at the
-worker's first priority again. The unit tests were in the build lane (at nice 10) until the late
-lanes shrank to one job per launcher and number of ranks (by the per-file times of a whole run, the
-build lane would then have ended about ten minutes after the other). Without xdist everything runs
-in one process, in order.
+main lane's jobs leave the CPUs idle (waits, timeouts, sleeping ranks); the unit tests' lane at
+``nice 10``, so that the main lane's jobs beside it keep most of the CPU; tests/test_parallel.py's
+lanes at the worker's first priority again. Why the unit tests are a late lane: in a whole run of
+2026-12-07 (fresh venv, `--durations=0`) the main lane took 37.2 min, the build lane 22.0 and
+the late lanes 6.8, so the build worker idled while the main one still had minutes to go; the
+unit tests (4.8 min) moved from the end of the main lane to the worker that ends first. Without
+xdist everything runs in one process, in order.
 
 Why a scheduler of our own: xdist's ``--dist loadgroup`` finds a test's group in a ``@group``
 suffix that its worker writes into ``item._nodeid``; from pytest 9.2 a node's id lives elsewhere,
@@ -61,6 +63,9 @@ _LANES_KEY = "hvdl_lanes_dir"
 
 LATE = "test_parallel.py"
 _LATE_PREFIX = "late-"
+UNIT = "unit"
+UNIT_LANE = _LATE_PREFIX + UNIT
+UNIT_NICENESS = 10
 
 
 def _file_of(path) -> PurePosixPath:
@@ -78,13 +83,18 @@ def lane_of(path) -> str:
     if file.name == LATE:
         ranks = re.search(r"(np\d+)\]$", str(path))
         return _LATE_PREFIX + (ranks.group(1) if ranks else "")
+    if UNIT in file.parts:
+        return UNIT_LANE
     return "main"
 
 
 def _niceness(path) -> int:
-    """The priority a test runs at in an xdist worker: 19 for whole builds, the worker's own for
-    the main and late lanes."""
-    return 19 if lane_of(path) == "build" else _BASE_NICENESS
+    """The priority a test runs at in an xdist worker: 19 for whole builds, 10 for the unit
+    tests' late lane, the worker's own for the main lane and tests/test_parallel.py's."""
+    lane = lane_of(path)
+    if lane == "build":
+        return max(19, _BASE_NICENESS)
+    return max(UNIT_NICENESS, _BASE_NICENESS) if lane == UNIT_LANE else _BASE_NICENESS
 
 
 @pytest.hookimpl(optionalhook=True)

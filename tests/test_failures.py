@@ -19,6 +19,10 @@ from launching import retry_if_launcher_did_not_start, run_job, unprefixed
 
 HERE = Path(__file__).parent
 SCRIPTS = HERE / "scripts"
+# The bounds below say "reported, not hung". Under the sanitizers (tests/test_sanitizers.py runs
+# these jobs with ASan and UBSan, at the build lane's low priority) every step is slower: a
+# 2-rank crash job that ends in ~9 s took 32 s there once.
+SLOWER = 3 if os.environ.get("HVDL_SANITIZED") else 1
 
 
 def job(np_: int, script: str, *args, env: dict | None = None, timeout: float = 90):
@@ -62,7 +66,7 @@ def test_missing_rank_is_reported_with_call_sites_then_every_rank_errors(np_):
     for r in others:  # the waiting ranks error out around the shutdown time
         secs = float(re.search(rf"rank {r}: HorovodInternalError after ([\d.]+)s", out).group(1))
         assert 2.5 <= secs <= 10, out
-    assert rc != 0 and took < 60
+    assert rc != 0 and took < 60 * SLOWER
 
 
 def test_optimizer_gradients_are_reported_at_the_backward_line():
@@ -121,7 +125,7 @@ def test_rank_raising_is_named_by_the_others(np_):
             continue
         assert re.search(rf"rank {r}: HorovodInternalError after [\d.]+s: .*rank 1: raised "
                          rf"ValueError: bad batch 17 \(at .*crash.py:{raise_line}\)", out), out
-    assert rc != 0 and took < 30
+    assert rc != 0 and took < 30 * SLOWER
 
 
 @pytest.mark.parametrize("np_", [2, 3])
@@ -130,13 +134,13 @@ def test_rank_exiting_early_is_named_by_the_others(np_):
     for r in range(np_):
         if r != 1:
             assert re.search(rf"rank {r}: HorovodInternalError .*rank 1: exited", out), out
-    assert rc != 0 and took < 30
+    assert rc != 0 and took < 30 * SLOWER
 
 
 @pytest.mark.parametrize("np_", [2, 3])
 def test_rank_killed_by_a_signal_ends_the_job_naming_it(np_):
     rc, out, took = job(np_, "crash.py", "kill", timeout=60)
-    assert rc != 0 and took < 45
+    assert rc != 0 and took < 45 * SLOWER
     assert re.search(r"rank 1 .*(signal 9|Killed)", out, re.S), out
 
 
@@ -146,7 +150,7 @@ def test_a_lost_host_notice_fails_pending_and_later_collectives(np_, tmp_path):
     rc, out, took = job(np_, "lost_notice.py", tmp_path)
     assert sorted(p.name for p in tmp_path.glob("ok.*")) == [f"ok.{r}" for r in range(np_)], out
     assert "Traceback" not in out, out
-    assert took < 60
+    assert took < 60 * SLOWER
 
 
 def test_timeline_is_valid_and_agrees_with_the_summary(tmp_path):

@@ -31,7 +31,8 @@ def test_x(i):
     with open(os.environ["LANES_LOG"], "a") as log:
         print("RAN", os.environ["PYTEST_XDIST_WORKER"], where, os.getpriority(0, 0), file=log)
 """
-# tests/test_install.py: a whole build (nice 19); tests/unit and the rest: main.
+# tests/test_install.py: a whole build (nice 19); tests/unit: a late lane (nice 10); the rest:
+# main.
 DUMMY_FILES = ("tests/test_install.py", "tests/unit/test_u.py",
                "tests/test_a.py", "tests/test_b.py")
 # tests/test_parallel.py: a late lane per number of ranks, at the worker's own priority.
@@ -57,8 +58,8 @@ def test_lane_of_every_kind_of_test_file():
     lane_of = _conftest().lane_of
     assert lane_of("tests/test_install.py::test_x[1]") == "build"
     assert lane_of("tests/test_libstdcxx_build.py::TestA::test_b") == "build"
-    assert lane_of("tests/unit/test_shm.py::test_y") == "main"
-    assert lane_of(ROOT / "tests/unit/test_shm.py") == "main"
+    assert lane_of("tests/unit/test_shm.py::test_y") == "late-unit"
+    assert lane_of(ROOT / "tests/unit/test_shm.py") == "late-unit"
     assert lane_of("tests/test_parallel.py::test_parallel[mpi-test_allreduce.py-np2]") == \
         "late-np2"
     assert lane_of("tests/test_parallel.py::test_process_set_barriers_at_np4") == "late-"
@@ -130,7 +131,10 @@ def test_each_lane_on_one_worker_at_its_priority(fresh_runner, tmp_path):
         assert len({w for w, _, ranks in late if ranks == lane}) == 1, late  # one worker each
     assert {int(n) for _, n, _ in late} == {os.getpriority(os.PRIO_PROCESS, 0)}, late
     build = by_file["tests/test_install.py"]
-    main = by_file["tests/test_a.py"] | by_file["tests/test_b.py"] | by_file["unit/test_u.py"]
+    main = by_file["tests/test_a.py"] | by_file["tests/test_b.py"]
+    unit = by_file["unit/test_u.py"]
+    assert len({w for w, _ in unit}) == 1, by_file
+    assert {n for _, n in unit} == {max(10, os.getpriority(os.PRIO_PROCESS, 0))}, by_file
     build_workers = {w for w, _ in build}
     main_workers = {w for w, _ in main}
     assert len(build_workers) == 1 and len(main_workers) == 1, by_file
