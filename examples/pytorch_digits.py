@@ -18,6 +18,7 @@ Run:  horovodliterun -np 2 python examples/pytorch_digits.py
 
 import argparse
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -103,6 +104,9 @@ def main():
         device = hvd.local_device()  # this rank's GPU, however the scheduler shows them
         torch.cuda.set_device(device)  # one GPU per process
     torch.set_num_threads(1)
+    # one line per rank: where the launcher or scheduler placed it
+    print(f"rank {hvd.rank()} of {hvd.size()}, local rank {hvd.local_rank()} on "
+          f"{socket.gethostname()}, {device}", flush=True)
     torch.manual_seed(args.seed + hvd.rank())  # different init per rank: broadcast fixes it
     train_set, test_set = datasets(args.seed)
     sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank(),

@@ -5,7 +5,8 @@
 #                                    # the examples), horovodlite (editable)
 #   bash scripts/install.sh --test   # plus the test and benchmark dependencies, the other MPIs the
 #                                    # install tests build against, Ray and PySpark (and Java via
-#                                    # apt-get when root) for the integration tests, and (only
+#                                    # apt-get when root) for the integration tests, Debian's
+#                                    # Slurm (as root) for the Slurm tests, and (only
 #                                    # where nvcc exists) NCCL headers for the CUDA compile check
 #   --deps-only                      # (with either) install the dependencies, then stop before
 #                                    # building horovodlite
@@ -136,6 +137,16 @@ print(", ".join(f"{p} {m.version(p)}" for p in ("pytest", "pytest-xdist", "pytes
       apt-get update -qq && apt-get install -y -qq --no-install-recommends default-jre-headless >/dev/null
     else
       say "no java on PATH and not root with apt-get: the Spark tests will be skipped" >&2
+    fi
+  fi
+  # A real Slurm on the test hosts (tests/hosts/slurmctl.sh, tests/test_slurm.py)
+  if ! command -v slurmd >/dev/null 2>&1 && ! [[ -x /usr/sbin/slurmd ]]; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+      say "installing Slurm for the Slurm tests (apt-get install slurmd slurmctld slurm-client munge)"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends slurmd slurmctld slurm-client munge >/dev/null
+    else
+      say "no Slurm and not root with apt-get: the Slurm tests will be skipped" >&2
     fi
   fi
   bash scripts/install_test_mpis.sh

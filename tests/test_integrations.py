@@ -1,30 +1,25 @@
 """Real jobs under the launchers that are not horovodliterun, each bounded in time: Ray
-(RayExecutor, Ray Train's TorchTrainer) on a local Ray of 2 CPUs, Spark (horovodlite.spark.run,
-TorchDistributor) on local[2], and Slurm's srun, emulated: processes started here with the
-SLURM_* variables srun would give them.
+(RayExecutor, Ray Train's TorchTrainer) on a local Ray of 2 CPUs and Spark (horovodlite.spark.run,
+TorchDistributor) on local[2]. Slurm's srun and sbatch: tests/test_slurm.py, on a real Slurm.
 
 Ray and Spark tests are skipped, with the reason, where Ray / PySpark / Java are missing
 (``bash scripts/install.sh --test`` installs them). Every job runs in a child process, on
 loopback addresses only (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes Ray use 127.0.0.1,
 SPARK_LOCAL_IP Spark). Time of each on the 2-core development machine: the Ray API script
 ~16 s, the RayExecutor example ~14 s, the TorchTrainer example ~35 s, the spark.run API script
-~32 s, the spark.run example ~29 s, the TorchDistributor example ~24 s, the srun jobs ~10 s.
+~32 s, the spark.run example ~29 s, the TorchDistributor example ~24 s.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from launching import communicate_all
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER_PREFIXES = ("OMPI_", "PMI", "PMIX_", "SLURM", "HOROVOD_", "HVDL_", "TORCHELASTIC_")
@@ -135,67 +130,3 @@ def test_spark_torch_distributor_example_trains(tmp_path):
     out = run_script([ROOT / "examples/spark_torch_distributor.py", "--num-processes", "2",
                       "--check"], spark_env(), 240, tmp_path)
     assert "2 ranks" in out and ": OK" in out, out[-4000:]
-
-
-# ------------------------------------------------------------------------------------ Slurm
-
-
-def free_slurm_port() -> int:
-    """A SLURM_JOB_ID whose derived port (29800 + id % 1000) is free here now."""
-    for offset in random.sample(range(1000), 1000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", 29800 + offset))
-            except OSError:
-                continue
-        return 7_000_000 + offset
-    pytest.skip("no free port in 29800-30799")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def srun(nodes: list, tasks_per_node: int, job: int, nodelist: str, **extra) -> list:
-    """Starts the tasks srun would start (block distribution), each with its SLURM_*
-    variables; returns each rank's RESULT."""
-    ntasks = len(nodes) * tasks_per_node
-    procs = []
-    for rank in range(ntasks):
-        node = rank // tasks_per_node
-        env = clean_env(
-            SLURM_JOB_ID=str(job), SLURM_STEP_ID="0", SLURM_PROCID=str(rank),
-            SLURM_NTASKS=str(ntasks), SLURM_LOCALID=str(rank % tasks_per_node),
-            SLURM_NODEID=str(node), SLURM_NNODES=str(len(nodes)),
-            SLURM_JOB_NODELIST=nodelist, SLURM_STEP_NODELIST=nodelist,
-            SLURM_STEP_TASKS_PER_NODE=f"{tasks_per_node}(x{len(nodes)})",
-            SLURMD_NODENAME=nodes[node], HOROVOD_GLOO_TIMEOUT_SECONDS="60", **extra)
-        procs.append(subprocess.Popen(
-            [sys.executable, str(ROOT / "tests/scripts/slurm_train.py")], env=env, cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    results = []
-    for rank, (returncode, out) in enumerate(communicate_all(procs, 120, "srun task")):
-        assert returncode == 0, f"task {rank} exited {returncode}:\n{out[-4000:]}"
-        line = next(x for x in out.splitlines() if x.startswith("RESULT "))
-        results.append(json.loads(line[len("RESULT "):]))
-    return results
-
-
-def test_srun_one_node_trains_meeting_at_the_port_from_the_job_id():
-    results = srun(["localhost"], 2, free_slurm_port(), "localhost")
-    assert [r["rank"] for r in results] == [0, 1] == [r["slurm_procid"] for r in results]
-    assert all(r["gloo"] and r["size"] == 2 and r["local_size"] == 2 for r in results)
-    assert [r["local_rank"] for r in results] == [0, 1]
-    assert results[0]["worst"] < 1e-4, results[0]
-
-
-def test_srun_two_nodes_of_two_tasks_train_across_the_nodes():
-    results = srun(["node01", "node02"], 2, 4242, "node[01-02]", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(free_port()))
-    assert [r["rank"] for r in results] == [0, 1, 2, 3]
-    assert [(r["cross_rank"], r["local_rank"]) for r in results] == [(0, 0), (0, 1), (1, 0),
-                                                                     (1, 1)]
-    assert all(r["cross_size"] == 2 and r["local_size"] == 2 for r in results)
-    assert results[0]["worst"] < 1e-4, results[0]

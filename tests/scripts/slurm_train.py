@@ -1,10 +1,11 @@
-"""One rank of an emulated ``srun`` job (tests/test_integrations.py sets SLURM_* per process):
-hvd.init() from Slurm's variables, a linear model trained on this rank's shard with
+"""One task of an ``srun`` job (tests/test_slurm.py, on a real Slurm): hvd.init() from Slurm's
+variables (and PMI's, under srun --mpi=pmix), a linear model trained on this rank's shard with
 hvd.DistributedOptimizer, then one line ``RESULT {json}`` with the topology the runtime found and,
 on rank 0, how far every rank's weights are from one process training on the whole data set."""
 
 import json
 import os
+import socket
 import sys
 
 import torch
@@ -45,7 +46,7 @@ def main():
     out = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
            "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
            "cross_size": hvd.cross_size(), "gloo": hvd.gloo_enabled(),
-           "slurm_procid": int(os.environ["SLURM_PROCID"])}
+           "slurm_procid": int(os.environ["SLURM_PROCID"]), "host": socket.gethostname()}
     if hvd.rank() == 0:
         torch.manual_seed(0)
         alone = torch.nn.Linear(FEATURES, 1)

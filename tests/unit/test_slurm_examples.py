@@ -70,7 +70,12 @@ def test_options_and_variables_exist(path):
         if argv[0] == "python":
             ran.append(argv[1:])
     assert ran, f"{path.name} runs no example"
+    # "$@": the script's arguments, else the defaults it sets (`(($#)) || set -- ...`)
+    defaults = re.search(r"^\(\(\$#\)\) \|\| set -- (.+)$", path.read_text(), re.M)
+    assert defaults, f"{path.name} sets no default arguments for the example"
     for script, *options in ran:
+        if options == ["$@"]:
+            options = shlex.split(defaults.group(1))
         assert script == "examples/pytorch_digits.py", script
         declared = set(re.findall(r'add_argument\("(--[\w-]+)"', (ROOT / script).read_text()))
         used = {o for o in options if o.startswith("--")}
