@@ -133,7 +133,7 @@ def test_srun_pmi2_with_open_mpi_stops_every_task_naming_the_fix(slurm):
 PREEMPT_JOB = """#!/bin/bash
 #SBATCH --job-name=hvdl-preempt
 set -euo pipefail
-srun python {root}/tests/scripts/slurm_preempt.py --checkpoint {checkpoint} --steps 60
+srun python {root}/tests/scripts/slurm_preempt.py --checkpoint {checkpoint} --steps 40
 """
 
 

@@ -49,7 +49,7 @@ def make():
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=80)
-    p.add_argument("--step-seconds", type=float, default=0.25)
+    p.add_argument("--step-seconds", type=float, default=0.2)
     p.add_argument("--checkpoint", required=True)
     args = p.parse_args()
 
