@@ -26,6 +26,8 @@
 #   slurmctl.sh check       can it run here? exit 0, or 2 with the reason
 #   slurmctl.sh env         print SLURM_CONF=...: what sbatch, srun and scontrol need
 #   slurmctl.sh slurmd N    (re)start host N's slurmd (after a test stopped it)
+# (HVDL_SLURM_KEEP_FAILED=1: a failed `up` leaves its state and logs for a look; `down` removes
+# them.)
 #
 # e.g.  tests/hosts/hostctl.sh up 2 && tests/hosts/slurmctl.sh up 2
 #       export $(tests/hosts/slurmctl.sh env)
