@@ -102,9 +102,28 @@ def pytest_xdist_make_scheduler(config, log):
     """One work unit per lane: xdist's scope scheduler, with the lane as the scope."""
     if config.getvalue("dist") not in ("load", "loadgroup", "loadscope", "loadfile"):
         return None  # --dist each / worksteal / no: the user asked for something else
+    from collections import OrderedDict
+
     from xdist.scheduler import LoadScopeScheduling
 
+    class LanesFirst(OrderedDict):
+        """xdist's queue of work units, handing out "main" and "build" before any late lane
+        whatever the collection order (pytest 9.0 collected tests/unit before
+        tests/test_docs.py, and a worker that began with the unit tests was then given the
+        build lane)."""
+
+        def popitem(self, last=True):
+            if not last:
+                for lane in self:
+                    if not lane.startswith(_LATE_PREFIX):
+                        return lane, self.pop(lane)
+            return super().popitem(last)
+
     class LaneScheduling(LoadScopeScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self.workqueue = LanesFirst()
+
         def _split_scope(self, nodeid):
             return lane_of(nodeid)
 

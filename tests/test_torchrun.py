@@ -47,7 +47,7 @@ def torchrun(np_: int, *args, env: dict | None = None, timeout: float = 300):
                    what=f"torchrun np={np_} (hang?)", tail=8000)
 
 
-@pytest.mark.parametrize("np_", [2, 3], ids=lambda n: f"np{n}")
+@pytest.mark.parametrize("np_", [3], ids=lambda n: f"np{n}")  # np 2: dropped for the suite's time
 def test_parallel_files_under_torchrun(np_):
     rc, out, _ = torchrun(np_, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
                           "-o", "addopts=", *[f"tests/parallel/{f}" for f in FILES],
