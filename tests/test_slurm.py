@@ -83,6 +83,13 @@ def test_sbatch_train_horovodliterun_example(slurm, tmp_path):
     assert "final test accuracy" in logs and "on 4 rank(s)" in logs, logs[-3000:]
 
 
+def _needs_open_mpi() -> None:
+    from horovodlite import _mpi_check
+    record = _mpi_check.read_record()
+    if not (record and "Open MPI" in _mpi_check.describe_build(record)):
+        pytest.skip("this build's MPI is not Open MPI")
+
+
 def _srun(slurm, mpi: str):
     return slurm.run(["srun", "-N", "2", "--ntasks-per-node=2", f"--mpi={mpi}", "--time=5",
                       "python", "tests/scripts/slurm_train.py"], cwd=ROOT, timeout=180)
@@ -96,10 +103,7 @@ def _results(out: str) -> list:
 def test_srun_pmix_tasks_train_together_on_open_mpi(slurm):
     """srun --mpi=pmix: Open MPI joins Slurm's PMIx server. (srun --mpi=none with
     HOROVOD_CONTROLLER=gloo: test_sbatch_train_srun_example.)"""
-    from horovodlite import _mpi_check
-    record = _mpi_check.read_record()
-    if not (record and "Open MPI" in _mpi_check.describe_build(record)):
-        pytest.skip("this build's MPI is not Open MPI")
+    _needs_open_mpi()
     r = _srun(slurm, "pmix")
     assert r.returncode == 0, r.stdout + r.stderr
     results = _results(r.stdout)
@@ -113,10 +117,7 @@ def test_srun_pmix_tasks_train_together_on_open_mpi(slurm):
 def test_srun_pmi2_with_open_mpi_stops_every_task_naming_the_fix(slurm):
     """Open MPI speaks PMIx only: under srun --mpi=pmi2 every task would start alone; each stops
     in hvd.init() instead, naming HOROVOD_CONTROLLER=gloo and srun --mpi=pmix."""
-    from horovodlite import _mpi_check
-    record = _mpi_check.read_record()
-    if not (record and "Open MPI" in _mpi_check.describe_build(record)):
-        pytest.skip("this build's MPI is not Open MPI")
+    _needs_open_mpi()
     r = _srun(slurm, "pmi2")
     assert r.returncode != 0
     out = r.stdout + r.stderr
