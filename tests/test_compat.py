@@ -145,14 +145,15 @@ def test_mnist_elastic_trains_to_completion():
 
 
 def test_mnist_elastic_recovers_from_a_failure():
-    # The last rank raises HorovodInternalError at batch 25 of epoch 2: every rank rolls back to
-    # the commit at batch 20, the reset callback runs, and epoch 2 goes on from batch 20 with
-    # only the samples not processed before that commit.
+    # The last rank raises HorovodInternalError at batch 25 of epoch 2, before its backward: no
+    # rank applied batch 25, nothing is rolled back (rollback "step"), the reset callback runs,
+    # and epoch 2 goes on from batch 25 (not from the commit at batch 20) with only the samples
+    # not processed yet.
     out = launch("pytorch_mnist_elastic.py", "--epochs", "8", "--fail-at-batch", "25")
     assert "Rank 1: simulating a failure at epoch 2 batch 25" in out
     assert out.count("hvd.elastic: reset 1 of at most 5") == 2, out  # on both ranks
     assert "State reset: 2 workers, lr 0.1000" in out
-    assert "Resuming epoch 2 at batch 20" in out
+    assert "Resuming epoch 2 at batch 25" in out, out
     results = re.findall(TEST_EPOCH, out)
     assert [e for e, _ in results] == [str(e) for e in range(1, 9)], out  # none repeated
     assert "Training finished after epoch 8" in out

@@ -76,7 +76,7 @@ def test_rank_0_failing_leaves_the_other_host_at_size_2(tmp_path, fail, hosts_by
             "127.0.0.1", 2, 2, 3), d
         assert d["rank"] == start_rank - 2, d
     assert "rank 1 (worker 1) on localhost leaves the job with its host" in out, out
-    assert "round 1: 2 workers (127.0.0.1:2), from their last commit" in out, out
+    assert "round 1: 2 workers (127.0.0.1:2): they reset and go on" in out, out
     assert re.search(r"worker 0 on localhost: exited with (status 1|signal 9)", out), out
 
 

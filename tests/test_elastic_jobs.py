@@ -55,16 +55,17 @@ def finals(out: str) -> dict:
             for m in re.findall(r"FINAL rank (\d+) size (\d+) epochs (\d+) steps (\d+)", out)}
 
 
-def test_a_rank_killed_mid_step_the_others_finish_from_the_last_commit():
+def test_a_rank_killed_mid_step_the_others_finish_without_rolling_back():
     rc, out, took = run_elastic(3, "--kill", "2:1:2")
     assert rc == 0, out
     # both survivors, renumbered 0 and 1 of 2, matched the reference (3 ranks up to the commit
     # after epoch 1 batch 1, then 2 ranks)
-    assert finals(out) == {0: (2, 2, 15), 1: (2, 2, 15)}, out
+    assert finals(out) == {0: (2, 2, 14), 1: (2, 2, 14)}, out
     assert out.count("LOSSES rank") == 2 and "[(1, 2, [2])]" in out, out
     # one line each: who was lost, where the job continues, at what size
     assert "horovodlite lost rank 2 (host " in out and "of 3; 2 ranks remain" in out, out
-    assert "hvd.elastic: continuing from commit 9 with 3 -> 2 ranks" in out, out
+    assert "hvd.elastic: continuing from step 8 (no rollback; 9 commits) with 3 -> 2 ranks" \
+        in out, out
     assert re.search(r"the elastic job completed without:\n  rank 2 on \S+ exited with "
                      r"signal 9", out), out
     assert took < 60, f"{took:.0f} s\n{out}"
@@ -103,7 +104,8 @@ def test_growing_from_2_to_3_ranks_with_host_discovery(tmp_path):
     assert rc == 0, out
     assert sorted(re.findall(r"FINAL rank (\d) size 3 epochs 6 agree", out)) == ["0", "1", "2"], out
     assert "hvd.elastic: started 1 new rank (host discovery): ranks 2..2" in out, out
-    assert re.search(r"hvd.elastic: continuing from commit \d+ with 2 -> 3 ranks", out), out
+    assert re.search(r"hvd.elastic: continuing from step \d+ \(no rollback; \d+ commits\) "
+                     r"with 2 -> 3 ranks", out), out
 
 
 def test_a_host_that_lost_a_rank_is_blacklisted_and_the_job_does_not_regrow_there(tmp_path):

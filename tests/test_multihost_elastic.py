@@ -80,7 +80,7 @@ def test_elastic_a_host_left_out_by_discovery_retires_its_ranks(hosts, tmp_path)
     cmd = [*_on_host0(), sys.executable, "-m", "horovodlite.runner.launch", "-np", "3",
            *_launch_args("hvdl-host0:2,hvdl-host1:1", "--mpi", "--host-discovery-script",
                          str(script)),
-           *ELASTIC, "--retired", "--step-seconds", "0.1", "--epochs", "4"]
+           *ELASTIC, "--step-seconds", "0.1", "--epochs", "4"]
     rc, out, _ = run_with_event(cmd, tmp_path / "job.log", 3,
                                 lambda: listing.write_text("hvdl-host0:2\n"), 180, cwd=ROOT,
                                 env={"HVDL_DISCOVERY_INTERVAL": "0.2"})
@@ -118,7 +118,8 @@ def test_elastic_grows_onto_a_host_outside_h(hosts, tmp_path):
         (r, ascii(ODD_SETTING)) for r in "012"], out
     assert ("hvd.elastic: started 1 new rank on hvdl-host1, added to the job (host discovery): "
             "ranks 2..2") in out, out
-    assert re.search(r"continuing from commit \d+ with 2 -> 3 ranks", out), out
+    assert re.search(r"continuing from step \d+ \(no rollback; \d+ commits\) with 2 -> 3 ranks",
+                     out), out
     # the added rank has the report token (its wrapper reports) from MPI_Comm_spawn's "env"
     # info key (the spawn's command line holds none: tests/unit/test_growth_secrets.py), and no
     # rank's or wrapper's command line shows it
@@ -167,8 +168,9 @@ def test_gloo_elastic_a_host_whose_processes_die_the_other_host_finishes(hosts, 
     assert sorted(finals) == [("0", "2"), ("1", "2")], out
     assert re.search(r"LOSSES rank 0 \[\(\d+, \d+, \[2, 3\]\)\]", out), out
     assert "horovodliterun: lost hvdl-host1 (ranks 2, 3)" in out, out
-    assert "horovodliterun: round 1: 2 workers (hvdl-host0:2), from their last commit" in out
-    assert re.search(r"continuing from commit \d+ with 4 -> 2 ranks", out), out
+    assert "horovodliterun: round 1: 2 workers (hvdl-host0:2): they reset and go on" in out
+    assert re.search(r"continuing from step \d+ \(no rollback; \d+ commits\) with 4 -> 2 ranks",
+                     out), out
     took = _recovered_after(out, lost)
     print(f"killed host: first step at the new size {took:.1f} s after the loss")
     assert took < 10, out
@@ -230,7 +232,7 @@ def test_gloo_elastic_a_host_left_out_by_discovery_retires_its_worker(hosts, tmp
     listing, script = discovery_script(tmp_path, "hvdl-host0:2\nhvdl-host1:1\n")
     rc, out, _ = _elastic_gloo(
         tmp_path, "hvdl-host0:2,hvdl-host1:1", 3, lambda: listing.write_text("hvdl-host0:2\n"),
-        "--retired", "--step-seconds", "0.1", "--epochs", "4",
+        "--step-seconds", "0.1", "--epochs", "4",
         extra=("--host-discovery-script", str(script)), env={"HVDL_DISCOVERY_INTERVAL": "0.2"})
     assert rc == 0, out
     assert sorted(re.findall(r"FINAL rank (\d) size (\d) epochs 4", out)) == [

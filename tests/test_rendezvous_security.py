@@ -94,7 +94,7 @@ def test_an_elastic_round_overwritten_is_refused_and_the_drivers_next_round_proc
                      r"waiting for the elastic driver's own round", out), out
     assert "forged by a stranger" not in out, out  # the forged round's end was never used
     assert "horovodliterun: round 1: 2 workers" in out, out
-    assert finals(out) == {0: (2, 2, 15), 1: (2, 2, 15)}, out
+    assert finals(out) == {0: (2, 2, 14), 1: (2, 2, 14)}, out
 
 
 def test_garbage_to_the_elastic_driver_is_ignored_and_logged():

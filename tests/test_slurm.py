@@ -9,6 +9,8 @@ tests/hosts/slurmctl.sh), 2 nodes of 2 tasks, each asserting what a user sees:
 - preemption: a job of a higher-priority partition preempts a training job; Slurm's SIGTERM
   reaches every rank, the ranks agree to stop after the same step, rank 0 checkpoints and
   requeues the job, which resumes from the checkpoint and ends where an uninterrupted run ends;
+- ``horovodliterun --elastic`` inside a job: the other node's ranks start as job steps; that
+  node drained, resumed, and one of its steps killed by ``scancel``: training goes on;
 - a node whose link is cut mid-job: the ranks on the other node name the lost ranks and their
   host, and Slurm ends the job (NODE_FAIL) once the node misses SlurmdTimeout.
 
@@ -169,6 +171,75 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes(slurm, tmp_path):
                  if line.startswith("RESULT ")]
     assert result["first"] == stopped and result["size"] == 4
     assert result["worst"] < 1e-5, result
+
+
+ELASTIC_JOB = """#!/bin/bash
+#SBATCH --job-name=hvdl-elastic
+export HVDL_DISCOVERY_INTERVAL=0.5 HOROVOD_GLOO_TIMEOUT_SECONDS=10
+horovodliterun --elastic -np 4 --min-np 2 --network-interface eth0 \\
+    python {root}/tests/scripts/elastic_train.py --compare ranks --step-seconds 0.1 --epochs 120
+"""
+
+
+def _rank_steps(slurm, job: int) -> list:
+    """(step number, node) of the job's steps that run an elastic rank (slurm_steps.py names
+    them), in the order they started."""
+    r = slurm.run(["squeue", "--noheader", "--steps", f"--jobs={job}", "--format=%i %j %N"])
+    steps = [(int(i.split(".")[1]), n) for i, name, n in (line.split() for line in
+                                                           r.stdout.splitlines())
+             if name == "horovodlite-rank"]
+    return sorted(steps)
+
+
+def _until(what, check, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    pytest.fail(f"not within {timeout} s: {what}")
+
+
+def test_elastic_in_an_allocation_follows_drain_resume_and_a_step_killed_by_slurm(slurm,
+                                                                                  tmp_path):
+    """horovodliterun --elastic inside sbatch, without -H: hosts from the allocation, the
+    ranks of the other node started as job steps. hvdl-host1 drained: its ranks retire and
+    training goes on on hvdl-host0; resumed: the job grows back onto it; one of its steps
+    killed by ``scancel --signal=KILL``: both of its ranks leave (the other one stopped), and
+    the two of hvdl-host0 finish with identical weights."""
+    script = tmp_path / "elastic.sbatch"
+    script.write_text(ELASTIC_JOB.format(root=ROOT))
+    out_file = tmp_path / "job.out"
+    job = slurm.sbatch([*SCALED, "--no-requeue", "-o", str(out_file), str(script)], tmp_path)
+    try:
+        out = _wait_for(out_file, "round 0: 4 workers", 120)
+        assert "start as steps of Slurm job" in out, out[-3000:]
+        _wait_for(out_file, "UP rank 3", 60)
+        assert [n for _, n in _rank_steps(slurm, job)] == ["hvdl-host1"] * 2
+        slurm.run(["scontrol", "update", "nodename=hvdl-host1", "state=drain",
+                   "reason=hvdl-test"])
+        _wait_for(out_file, "round 1: 2 workers (hvdl-host0:2)", 60)
+        _until("the retired ranks' steps end", lambda: not _rank_steps(slurm, job), 60)
+        slurm.run(["scontrol", "update", "nodename=hvdl-host1", "state=resume"])
+        _wait_for(out_file, "round 2: 4 workers", 90)
+        steps = _rank_steps(slurm, job)
+        assert [n for _, n in steps] == ["hvdl-host1"] * 2, steps
+        slurm.run(["scancel", "--signal=KILL", f"{job}.{steps[0][0]}"])
+        _until("the other step on hvdl-host1 ends", lambda: not _rank_steps(slurm, job), 60)
+        fields = _completed(slurm, job, 240)
+    finally:
+        slurm.run(["scontrol", "update", "nodename=hvdl-host1", "state=resume"])
+    out = out_file.read_text()
+    assert ("hvdl-host1 left the nodes Slurm offers (sinfo: drained, down or not responding): "
+            "ranks 2, 3 retire") in out, out[-4000:]
+    assert "added 2 workers on hvdl-host1:2 (Slurm offers it again)" in out, out[-4000:]
+    # the killed rank's status (srun's) or its report connection closing, whichever the
+    # launcher sees first: either way the node leaves the job
+    assert re.search(r"horovodliterun: (lost hvdl-host1 \(ranks 2, 3\): .*|rank \d \(worker \d\) "
+                     r"on hvdl-host1 exited with status 137); .*blacklisted", out), out[-4000:]
+    assert "round 3: 2 workers (hvdl-host0:2)" in out, out[-4000:]
+    assert sorted(re.findall(r"FINAL rank (\d) size (\d) epochs 120 agree", out)) == [
+        ("0", "2"), ("1", "2")], (fields, out[-4000:])
 
 
 LOST_JOB = """#!/bin/bash

@@ -74,6 +74,8 @@ RENDEZVOUS_SECRET = "HVDL_RENDEZVOUS_SECRET"
 GLOO_IFACE = "HOROVOD_GLOO_IFACE"
 WORKER_ID = "HVDL_WORKER_ID"  # an elastic Gloo job's worker: its number for the job's life
 ELASTIC_TIMEOUT = "HVDL_ELASTIC_TIMEOUT"  # --elastic-timeout: how long a worker waits for a round
+ELASTIC_ROLLBACK = "HOROVOD_ELASTIC_ROLLBACK"  # --elastic-rollback: step or commit (rollback())
+ROLLBACKS = ("step", "commit")
 SECRETS = (RENDEZVOUS_SECRET, REPORT_TOKEN)
 
 # A rank's exit status when it left an elastic job on purpose (its host left the host discovery
@@ -164,6 +166,18 @@ def min_np(env=os.environ) -> int:
     return 1 if value is None else value
 
 
+def rollback(env=os.environ) -> str:
+    """What ``hvd.elastic.run`` goes back to after a failure (``--elastic-rollback``):
+    ``step`` (the default), no further than the step in flight - the survivors keep their state;
+    ``commit``, the last ``state.commit()``, as Horovod does. ValueError naming the setting for
+    anything else."""
+    value = env.get(ELASTIC_ROLLBACK, "").strip().lower() or ROLLBACKS[0]
+    if value not in ROLLBACKS:
+        raise ValueError(f"{ELASTIC_ROLLBACK}={env[ELASTIC_ROLLBACK]!r}: expected "
+                         f"{' or '.join(ROLLBACKS)}")
+    return value
+
+
 def max_np(env=os.environ) -> int | None:
     """``--max-np`` (``-np`` when not given) of an elastic job; None outside one."""
     return _count(ELASTIC_MAX_NP, env)
@@ -184,8 +198,8 @@ def discovery_script(env=os.environ) -> str:
     return env.get(DISCOVERY_SCRIPT, "")
 
 
-def discovery_interval(env=os.environ) -> float:
-    return float(env.get(DISCOVERY_INTERVAL, "1"))
+def discovery_interval(env=os.environ, default: float = 1.0) -> float:
+    return float(env.get(DISCOVERY_INTERVAL, default))
 
 
 def cooldown_range(env=os.environ) -> tuple | None:

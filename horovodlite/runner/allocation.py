@@ -49,6 +49,7 @@ class Allocation:
     hosts: list  # [(host, slots)], in the allocation's order, each host once
     source: str  # where they came from, in words
     mpirun_has_it: bool = False  # a hostfile mpirun reads by itself (no -H for it)
+    scheduler: str = ""  # "slurm" for a Slurm job's nodes (slurm_steps.py starts ranks there)
 
     def spec(self) -> str:
         """As -H: 'a:2,b:2'."""
@@ -78,8 +79,9 @@ def from_slurm(env) -> Allocation | None:
                 raise ValueError(f"{name}={env[name]} counts {len(counts)} node(s), "
                                  f"SLURM_JOB_NODELIST={nodelist} has {len(nodes)}")
             return Allocation(merged(zip(nodes, counts)),
-                              f"Slurm (SLURM_JOB_NODELIST, {name})")
-    return Allocation(merged((n, 1) for n in nodes), "Slurm (SLURM_JOB_NODELIST, one slot a node)")
+                              f"Slurm (SLURM_JOB_NODELIST, {name})", scheduler="slurm")
+    return Allocation(merged((n, 1) for n in nodes), "Slurm (SLURM_JOB_NODELIST, one slot a node)",
+                      scheduler="slurm")
 
 
 def _slot_lines(path: str, what: str) -> list:

@@ -1,6 +1,8 @@
 """What horovodliterun settles about the cluster before it starts anything: which environment
 reaches the ranks (``--env-exclude``, ``--env-include``; the rules are ``common/env_travel.py``)
 and, with neither -H nor --hostfile, the hosts of the allocation it runs in (``allocation.py``).
+In a Slurm job, Gloo and elastic ranks on the other nodes then start as job steps, and an elastic
+job follows the nodes Slurm still offers (``slurm_steps.py``).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import os
 import sys
 
 from horovodlite.common import env_travel
-from horovodlite.runner import allocation
+from horovodlite.runner import allocation, slurm_steps
 
 
 def add_arguments(p) -> None:
@@ -29,6 +31,7 @@ def prepare(args, controller: str, error, env=os.environ) -> None:
     hosts the ranks may run on, for the launcher's address), and ``--verbose``'s list of what
     does not travel. ``error(message)`` exits."""
     args.job_hosts = []
+    args.slurm_nodes = []  # the Slurm job's nodes an elastic job follows (slurm_steps.usable)
     # hosts placed by mpirun's own options in --mpi-args (--host, a rankfile) are the user's
     # choice: the allocation's are not added to them (mpirun merges two lists)
     placed = controller == "mpi" and allocation.placing_option(args.mpi_args)
@@ -42,6 +45,8 @@ def prepare(args, controller: str, error, env=os.environ) -> None:
             args.job_hosts = [h for h, _ in found.hosts]
             if controller == "gloo" or not found.mpirun_has_it:
                 args.hosts = found.spec()
+            if controller == "gloo" and found.scheduler == "slurm":
+                _slurm_steps(args, found, env)
             slots = sum(n for _, n in found.hosts)
             if controller == "gloo" and (args.num_proc or 0) > slots:
                 first = found.hosts[0][0]
@@ -53,6 +58,21 @@ def prepare(args, controller: str, error, env=os.environ) -> None:
         for line in env_travel.describe_left_out(env_travel.from_args(args), env,
                                                  mpirun=controller == "mpi"):
             print(f"horovodliterun: environment: {line}", flush=True)
+
+
+def _slurm_steps(args, found, env) -> None:
+    """Gloo ranks on other nodes of this Slurm job start as its steps, unless the user chose how
+    to reach hosts (--ssh-agent, -p, -i); an elastic job follows the nodes' states."""
+    if (getattr(args, "ssh_agent", None) or getattr(args, "ssh_port", None) is not None
+            or getattr(args, "ssh_identity_file", None)):
+        return
+    if not slurm_steps.available(env):
+        return
+    args.ssh_agent = slurm_steps.agent()
+    print(f"horovodliterun: ranks on the other nodes start as steps of Slurm job "
+          f"{env.get('SLURM_JOB_ID')} (srun), not over ssh", file=sys.stderr, flush=True)
+    if getattr(args, "elastic", False):
+        args.slurm_nodes = [h for h, _ in found.hosts]
 
 
 __all__ = ["add_arguments", "prepare"]

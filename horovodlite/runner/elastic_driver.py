@@ -44,11 +44,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import time
 
 from horovodlite.common import elastic_rounds, env_travel, launch_env
-from horovodlite.runner import horovod_flags, rank_output, remote
+from horovodlite.runner import rank_output, remote
+from horovodlite.runner.elastic_discovery import Discovery
 from horovodlite.runner.elastic_places import Blacklist, Worker, start_places
 from horovodlite.runner.gloo_launch import (
     POLL,
@@ -67,7 +67,7 @@ FINISH_GRACE = 30.0  # after a worker finished, for the others to finish (see _f
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # Horovod's --elastic-timeout default
 
 
-class ElasticJob:
+class ElasticJob(Discovery):
     def __init__(self, args, slots: list, base_env: dict):
         self.args = args
         self.base_env = base_env
@@ -86,11 +86,18 @@ class ElasticJob:
             self.gloo_timeout = timeout_seconds(base_env)
         except ValueError as e:
             raise SystemExit(f"horovodliterun: {e}") from None
+        # the Slurm job's nodes, followed by their states (slurm_steps.usable) when no script
+        self.allocated = {} if args.host_discovery_script else {
+            h: self.slots[h] for h in getattr(args, "slurm_nodes", []) if h in self.slots}
         if args.host_discovery_script:
             found = self.discover()
             if found is None:
                 raise SystemExit("horovodliterun: --host-discovery-script failed at the start")
             self.slots = found
+        elif self.allocated:
+            found = self.discover()
+            if found:  # a node drained before the start gets no rank
+                self.slots = found
         others = [h for h in self.slots if not self.local(h)]
         self.addr = job_address(args.network_interface, others)
         self.workers: dict[int, Worker] = {}
@@ -112,26 +119,6 @@ class ElasticJob:
     # -- hosts ---------------------------------------------------------------------------------
     def local(self, host: str) -> bool:
         return host in LOOPBACK or remote.is_local(host, self.names)
-
-    def discover(self) -> dict | None:
-        """host -> slots the script lists now; None when it fails (the last answer stands)."""
-        try:
-            out = subprocess.run([self.args.host_discovery_script], capture_output=True,
-                                 text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            say(f"--host-discovery-script: {e}; keeping the last host list")
-            return None
-        if out.returncode != 0:
-            say(f"--host-discovery-script exited with status {out.returncode}; keeping the "
-                "last host list")
-            return None
-        found: dict = {}
-        listing = horovod_flags.discovery_with_slots(
-            out.stdout, getattr(self.args, "slots_per_host", None))
-        for host, slots in elastic_rounds.parse_hosts(listing).items():
-            name = self.name(host)
-            found[name] = found.get(name, 0) + slots
-        return found
 
     @staticmethod
     def name(host: str) -> str:
@@ -181,7 +168,7 @@ class ElasticJob:
             layout = ", ".join(f"{h}:{hosts.count(h)}" for h in dict.fromkeys(hosts))
             say(f"round {self.round}: {len(self.members)} worker"
                 f"{'s' if len(self.members) != 1 else ''} ({layout})" +
-                (": the job starts" if self.round == 0 else ", from their last commit"))
+                (": the job starts" if self.round == 0 else ": they reset and go on"))
 
     def rank_names(self, workers: list) -> str:
         """'ranks 2, 3' (their ranks in the current round; worker numbers of those not in it)."""
@@ -222,6 +209,7 @@ class ElasticJob:
                 self.workers[w].left = f"lost with its host: {why}"
                 if host in self.seen_lost:
                     self.reports.tell_failed(w, host, why)
+                self._stop(w)  # one that still runs there (a Slurm step of it killed) waits no more
             self.seen_lost.add(host)
             self.members = [w for w in self.members if w not in dict(gone)]
             lines.append(f"lost {host} ({names}): {why}; blacklisted "
@@ -243,6 +231,15 @@ class ElasticJob:
                          f"{self.blacklist.add(w.host, now)}")
         return lines + self._leave_with_host(failed_on, round_members)
 
+    def _stop(self, number: int) -> None:
+        """SIGTERM to a worker's process group (its rank here; ssh or srun for a rank elsewhere,
+        which pass it on) if it still runs."""
+        if self.workers[number].running():
+            try:
+                os.killpg(self.workers[number].proc.pid, signal.SIGTERM)
+            except OSError:
+                pass  # it ended already
+
     def _leave_with_host(self, hosts: list, round_members: list) -> list:
         """A worker failed on each of ``hosts``: while the job has workers on other hosts, the
         host's other workers leave it too (stopped: SIGTERM), as with horovodrun, which drops a
@@ -258,44 +255,11 @@ class ElasticJob:
             for number in rest:
                 self.workers[number].left = (f"stopped: a worker failed on its host {host}, "
                                              "which left the job")
-                try:
-                    os.killpg(self.workers[number].proc.pid, signal.SIGTERM)
-                except OSError:
-                    pass  # it ended already
+                self._stop(number)
             lines.append(f"rank{'s' if len(rest) > 1 else ''} {ranks} on {host} leave"
                          f"{'' if len(rest) > 1 else 's'} the job with its host (a worker failed "
                          "there; the job goes on on its other hosts)")
         return lines
-
-    def _discovery(self, now: float) -> tuple:
-        """(workers to retire, hosts grown onto) from the discovery script, when it is time."""
-        if not self.args.host_discovery_script or now < self.next_discovery:
-            return [], []
-        self.next_discovery = now + launch_env.discovery_interval(self.base_env)
-        found = self.discover()
-        if found is None:
-            return [], []
-        listed = {h for h in found}
-        job_hosts = {self.workers[w].host for w in self.members}
-        if job_hosts and not job_hosts & listed:
-            return [], []  # lists none of the job's hosts: taken for a broken script
-        retire = [w for w in self.members if self.workers[w].host not in listed]
-        if retire:
-            return retire, []
-        self.slots = found
-        room = self.max_np - len(self.members)
-        grown = []
-        for host, slots in found.items():
-            free = slots - self.running_on(host)
-            while free > 0 and room > 0 and not self.blacklist.blocked(host, now):
-                grown.append(host)
-                free -= 1
-                room -= 1
-        # the new workers' start assignment: their places in the round that lists them next
-        hosts = [self.workers[w].host for w in self.members] + grown
-        places = start_places(hosts)[len(self.members):]
-        self.members += [self.spawn(h, p) for h, p in zip(grown, places)]
-        return [], grown
 
     def _reset_wanted(self, now: float) -> bool:
         """A reset asked for with nobody lost: meet again once all asked, or after the timeout."""
@@ -318,15 +282,17 @@ class ElasticJob:
         reasons = list(lost)
         if retire:
             hosts = sorted({self.workers[w].host for w in retire})
-            reasons.append(f"{', '.join(hosts)} left the host discovery output: "
-                           f"{self.rank_names(retire)} retire")
+            source = ("the host discovery output" if self.args.host_discovery_script else
+                      "the nodes Slurm offers (sinfo: drained, down or not responding)")
+            reasons.append(f"{', '.join(hosts)} left {source}: {self.rank_names(retire)} retire")
             self.members = [w for w in self.members if w not in retire]
             for w in retire:
-                self.workers[w].left = "retired: its host left the host discovery output"
+                self.workers[w].left = f"retired: its host left {source}"
         if grown:
             hosts = ", ".join(f"{h}:{grown.count(h)}" for h in dict.fromkeys(grown))
+            how = "host discovery" if self.args.host_discovery_script else "Slurm offers it again"
             reasons.append(f"added {len(grown)} worker{'s' if len(grown) > 1 else ''} on {hosts} "
-                           "(host discovery); they join at the next commit")
+                           f"({how}); they join at the next commit")
         if not reasons and self._reset_wanted(now):
             reasons.append("a worker's training failed; the same workers meet again")
             lost = ["reset"]

@@ -24,6 +24,7 @@ import sys
 
 import horovodlite
 from horovodlite import _mpi_check
+from horovodlite.common import launch_env
 from horovodlite.runner import cluster, config_file, horovod_flags, mpi_launch
 from horovodlite.runner.hosts import host_slots, read_hostfile
 
@@ -104,6 +105,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--elastic-timeout", type=float,
                    help="elastic (Gloo): how long a worker waits for the next rendezvous round "
                         "or for the workers of a round to meet (default 600 s)")
+    p.add_argument("--elastic-rollback", choices=launch_env.ROLLBACKS,
+                   help="elastic: after a failure, 'step' (the default) loses at most the step "
+                        "in flight (the survivors keep their state); 'commit' goes back to the "
+                        "last state.commit(), as Horovod does (HOROVOD_ELASTIC_ROLLBACK)")
     p.add_argument("--min-np", type=int,
                    help="elastic: the fewest ranks to go on with (default 1)")
     p.add_argument("--max-np", type=int,
@@ -138,6 +143,8 @@ def rank_environment(args, base: dict) -> dict:
     allocator settings a user has not chosen otherwise."""
     env = dict(base)
     env.update(horovod_flags.knob_env(args))
+    if getattr(args, "elastic_rollback", None):
+        env[launch_env.ELASTIC_ROLLBACK] = args.elastic_rollback
     # Large tensors on transparent huge pages: MPI's shared-memory copies of torch-allocated
     # buffers are ~1.5x faster with them (NumPy already asks for them). Set it to 0 to opt out.
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")

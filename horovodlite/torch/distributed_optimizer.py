@@ -44,7 +44,7 @@ import torch
 
 from horovodlite._extension import load
 from horovodlite.common.exceptions import HorovodArgumentError
-from horovodlite.torch import summary
+from horovodlite.torch import step_vote, summary
 from horovodlite.torch.grad_launch import _GradLaunch
 from horovodlite.torch.in_flight import NativeHook
 from horovodlite.torch.powersgd import PowerSGDStep
@@ -350,6 +350,8 @@ class _DistributedOptimizer(_GradLaunch):
                 "the skip_synchronize() block."
             )
         self._hvd_fresh_sync = False
+        if step_vote.active():  # hvd.elastic.run, rollback "step": every rank got here
+            step_vote.vote(getattr(self, "process_set", None))
         super().step()
         summary.step_completed()  # HOROVOD_SUMMARY_STEPS: every rank steps, so it is collective
         return loss

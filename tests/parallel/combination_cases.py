@@ -56,8 +56,9 @@ OPTIONS = {
     # The dense layers' forward and backward through torch.compile (AOTAutograd's graphs).
     "compile": ["0", "1"],
     # hvd.elastic.run with a commit per step, and every rank failing once in the middle of a
-    # step (after backward, its reductions in flight): horovodlite restarts, the state goes
-    # back to the last commit and the step is trained again.
+    # step (after backward, its reductions in flight): horovodlite restarts, no rank applied
+    # the step (rollback "step", the default, restores nothing; a sharded optimizer's state goes
+    # back to the last commit) and the step is trained again.
     "reset": ["0", "1"],
 }
 STEPS = 4

@@ -50,7 +50,8 @@ def make_state(r):
 # ------------------------------------------------------------------------------ TorchState
 
 
-def test_sync_makes_every_rank_equal_to_rank0():
+def test_sync_makes_every_rank_equal_to_rank0(monkeypatch):
+    monkeypatch.setenv("HOROVOD_ELASTIC_ROLLBACK", "commit")  # the snapshot it checks last
     r, n = hvd.rank(), hvd.size()
     state = make_state(r)  # every rank starts different
     root = make_state(0)
@@ -71,7 +72,8 @@ def test_sync_makes_every_rank_equal_to_rank0():
     assert fingerprint(state) == mine
 
 
-def test_commit_and_restore_round_trip():
+def test_commit_and_restore_round_trip(monkeypatch):
+    monkeypatch.setenv("HOROVOD_ELASTIC_ROLLBACK", "commit")  # the snapshots are its
     r = hvd.rank()
     state = make_state(r)
     state.sync()
@@ -197,7 +199,9 @@ def test_survivors_that_see_a_commit_differently_restore_the_same_one(monkeypatc
     first one (so nobody can complete the second), every rank goes back to the one before.
     Either way every rank restores the same commit (with one barrier, rank 0 kept the new one
     and the others the old: the sync then mixed them, and a batch was skipped or trained twice
-    - wrong weights after a lost host)."""
+    - wrong weights after a lost host). Rollback "commit": under "step" a commit takes no
+    snapshot and has no barrier."""
+    monkeypatch.setenv("HOROVOD_ELASTIC_ROLLBACK", "commit")
     model = torch.nn.Linear(2, 2)
     state = hvd.elastic.TorchState(model, None, batch=0)
     state.sync()
@@ -217,6 +221,7 @@ def test_survivors_that_see_a_commit_differently_restore_the_same_one(monkeypatc
     except hvd.HorovodInternalError:
         state.restore()
     monkeypatch.undo()
+    monkeypatch.setenv("HOROVOD_ELASTIC_ROLLBACK", "commit")
     state.agree_on_commit()
     want_batch, want_commits = (2, 2) if completed_on_rank0 else (1, 1)
     assert (state.batch, state.commits) == (want_batch, want_commits), hvd.rank()
@@ -309,13 +314,16 @@ def test_record_batch_state_dict_and_reset_resume_with_unprocessed_only():
     dataset = list(range(12 * n))
     sampler = hvd.elastic.ElasticSampler(dataset, seed=3)
     first = list(sampler)
-    for batch_idx in range(2):  # this rank processes two batches of 3
+    for batch_idx in range(2):  # the ranks process two batches of 3 each, together
         sampler.record_batch(batch_idx, 3)
-    assert sampler.get_processed_indices() == set(first[:6])
+    # every rank's two batches count as processed: each rank's step applied all of them
+    everyones = hvd.allgather_object(first[:6], name="elastic.test.first")
+    assert sampler.get_processed_indices() == set().union(*everyones)
+    assert len(sampler.get_processed_indices()) == 6 * n
     # load_state_dict alone resumes this rank's own bookkeeping.
     resumed = hvd.elastic.ElasticSampler(dataset, seed=3)
     resumed.load_state_dict(sampler.state_dict())
-    assert not set(resumed) & set(first[:6])
+    assert not set(resumed) & sampler.get_processed_indices()
     # Through TorchState.sync every rank learns what every rank processed and re-partitions.
     state = hvd.elastic.TorchState(sampler=resumed)
     state.sync()
@@ -448,7 +456,8 @@ def test_sampler_resumes_after_a_failure_without_repeating_samples():
     assert torch.equal(state.model.counts, torch.ones(epochs, len(dataset)))
 
 
-def test_run_gives_up_after_the_reset_limit_with_the_last_error():
+def test_run_gives_up_after_the_reset_limit_with_the_last_error(monkeypatch):
+    monkeypatch.setenv("HOROVOD_ELASTIC_ROLLBACK", "commit")  # rollback "step": see below
     state = hvd.elastic.TorchState(torch.nn.Linear(2, 2), attempts=0)
     resets, raised = [], []
     state.register_reset_callbacks([lambda: resets.append(1)])

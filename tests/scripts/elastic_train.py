@@ -62,13 +62,13 @@ def loss_of(model, x, y):
     return torch.nn.functional.mse_loss(model(x), y)
 
 
-def reference(epochs: int, losses: list, size: int, retired: bool = False):
+def reference(epochs: int, losses: list, size: int):
     """One process playing every rank: per step the average of each live rank's gradient.
     ``losses``: (epoch, batch, lost original ranks) for every recovery, as the survivors saw
     them after the sync (the point the job continued from). The lost ranks take no part from
-    that step on; the survivors keep what they recorded and re-partition the rest. ``retired``:
-    the ranks left on purpose (their host left the discovery output) after a last sync with
-    them, so what they recorded counts too."""
+    that step on; what every rank trained on up to that step is processed (a rank's
+    ``record_batch`` records every rank's batch of the step) and the rest is re-partitioned -
+    whether the ranks were lost or retired (their host left the discovery output)."""
     x, y = make_data()
     model, opt = make_model()
     live = list(range(size))
@@ -105,7 +105,7 @@ def reference(epochs: int, losses: list, size: int, retired: bool = False):
                 steps += 1
             if lost is None:
                 break
-            for r in live if retired else [r for r in live if r not in lost[2]]:
+            for r in live:
                 processed |= local[r]
             live = [r for r in live if r not in lost[2]]
             local = {r: set() for r in live}
@@ -152,8 +152,6 @@ def main():
     p.add_argument("--compare", choices=["reference", "ranks"], default="reference",
                    help="check the final weights against the reference, or only that every "
                         "rank has the same (for jobs that grow)")
-    p.add_argument("--retired", action="store_true",
-                   help="the ranks that leave are retired, not lost (see reference())")
     p.add_argument("--forge-round", help="EPOCH:BATCH (see the top)")
     p.add_argument("--garbage", action="store_true", help="see the top")
     p.add_argument("--step-seconds", type=float, default=0.0,
@@ -246,7 +244,7 @@ def main():
         print(f"FINAL rank {hvd.rank()} size {hvd.size()} epochs {state.epoch} agree",
               flush=True)
         return
-    expected, steps = reference(args.epochs, losses, first_size, args.retired)
+    expected, steps = reference(args.epochs, losses, first_size)
     for name, (got, want) in zip([n for n, _ in model.named_parameters()],
                                  zip(model.parameters(), expected.parameters())):
         torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-9, atol=1e-12,

@@ -153,7 +153,14 @@ def run_protocol(func, state, limit=3, finish=lambda: None):
     return result, resets
 
 
-def test_internal_error_restores_resets_and_syncs():
+@pytest.fixture
+def rollback(monkeypatch, request):
+    monkeypatch.setenv("HOROVOD_ELASTIC_ROLLBACK", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("rollback", ["commit", "step"], indirect=True)
+def test_internal_error_resets_and_syncs_restoring_only_under_commit(rollback):
     state = RecordingState(step=0)
     attempts = []
 
@@ -165,9 +172,76 @@ def test_internal_error_restores_resets_and_syncs():
         return s.step
 
     result, resets = run_protocol(train, state)
-    assert attempts == [0, 0] and result == 1  # the retry started from the snapshot
-    assert state.calls == ["sync", "restore", "callback", "sync"]
+    if rollback == "commit":
+        assert attempts == [0, 0] and result == 1  # the retry started from the snapshot
+        assert state.calls == ["sync", "restore", "callback", "sync"]
+    else:  # the step that failed is the only one lost: the state goes on from where it was
+        assert attempts == [0, 1] and result == 2
+        assert state.calls == ["sync", "callback", "sync"]
     assert len(resets) == 1 and "simulated" in str(resets[0])
+
+
+def test_a_state_of_the_users_own_rolls_back_to_its_commit(monkeypatch):
+    """Only the user's save/restore/sync know what a consistent state of theirs is."""
+    monkeypatch.setenv("HOROVOD_ELASTIC_ROLLBACK", "step")
+
+    class Mine(hvd.elastic.State):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def save(self):
+            self.calls.append("save")
+
+        def restore(self):
+            self.calls.append("restore")
+
+        def sync(self):
+            self.calls.append("sync")
+
+    state, tries = Mine(), []
+
+    def train(s):
+        tries.append(1)
+        if len(tries) == 1:
+            raise hvd.HorovodInternalError("simulated")
+
+    retry_loop(train, state, (), {}, 3, reset=lambda e: None, finish=lambda: None)
+    assert state.rollback_mode() == "commit" and state.calls == ["sync", "restore", "sync"]
+
+
+def test_the_rollback_setting_is_checked_by_name(monkeypatch):
+    from horovodlite.common import launch_env
+
+    assert launch_env.rollback({}) == "step"
+    assert launch_env.rollback({"HOROVOD_ELASTIC_ROLLBACK": " Commit "}) == "commit"
+    with pytest.raises(ValueError, match="HOROVOD_ELASTIC_ROLLBACK='last': expected step or "
+                                         "commit"):
+        launch_env.rollback({"HOROVOD_ELASTIC_ROLLBACK": "last"})
+
+
+def test_torch_state_counts_the_steps_its_optimizers_apply_and_shards_roll_back(monkeypatch):
+    monkeypatch.setenv("HOROVOD_ELASTIC_ROLLBACK", "step")
+    model, opt, sched = trained_sgd(steps=1)
+    state = hvd.elastic.TorchState(model, opt, scheduler=sched, epoch=0)
+    assert state.applied == 0 and state.rollback_mode() == "step"
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.ones(2, 3)).sum().backward()
+        opt.step()
+    assert state.applied == 3
+    other = torch.optim.Adam(model.parameters())
+    state.optimizer = other  # the new one's steps count, the old one's no longer
+    opt.step()
+    other.step()
+    assert state.applied == 4
+    # commit() takes no snapshot under "step": restore() finds the constructor's
+    state.epoch = 5
+    state.commit()
+    state.restore()
+    assert state.epoch == 0 and state.commits == 1
+    monkeypatch.setenv("HOROVOD_ELASTIC_ROLLBACK", "commit")
+    assert state.rollback_mode() == "commit"
 
 
 @pytest.mark.parametrize("skip_sync", [False, True])
@@ -212,7 +286,8 @@ def test_retiring_hosts_syncs_with_every_rank_before_the_reset(monkeypatch):
     assert state.calls == ["sync", "sync", "callback", "sync"]
 
 
-def test_gives_up_after_the_limit_with_the_last_error():
+@pytest.mark.parametrize("rollback", ["commit"], indirect=True)
+def test_gives_up_after_the_limit_with_the_last_error(rollback):
     state = RecordingState()
     raised = []
 
@@ -365,3 +440,53 @@ def test_runtime_losses_are_counted_once(fresh_blacklist, monkeypatch):
     lost.append("y")
     assert [h for h, _, _ in d.note_runtime_losses()] == ["y"]
     assert d._failures == {"x": 1, "y": 1}
+
+
+@pytest.mark.parametrize("every,expected", [
+    ([(6, 2, True), (6, 2, True), (6, 2, True)], (0, False)),  # all equal: nothing bulky sent
+    ([(5, 2, True), (6, 2, True), (6, 3, True)], (1, True)),  # rank 1 applied the last step
+    ([(7, 3, True), (7, 3, True), (0, 0, None)], (0, True)),  # a newcomer takes everything
+    ([(7, 3, False), (6, 3, True), (7, 3, True)], (2, True)),  # rank 0 holds part of a state
+    ([(0, 0, None), (0, 0, None)], (0, True)),  # the start: rank 0's
+    ([(0, 7, None), (0, 0, None)], (0, True)),  # commits before hvd.elastic.run: still the start
+], ids=["equal", "one-ahead", "newcomer", "interrupted-sync", "start", "committed-before"])
+def test_step_rollback_syncs_from_the_survivor_that_applied_the_most(monkeypatch, every,
+                                                                      expected):
+    from horovodlite.torch import functions
+    from horovodlite.torch.elastic import state as state_module
+
+    monkeypatch.setenv("HOROVOD_ELASTIC_ROLLBACK", "step")
+    monkeypatch.setattr(state_module, "is_initialized", lambda: True)
+    monkeypatch.setattr(functions, "allgather_object", lambda obj, name=None: every)
+    assert hvd.elastic.ObjectState(step=0)._source() == expected
+
+
+def test_step_rollback_with_no_whole_state_left_stops_naming_the_way_out(monkeypatch):
+    from horovodlite.torch import functions
+    from horovodlite.torch.elastic import state as state_module
+
+    monkeypatch.setenv("HOROVOD_ELASTIC_ROLLBACK", "step")
+    monkeypatch.setattr(state_module, "is_initialized", lambda: True)
+    monkeypatch.setattr(functions, "allgather_object",
+                        lambda obj, name=None: [(7, 3, False), (6, 3, False)])
+    with pytest.raises(RuntimeError, match="HOROVOD_ELASTIC_ROLLBACK=commit"):
+        hvd.elastic.ObjectState(step=0)._source()
+
+
+def test_a_reset_forgets_the_grad_scalers_stage_of_the_failed_step():
+    """A failure after scaler.unscale_(opt) left the optimizer "unscaled": without the reset
+    forgetting it, the retried step's scaler.step(opt) skipped its unscale and applied gradients
+    still multiplied by the scale (65536 times the step)."""
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    state = hvd.elastic.TorchState(model, opt, scaler=scaler)
+    scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+    scaler.unscale_(opt)  # ... and the step's collective fails here
+    state.on_reset()
+    opt.zero_grad()
+    before = model.weight.detach().clone()
+    scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+    scaler.step(opt)  # unscales this step's gradients: a step of lr * 1, not lr * 65536
+    scaler.update()
+    assert torch.allclose(before - model.weight.detach(), torch.full_like(before, 0.1))

@@ -26,8 +26,10 @@ details. What differs from Horovod, and why:
 
 - ``run`` recovers from failures of collectives (a rank raised ``HorovodInternalError``, a
   mismatch, a stall turned into an error, a rank that called ``hvd.shutdown()``) and from ranks
-  whose process died: every rank rolls back to the last commit, horovodlite is re-initialised
-  (on the survivors) and training resumes.
+  whose process died: horovodlite is re-initialised (on the survivors) and training resumes
+  from the last step a survivor applied - at most the step in flight is lost, and ``commit()``
+  copies nothing (``HOROVOD_ELASTIC_ROLLBACK=commit``: every rank rolls back to the last
+  commit, as Horovod's did).
 - ``check_host_updates()`` raises ``HostsUpdatedInterrupt`` when the host discovery script
   (``--host-discovery-script``) lists more slots than the job has ranks or no longer lists a
   host of the job; otherwise never. ``HostsUpdatedInterrupt`` raised by the script itself still
@@ -36,8 +38,9 @@ details. What differs from Horovod, and why:
   (``DEFAULT_RESET_LIMIT``, 5), so a failure that recurs before training can commit again ends
   the job instead of looping; failures spread over a long job do not add up. The job's total
   is the driver's ``horovodliterun --reset-limit`` (default: no limit, as horovodrun's).
-- ``commit()`` is a barrier, so every rank's last commit is the same point of training;
-  ``run`` returns only when every rank's function has returned.
+- Under ``HOROVOD_ELASTIC_ROLLBACK=commit``, ``commit()`` is a barrier, so every rank's last
+  commit is the same point of training; ``run`` returns only when every rank's function has
+  returned.
 - ``sync()`` sends rank 0's current state and makes it every rank's snapshot; snapshots of
   plain attributes are deep copies.
 """

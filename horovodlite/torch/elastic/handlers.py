@@ -2,7 +2,8 @@
 
 One handler per attribute. Every handler keeps its own snapshot (``save``), puts it back
 (``restore``, local) and makes every rank's object equal to rank 0's (``sync``, collective:
-every rank calls it in the same order, see ``TorchState.sync``). Snapshots are deep copies held
+every rank calls it in the same order, see ``TorchState.sync``; under rollback "step", to the
+rank ``TorchState`` chooses: ``source``). Snapshots are deep copies held
 in memory: a model's snapshot costs as much memory as the model.
 
 | value                               | sync                                                   |
@@ -54,14 +55,24 @@ class StateHandler:
     rank by default)."""
 
     process_set = global_process_set
+    source: int | None = None  # rollback "step": the rank TorchState.sync chose (state.py)
+    bulky = False  # the model and the optimizers: not sent when every rank holds the same
 
     @property
     def root(self) -> int:
-        """The global rank the state is taken from: the first of the process set."""
+        """The global rank the state is taken from: ``source`` when set, else the first of the
+        process set."""
+        if self.source is not None:
+            return self.source
         return self.process_set.ranks[0] if _id_of(self.process_set) else 0
 
     def __init__(self, name: str, value) -> None:
         self.name = name
+        self.value = value
+        self.save()
+
+    def adopt(self, value) -> None:
+        """The attribute now holds ``value`` (``state.model = new_model``): snapshot it."""
         self.value = value
         self.save()
 
@@ -87,6 +98,8 @@ class StateHandler:
 class ModelHandler(StateHandler):
     """``torch.nn.Module``: parameters and buffers (``state_dict``)."""
 
+    bulky = True
+
     def restore(self) -> None:
         self.value.load_state_dict(self._saved)  # copies into the existing tensors
 
@@ -103,8 +116,12 @@ class OptimizerHandler(StateHandler):
     die with the runtime at the reset), so the retried step starts clean - also after a
     ``HostsUpdatedInterrupt``, which resets without restoring."""
 
+    bulky = True
+
     def __init__(self, name: str, value) -> None:
         self.sharded = isinstance(value, _ShardedOptimizer)
+        self.steps = 0  # steps applied (rollback "step" syncs from the rank with the most)
+        self._hook = value.register_step_post_hook(self._stepped)
         if not self.sharded:
             super().__init__(name, value)
             return
@@ -112,6 +129,17 @@ class OptimizerHandler(StateHandler):
         # job builds its TorchState alone: no snapshot yet. hvd.elastic.run starts with a sync,
         # which ends with save() on every rank.
         self.name, self.value, self._saved = name, value, None
+
+    def _stepped(self, optimizer, args, kwargs) -> None:
+        if optimizer is self.value:
+            self.steps += 1
+
+    def adopt(self, value) -> None:
+        """``state.optimizer = another``: count that one's steps."""
+        self._hook.remove()
+        self.sharded = isinstance(value, _ShardedOptimizer)
+        self._hook = value.register_step_post_hook(self._stepped)
+        super().adopt(value)
 
     def save(self) -> None:
         if self.sharded:  # collective, whatever consolidate_state_dict holds for a rank-0 save
@@ -197,20 +225,39 @@ class OptimizerHandler(StateHandler):
 class SamplerHandler(StateHandler):
     """``ElasticSampler``: a sample processed on any rank is processed for everyone.
 
-    ``sync`` gathers every rank's state in one collective and loads rank 0's epoch with the
-    union of the processed indices, which re-partitions what is left over the ranks."""
+    ``sync`` gathers every rank's state in one collective and loads the root's epoch (rank 0,
+    or the rank rollback "step" syncs from) with the union of the processed indices of the
+    ranks in that epoch, which re-partitions what is left over the ranks."""
 
     def sync(self) -> None:
         states = allgather_object(self.value.state_dict(), name=f"elastic.{self.name}",
                                   process_set=self.process_set)
-        merged = dict(states[0])
-        merged["processed_indices"] = sorted(set().union(*(s["processed_indices"]
-                                                           for s in states)))
+        ranks = self.process_set.ranks if _id_of(self.process_set) else range(len(states))
+        merged = dict(states[list(ranks).index(self.root)])
+        merged["processed_indices"] = sorted(set().union(*(
+            s["processed_indices"] for s in states if s["epoch"] == merged["epoch"])))
         self.value.load_state_dict(merged)
+
+
+class GradScalerHandler(StateHandler):
+    """``torch.amp.GradScaler``: its state dict (scale, growth tracker) as any object's; after a
+    reset also the per-optimizer stages of the step that failed. A failure after
+    ``scaler.unscale_(opt)`` left that optimizer "unscaled" with that step's inf check: the
+    retried step's ``scaler.step(opt)`` would then skip its own unscale and apply gradients
+    still multiplied by the scale. ``update()`` forgets them; after a reset, this does."""
+
+    def on_reset(self) -> None:
+        from collections import defaultdict
+
+        from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+        self.value._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
 
 def handler_for(name: str, value) -> StateHandler | None:
     """The handler for ``value``, or None for a plain attribute (pickled as is)."""
+    if isinstance(value, torch.amp.GradScaler):
+        return GradScalerHandler(name, value)
     if isinstance(value, torch.nn.Module):
         return ModelHandler(name, value)
     if isinstance(value, torch.optim.Optimizer):
@@ -223,4 +270,5 @@ def handler_for(name: str, value) -> StateHandler | None:
     return None
 
 
-__all__ = ["StateHandler", "ModelHandler", "OptimizerHandler", "SamplerHandler", "handler_for"]
+__all__ = ["StateHandler", "ModelHandler", "OptimizerHandler", "SamplerHandler",
+           "GradScalerHandler", "handler_for"]

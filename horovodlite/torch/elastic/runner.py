@@ -5,8 +5,10 @@ Protocol of one call ``train(state, *args)`` (every rank runs it):
 1. ``state.sync()``: every rank takes rank 0's state.
 2. ``train(state, *args)``; when it returns, a barrier: ``run`` returns only once every rank's
    function has returned, so a rank that fails late still finds its peers ready to retry.
-3. On ``HorovodInternalError`` (from any of the above): ``state.restore()`` to the last commit,
-   then the reset (4-6) and back to 1.
+3. On ``HorovodInternalError`` (from any of the above): under rollback ``commit``,
+   ``state.restore()`` to the last commit; under rollback ``step`` (the default: state.py)
+   nothing is restored, and the sync of 1 takes the state of the survivor that applied the most
+   steps. Then the reset (4-6) and back to 1.
    On ``HostsUpdatedInterrupt``: no restore; the reset (4-6), then back to 1 - or to 2 without
    the sync if the interrupt says ``skip_sync``. When it retires the ranks of hosts the
    discovery script no longer lists (discovery.py), ``state.sync()`` runs once more first, with
@@ -46,6 +48,7 @@ from horovodlite.common.exceptions import (
     HorovodInternalError,
     HostsUpdatedInterrupt,
 )
+from horovodlite.torch import step_vote
 from horovodlite.torch.collectives import barrier
 from horovodlite.torch.mpi_ops import shutdown
 
@@ -228,12 +231,15 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
                 # was interrupted, one that just joined - runs the same collectives
                 getattr(state, "agree_on_commit", lambda: None)()
                 state.sync()
-            result = func(state, *args, **kwargs)
+            with step_vote.voting(_rollback(state) == "step"):
+                result = func(state, *args, **kwargs)
             finish()
             return result
         except HorovodInternalError as exc:
-            error, skip_sync, skip_restore = exc, False, False
-            state.restore()
+            error, skip_sync = exc, False
+            skip_restore = _rollback(state) == "step"
+            if not skip_restore:
+                state.restore()
         except HostsUpdatedInterrupt as exc:
             error, skip_sync, skip_restore = exc, exc.skip_sync, True
             if _retiring():  # the leaving ranks' processed samples must count: sync with them
@@ -246,7 +252,9 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
                                f"in a row without a commit (reset_limit={reset_limit})")
             raise error
         resets += 1
-        rolled_back = "" if skip_restore else " (state rolled back to the last commit)"
+        rolled_back = (" (state rolled back to the last commit)" if not skip_restore else
+                       " (no rollback: the survivors keep their state)"
+                       if isinstance(error, HorovodInternalError) else "")
         _log(f"reset {resets} of at most {reset_limit}{rolled_back} after "
              f"{type(error).__name__}: {error}")
         before = basics.size() if basics.is_initialized() else None
@@ -266,15 +274,27 @@ def retry_loop(func, state, args, kwargs, reset_limit: int, reset=_reinit,
                      f"{exc}")
         if basics.is_initialized() and basics.rank() == 0:
             at = f"commit {state.commits}" if state.commits else "the start (no commit yet)"
+            if _rollback(state) == "step":  # every step applied is a commit
+                at = f"step {_applied(state)} (no rollback; {state.commits} commits)"
             sizes = f"{before} -> {basics.size()}" if before else f"{basics.size()}"
             _log(f"continuing from {at} with {sizes} ranks")
         state.on_reset()
 
 
-def _commits(state) -> int:
-    """How many commits ``state`` has had (commit() is collective, so every rank agrees);
-    0 for a state without the counter."""
-    return getattr(state, "commits", 0)
+def _commits(state) -> tuple:
+    """How far ``state`` got: its commits (commit() is collective, so every rank agrees) and
+    the optimizer steps it applied; 0 for a state without the counters."""
+    return getattr(state, "commits", 0), _applied(state)
+
+
+def _applied(state) -> int:
+    return getattr(state, "applied", 0)
+
+
+def _rollback(state) -> str:
+    """``step`` or ``commit`` (state.py); ``commit`` for a state that does not say."""
+    mode = getattr(state, "rollback_mode", None)
+    return mode() if callable(mode) else "commit"
 
 
 def _retiring() -> bool:

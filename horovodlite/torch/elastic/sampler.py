@@ -12,10 +12,14 @@ starting at its rank:
    samples and therefore runs the same number of steps (collectives stay in lockstep);
 4. rank r takes positions r, r + size, r + 2 size, ...
 
-``record_batch``/``record_indices`` add to this rank's processed set. The set is rank-local
-until ``TorchState.sync`` merges every rank's set (union) and calls ``load_state_dict``, which
-partitions the remaining indices again (``reset``). ``set_epoch`` starts a new epoch with
-nothing processed.
+``record_batch(b, size)`` marks batch ``b`` of *every* rank processed: the ranks step together,
+so when this rank's step ``b`` applied, every rank's batch ``b`` was in its reduction - and every
+rank can compute every rank's share (the order above is the same everywhere). A rank that is
+lost later is then not lost with what it trained on: its samples of the steps that were applied
+are processed, and the survivors do not see them again. ``record_indices`` adds only the
+indices given (this rank's, typically). ``TorchState.sync`` merges every rank's set (union) and
+calls ``load_state_dict``, which partitions the remaining indices again (``reset``).
+``set_epoch`` starts a new epoch with nothing processed.
 """
 
 from __future__ import annotations
@@ -27,12 +31,10 @@ import torch
 from horovodlite.common.basics import rank, size
 
 
-def partition(num_items: int, processed, shuffle: bool, seed: int, epoch: int,
-              num_replicas: int, replica: int) -> list[int]:
-    """The indices ``replica`` of ``num_replicas`` processes this epoch (steps 1-4 above).
-
-    Pure function of its arguments: every rank gets a consistent share without communicating.
-    """
+def ordered(num_items: int, processed, shuffle: bool, seed: int, epoch: int,
+            num_replicas: int) -> list[int]:
+    """Steps 1-3 above: every replica's indices this epoch, interleaved (replica r takes
+    positions r, r + num_replicas, ...). Pure function of its arguments."""
     remaining = [i for i in range(num_items) if i not in processed]
     if shuffle and remaining:
         g = torch.Generator()
@@ -40,8 +42,17 @@ def partition(num_items: int, processed, shuffle: bool, seed: int, epoch: int,
         order = torch.randperm(len(remaining), generator=g).tolist()
         remaining = [remaining[i] for i in order]
     per_replica = math.ceil(len(remaining) / num_replicas)
-    padded = [remaining[i % len(remaining)] for i in range(per_replica * num_replicas)]
-    return padded[replica::num_replicas]
+    return [remaining[i % len(remaining)] for i in range(per_replica * num_replicas)]
+
+
+def partition(num_items: int, processed, shuffle: bool, seed: int, epoch: int,
+              num_replicas: int, replica: int) -> list[int]:
+    """The indices ``replica`` of ``num_replicas`` processes this epoch (steps 1-4 above).
+
+    Pure function of its arguments: every rank gets a consistent share without communicating.
+    """
+    return ordered(num_items, processed, shuffle, seed, epoch, num_replicas)[
+        replica::num_replicas]
 
 
 class ElasticSampler(torch.utils.data.Sampler):
@@ -82,8 +93,11 @@ class ElasticSampler(torch.utils.data.Sampler):
         return self.indices[start:start + batch_size]
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Marks this rank's batch ``batch_idx`` (counted since the last reset) as processed."""
-        self.record_indices(self.get_indices(batch_idx, batch_size))
+        """Marks batch ``batch_idx`` (counted since the last reset) of every rank as processed:
+        call it once the step that trained on it is applied (see the top)."""
+        n = self.num_replicas
+        self.record_indices(self._order[batch_idx * batch_size * n:
+                                        (batch_idx + 1) * batch_size * n])
 
     def record_indices(self, indices) -> None:
         """Marks dataset ``indices`` as processed by this rank."""
@@ -106,8 +120,10 @@ class ElasticSampler(torch.utils.data.Sampler):
         """Partitions the not-yet-processed indices over the current ranks."""
         self.num_replicas = size()
         self.rank = rank()
-        self.indices = partition(len(self.dataset), self.processed_indices, self.shuffle,
-                                 self.seed, self.epoch, self.num_replicas, self.rank)
+        # every rank's share, interleaved: rank r's batch b is _order[(b * bs + j) * n + r]
+        self._order = ordered(len(self.dataset), self.processed_indices, self.shuffle,
+                              self.seed, self.epoch, self.num_replicas)
+        self.indices = self._order[self.rank::self.num_replicas]
         self.num_samples = len(self.indices)
         self.total_size = self.num_samples * self.num_replicas
 

@@ -17,6 +17,17 @@ Life cycle, on every rank:
   pending one replaced, kept by reference until the second barrier: no copy is made, but two
   snapshots exist during a commit.
 - ``restore()``: back to the last snapshot (local).
+- Rollback ``step`` (``HOROVOD_ELASTIC_ROLLBACK``/``--elastic-rollback``, the default): after
+  a failure nothing is restored. Every completed step is a commit: the survivors keep their live
+  state, and ``sync`` takes it from the survivor that applied the most optimizer steps (lowest
+  rank among them; ``_source``). Every step first takes part in a vote (torch/step_vote.py): a
+  rank whose reductions or vote failed applied nothing of that step; a rank whose vote
+  completed before the failure applied it, and gives it to the others.
+  So at most the step in flight is lost, and ``commit()`` takes no snapshot (it only checks for
+  host updates). When every survivor applied as many steps and none is new, the model and the
+  optimizers are not sent at all (they are equal); the other objects are (small). Rollback
+  ``commit`` is Horovod's behaviour. A state with a sharded optimizer, or one trained by a
+  process set, rolls back to the commit whatever the setting (``rollback_mode``).
 - ``sync()``: every rank takes rank 0's current state (collective), which then becomes every
   rank's snapshot too. Called by ``run`` before the first attempt and after each reset.
 - ``on_reset()``: the callbacks given to ``register_reset_callbacks``, after each reset.
@@ -33,6 +44,7 @@ import copy
 
 import torch
 
+from horovodlite.common import launch_env
 from horovodlite.common.basics import is_initialized, rank
 from horovodlite.common.exceptions import HostsUpdatedInterrupt
 from horovodlite.common.process_sets import global_process_set
@@ -58,6 +70,19 @@ class State:
         self._get_rank = get_rank or rank
         self._reset_callbacks: list = []
         self.commits = 0  # how many commit() calls this state has had (for the logs)
+        # None: never synced; True: a sync completed here, and no later one overwrote the state
+        # part way; False: one did (rollback "step": this rank cannot be the next source)
+        self._synced: bool | None = None
+
+    def rollback_mode(self) -> str:
+        """``commit`` for a State subclass of the user's: only its own save/restore/sync know
+        what a consistent state is (``ObjectState`` and ``TorchState``: the setting)."""
+        return "commit"
+
+    @property
+    def applied(self) -> int:
+        """Optimizer steps this state has applied (``TorchState``: counted by step hooks)."""
+        return 0
 
     def register_reset_callbacks(self, callbacks) -> None:
         """Adds callables run (in order, no arguments) after each reset, before ``sync``:
@@ -72,6 +97,10 @@ class State:
         """Collective: every rank reaches this point, then snapshots (``save``) and checks for
         host updates; two barriers around the snapshot (see the top), skipped when horovodlite
         is not initialised."""
+        if self.rollback_mode() == "step":  # every completed step is a commit: no snapshot
+            self.commits += 1
+            self._check_host_updates(saved=True)
+            return
         if not is_initialized():
             self.save()
             self.commits += 1
@@ -93,8 +122,8 @@ class State:
         to the snapshot before it otherwise, so every rank restores the same commit."""
         from horovodlite.torch.functions import allgather_object
 
-        if not is_initialized():  # nothing to agree with (commit() took no pending snapshot)
-            return
+        if not is_initialized() or self.rollback_mode() == "step":
+            return  # nothing to agree with (commit() took no pending snapshot)
         pending = getattr(self, "_pending", False)
         every = allgather_object((self.commits, pending), name="elastic.commits")
         if not pending:
@@ -138,14 +167,14 @@ class State:
                                   name="elastic.round").item())
             elastic_worker.announce(newer)
             if newer >= 0:
-                if not saved:
+                if not saved and self.rollback_mode() == "commit":
                     self._before_hosts_update()
                 raise HostsUpdatedInterrupt(skip_sync=False)
             return
         if discovery.active():
             add, retire = discovery.updates_agreed()
             if add > 0 or retire:
-                if not saved:
+                if not saved and self.rollback_mode() == "commit":
                     self._before_hosts_update()
                 raise HostsUpdatedInterrupt(skip_sync=False)
 
@@ -188,20 +217,64 @@ class ObjectState(State):
     def _restore_refs(self, refs) -> None:
         self._saved_objects = refs[""]
 
+    def rollback_mode(self) -> str:
+        """``step`` or ``commit`` (see the top): the setting, but ``commit`` where this state
+        cannot choose the rank it syncs from (a ``bcast_object`` of the user's)."""
+        mode = launch_env.rollback()
+        return "commit" if self._bcast_object is not _broadcast_from_root else mode
+
+    def _source(self) -> tuple:
+        """Collective under rollback ``step``: (the rank to take the state from, whether the
+        model and optimizers must be sent too). See the top."""
+        if self.rollback_mode() != "step" or not is_initialized():
+            return 0, True
+        from horovodlite.torch.functions import allgather_object
+
+        every = allgather_object((self.applied, self.commits, self._synced),
+                                 name="elastic.progress")
+        clean = [r for r, (_, _, synced) in enumerate(every) if synced]
+        if not clean:
+            if any(synced is False for _, _, synced in every):
+                raise RuntimeError(
+                    "hvd.elastic: no rank holds a whole state to continue from: the rank that "
+                    "was sending its state to the others after a failure was lost too, and "
+                    "each survivor holds part of it (rollback 'step' keeps no snapshot). "
+                    "Restart from your checkpoint, or set HOROVOD_ELASTIC_ROLLBACK=commit "
+                    "(horovodliterun --elastic-rollback commit) to keep one at every commit")
+            return 0, True  # nothing trained yet: the start
+        most = max(every[r][0] for r in clean)
+        source = min(r for r in clean if every[r][0] == most)
+        return source, len(clean) < len(every) or any(e[0] != most for e in every)
+
     def sync(self) -> None:
-        """Rank 0's current attribute values and commit count to every rank (one
-        ``broadcast_object``), then ``save()``: every rank's snapshot is the synchronised
-        state."""
+        """Every rank takes the current attribute values and commit count of one rank (rank 0;
+        under rollback ``step`` the one ``_source`` names), then ``save()``: every rank's
+        snapshot is the synchronised state."""
+        source, everything = self._source()
+        self._sync_from(source, everything)
+        self._synced = True
+
+    def _sync_from(self, source: int, everything: bool) -> None:
         if self._object_names or is_initialized():
-            root = self._bcast_object({"objects": {n: getattr(self, n)
-                                                   for n in self._object_names},
-                                       "commits": self.commits})
+            mine = {"objects": {n: getattr(self, n) for n in self._object_names},
+                    "commits": self.commits, "steps": self._steps()}
+            root = (self._bcast_object(mine) if source == 0 else
+                    broadcast_object(mine, source, name="elastic.objects"))
             for name, value in root["objects"].items():
                 setattr(self, name, value)
             # The same count everywhere (a worker that joined starts at 0): agree_on_commit
             # compares them.
             self.commits = root["commits"]
-        self.save()
+            self._set_steps(root["steps"])
+        if self.rollback_mode() == "commit":
+            self.save()
+
+    def _steps(self) -> dict:
+        """The optimizer steps applied, per attribute (``TorchState``)."""
+        return {}
+
+    def _set_steps(self, steps: dict) -> None:
+        """Takes the source's counts (``sync``)."""
 
 
 class TorchState(ObjectState):
@@ -229,14 +302,34 @@ class TorchState(ObjectState):
     def __setattr__(self, name, value) -> None:
         handlers = self.__dict__.get("_handlers")
         if handlers is not None and name in handlers and handlers[name].value is not value:
-            handlers[name].value = value
-            handlers[name].save()
+            handlers[name].adopt(value)
         super().__setattr__(name, value)
 
     def save(self) -> None:
         for handler in self._handlers.values():
             handler.save()
         super().save()
+
+    def rollback_mode(self) -> str:
+        """The setting, but ``commit`` for a sharded optimizer (a lost rank's shard exists
+        only in the last commit's snapshot) and for a state trained by a process set."""
+        if any(getattr(h, "sharded", False) for h in self._handlers.values()):
+            return "commit"
+        if self._process_set() is not global_process_set:
+            return "commit"
+        return super().rollback_mode()
+
+    @property
+    def applied(self) -> int:
+        return sum(self._steps().values())
+
+    def _steps(self) -> dict:
+        return {n: h.steps for n, h in self._handlers.items() if isinstance(h, OptimizerHandler)}
+
+    def _set_steps(self, steps: dict) -> None:
+        for name, count in steps.items():
+            if name in self._handlers:
+                self._handlers[name].steps = count
 
     def _snapshot_refs(self):
         refs = {f"handler.{n}": h._saved for n, h in self._handlers.items()}
@@ -277,18 +370,24 @@ class TorchState(ObjectState):
                 and (ps := getattr(h.value, "process_set", None)) is not None}
         return next(iter(sets.values())) if len(sets) == 1 else global_process_set
 
-    def sync(self) -> None:
+    def _sync_from(self, source: int, everything: bool) -> None:
         """Collective. Handlers in attribute-name order (the same on every rank whatever the
         keyword order), then the plain attributes, then ``save()``. The handlers' objects are
         taken from the first rank of the DistributedOptimizer's process set, over that set: a
-        rank outside it trains alone (the optimizer reduces nothing there) and keeps its own."""
+        rank outside it trains alone (the optimizer reduces nothing there) and keeps its own.
+        Under rollback ``step`` from ``source``; the model and optimizers only when
+        ``everything`` (see the top), and a rank that takes them holds part of a state until
+        they all arrived (``_synced`` false: it cannot be the next source)."""
         ps = self._process_set()
+        if everything and rank() != source and self.rollback_mode() == "step":
+            self._synced = False
         for name in sorted(self._handlers):
             handler = self._handlers[name]
             handler.process_set = ps
-            if ps.included():
+            handler.source = source if self.rollback_mode() == "step" else None
+            if ps.included() and (everything or not handler.bulky):
                 handler.sync()
-        super().sync()
+        super()._sync_from(source, everything)
 
 
 __all__ = ["State", "ObjectState", "TorchState"]
