@@ -39,16 +39,10 @@ def active() -> bool:
 def vote(process_set=None) -> None:
     """Collective over ``process_set``: returns once every rank reached its step; raises
     ``HorovodInternalError`` where one failed."""
-    from horovodlite.torch.mpi_ops import allreduce
+    from horovodlite.torch.mpi_ops import Sum, allreduce
 
     kwargs = {} if process_set is None else {"process_set": process_set}
-    allreduce(torch.zeros(1, dtype=torch.int32), name=NAME, op=_sum(), **kwargs)
-
-
-def _sum():
-    from horovodlite.torch.mpi_ops import Sum
-
-    return Sum
+    allreduce(torch.zeros(1, dtype=torch.int32), name=NAME, op=Sum, **kwargs)
 
 
 __all__ = ["voting", "active", "vote", "NAME"]
