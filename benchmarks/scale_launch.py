@@ -48,6 +48,7 @@ import argparse
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -129,10 +130,20 @@ def launch(n: int, launcher: str, delay: float = SSH_DELAY, timeout: float = 170
 class _Proc:
     """A worker's process that runs on (the driver's view of a remote agent)."""
 
-    pid = 0
+    pid = None
 
     def poll(self):
         return None
+
+
+def _stand_in(number: int, host: str, signals: dict):
+    """A worker of the driver whose signals are recorded in ``signals[number]``, not sent:
+    there is no process behind it."""
+    from horovodlite.runner import elastic_driver
+
+    worker = elastic_driver.Worker(number, host, False, _Proc())
+    worker.signal = signals.setdefault(number, []).append
+    return worker
 
 
 def elastic_round(n: int) -> dict:
@@ -150,6 +161,7 @@ def elastic_round(n: int) -> dict:
     slots = [(h.split(":")[0], int(h.split(":")[1])) for h in args.hosts.split(",")]
     job = elastic_driver.ElasticJob(args, slots, {})
     job.reports = ReportServer(bind=job.addr, on_lost=lambda *_: None)
+    signals: dict = {}
     quiet = elastic_driver.say
     elastic_driver.say = lambda text: None  # a round's layout line names every host
     try:
@@ -158,7 +170,7 @@ def elastic_round(n: int) -> dict:
             for host, count in job.slots.items():
                 for _ in range(count):
                     number = len(job.workers)
-                    job.workers[number] = elastic_driver.Worker(number, host, False, _Proc())
+                    job.workers[number] = _stand_in(number, host, signals)
                     job.reports.ranks.append(Rank(number, host, 0))
             job.members = list(job.workers)
             began = time.perf_counter()
@@ -182,7 +194,11 @@ def elastic_round(n: int) -> dict:
     return {"case": "elastic_round", "launcher": "elastic", "ranks": n,
             "seconds": round(seconds, 4), "idle": round(idle, 4), "publish_first": round(first, 4),
             "round": published.number, "members": published.size,
-            "membership_ok": published.workers == expected and not published.end}
+            "membership_ok": published.workers == expected and not published.end,
+            # the lost host's workers, and only they, are told to stop (SIGTERM)
+            "stopped_ok": {w for w, sigs in signals.items() if sigs} == {
+                w for w in job.workers if job.workers[w].host == lost}
+            and all(sigs in ([], [signal.SIGTERM]) for sigs in signals.values())}
 
 
 def store_rendezvous(n: int, timeout: float = 120.0, per_process: int = 128) -> dict:

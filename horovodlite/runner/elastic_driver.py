@@ -209,7 +209,8 @@ class ElasticJob(Discovery):
                 self.workers[w].left = f"lost with its host: {why}"
                 if host in self.seen_lost:
                     self.reports.tell_failed(w, host, why)
-                self._stop(w)  # one that still runs there (a Slurm step of it killed) waits no more
+                # one that still runs there (a Slurm step of it killed) waits no more
+                self.workers[w].signal(signal.SIGTERM)
             self.seen_lost.add(host)
             self.members = [w for w in self.members if w not in dict(gone)]
             lines.append(f"lost {host} ({names}): {why}; blacklisted "
@@ -231,15 +232,6 @@ class ElasticJob(Discovery):
                          f"{self.blacklist.add(w.host, now)}")
         return lines + self._leave_with_host(failed_on, round_members)
 
-    def _stop(self, number: int) -> None:
-        """SIGTERM to a worker's process group (its rank here; ssh or srun for a rank elsewhere,
-        which pass it on) if it still runs."""
-        if self.workers[number].running():
-            try:
-                os.killpg(self.workers[number].proc.pid, signal.SIGTERM)
-            except OSError:
-                pass  # it ended already
-
     def _leave_with_host(self, hosts: list, round_members: list) -> list:
         """A worker failed on each of ``hosts``: while the job has workers on other hosts, the
         host's other workers leave it too (stopped: SIGTERM), as with horovodrun, which drops a
@@ -255,7 +247,7 @@ class ElasticJob(Discovery):
             for number in rest:
                 self.workers[number].left = (f"stopped: a worker failed on its host {host}, "
                                              "which left the job")
-                self._stop(number)
+                self.workers[number].signal(signal.SIGTERM)
             lines.append(f"rank{'s' if len(rest) > 1 else ''} {ranks} on {host} leave"
                          f"{'' if len(rest) > 1 else 's'} the job with its host (a worker failed "
                          "there; the job goes on on its other hosts)")
@@ -334,10 +326,7 @@ class ElasticJob(Discovery):
             worker.left = "stopped: the training finished without it (added as it ended)"
             say(f"worker {number} on {worker.host} is stopped: the training finished without "
                 "it (added as it ended)")
-            try:
-                os.killpg(worker.proc.pid, signal.SIGTERM)
-            except OSError:
-                pass  # it ended already
+            worker.signal(signal.SIGTERM)
         return True
 
     def done(self) -> bool:
@@ -348,11 +337,7 @@ class ElasticJob(Discovery):
 
     def signal_all(self, sig) -> None:
         for w in self.workers.values():
-            if w.running():
-                try:
-                    os.killpg(w.proc.pid, sig)
-                except OSError:
-                    pass
+            w.signal(sig)
 
     def run(self, initial: list) -> int:
         from horovodlite.runner.rendezvous_server import RendezvousServer

@@ -3,6 +3,7 @@ started, the hosts it blacklisted after failures, and each worker's start assign
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass, field
 
@@ -22,6 +23,19 @@ class Worker:
 
     def running(self) -> bool:
         return self.proc.poll() is None
+
+    def signal(self, sig) -> None:
+        """``sig`` to the worker's process group (its own session: the rank, or the ssh or srun
+        that runs it elsewhere and passes it on) while it runs. A pid below 1 is refused: to
+        killpg it names the caller's own group (the driver, and whatever started it)."""
+        if self.proc.pid is None or self.proc.pid < 1:
+            raise ValueError(f"worker {self.number} on {self.host}: no process to signal "
+                             f"(pid {self.proc.pid})")
+        if self.running():
+            try:
+                os.killpg(self.proc.pid, sig)
+            except OSError:
+                pass  # it ended already
 
 
 @dataclass

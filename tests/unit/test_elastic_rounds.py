@@ -4,6 +4,8 @@ and the round tag on the launcher's notices - no processes, an in-memory store."
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import threading
 import time
 
@@ -13,6 +15,7 @@ import torch.distributed as dist
 from horovodlite.common import elastic_rounds as er
 from horovodlite.runner import task
 from horovodlite.runner.elastic_driver import Blacklist
+from horovodlite.runner.elastic_places import Worker
 
 
 def test_a_round_round_trips_and_knows_its_ranks():
@@ -70,6 +73,25 @@ def test_the_driver_blacklist_for_good_or_with_a_doubling_cooldown():
     assert cool.blocked("h", 1.9) and not cool.blocked("h", 2.1)
     assert cool.add("h", 10.0) == "for 4 s (--blacklist-cooldown-range)"
     assert cool.add("h", 20.0) == "for 5 s (--blacklist-cooldown-range)"
+
+
+def test_the_driver_signals_a_workers_own_group_and_never_its_own():
+    """Worker.signal: SIGTERM to the worker's session while it runs, nothing once it ended; a
+    pid below 1 is refused (os.killpg(0) would end the driver's group: a stand-in of the
+    scale benchmark with pid 0 once ended the test session that ran it)."""
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    worker = Worker(0, "h", True, proc)
+    worker.signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == -signal.SIGTERM
+    worker.signal(signal.SIGTERM)  # ended: nothing to do, no error
+
+    class NoProcess:
+        pid = 0
+
+        def poll(self):
+            return None
+    with pytest.raises(ValueError, match="worker 1 on h: no process to signal"):
+        Worker(1, "h", False, NoProcess()).signal(signal.SIGTERM)
 
 
 def test_the_wrapper_tags_an_elastic_notice_with_its_round(monkeypatch):

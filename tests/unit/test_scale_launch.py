@@ -40,7 +40,7 @@ def test_elastic_round(n):
     assert row["case"] == "elastic_round" and row["ranks"] == n
     assert row["round"] == 1
     assert row["members"] == n - (8 if n >= 16 else 1)
-    assert row["membership_ok"], row
+    assert row["membership_ok"] and row["stopped_ok"], row
 
 
 @pytest.mark.parametrize("n", SIZES)
