@@ -46,7 +46,8 @@
 # OUTDIR gets <step>.log for each step, steps.tsv (step, status, exit code, seconds) and
 # results.json (scripts/gpu_check_report.py: each step's status and the parsed figures).
 # HVDL_GPU_CHECK_SECONDS (default 360) is the whole budget; PYTHON the interpreter (python3);
-# HVDL_GPU_CHECK_PROFILE_ARGS more arguments for benchmarks/gpu_profile.py (tests).
+# HVDL_GPU_CHECK_PROFILE_ARGS more arguments for benchmarks/gpu_profile.py (tests);
+# HVDL_GPU_CHECK_AB_SECONDS (default 200) the ab-bench step's limit (a loaded CPU stands in).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -242,7 +243,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
   if ((r % 2)); then order="base work"; else order="work base"; fi
   for tree in $order; do ab_cmds+=" && echo 'round $r: $tree' && $(ab_one $tree $r)"; done
 done
-step ab-bench 200 "cd '$OUT' && $ab_cmds"
+step ab-bench "${HVDL_GPU_CHECK_AB_SECONDS:-200}" "cd '$OUT' && $ab_cmds"
 
 "$PY" scripts/gpu_check_report.py "$OUT" "$BUDGET" "$(($(date +%s) - START))" || true
 # One archive of everything the run wrote (the full pip log and CMake logs included).

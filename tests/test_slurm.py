@@ -221,7 +221,9 @@ def test_elastic_in_an_allocation_follows_drain_and_resume(slurm, tmp_path):
         _until("the retired ranks' steps end", lambda: not _rank_steps(slurm, job), 60)
         slurm.run(["scontrol", "update", "nodename=hvdl-host1", "state=resume"])
         _wait_for(out_file, "round 2: 4 workers", 90)
-        assert [n for _, n in _rank_steps(slurm, job)] == ["hvdl-host1"] * 2
+        # the driver says the round as it starts the workers' sruns: their steps come after
+        _until("two ranks' steps on hvdl-host1 again",
+               lambda: [n for _, n in _rank_steps(slurm, job)] == ["hvdl-host1"] * 2, 30)
         fields = _completed(slurm, job, 240)
     finally:
         slurm.run(["scontrol", "update", "nodename=hvdl-host1", "state=resume"])

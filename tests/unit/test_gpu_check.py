@@ -103,9 +103,12 @@ def test_profile_steps_archive_and_report_with_the_cpu_standing_in(tmp_path, cap
 
 def test_ab_bench_alternates_and_reports_with_the_cpu_standing_in(tmp_path, capsys):
     # ab-build is skipped, so "base" imports the same build as "work": the plumbing only.
+    # 8 runs of the benchmark: about 65 s alone, over 200 s (the step's limit on a GPU
+    # machine) beside the suite's other lanes.
     out = tmp_path / "ab"
-    proc = run("--ab", "HEAD", "--only", "ab-bench", str(out), timeout=300,
-               HVDL_GPU_CHECK_AB_ROUNDS="2", **STAND_IN)
+    proc = run("--ab", "HEAD", "--only", "ab-bench", str(out), timeout=660,
+               HVDL_GPU_CHECK_AB_ROUNDS="2", HVDL_GPU_CHECK_AB_SECONDS="600",
+               HVDL_GPU_CHECK_SECONDS="620", **STAND_IN)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     made = sorted(p.parent.name for p in (out / "ab").glob("*/profile.json"))
     assert made == ["base-np1-r1", "base-np1-r2", "base-np2-r1", "base-np2-r2",
