@@ -218,7 +218,7 @@ def test_timeline_stays_valid_json_when_the_job_is_killed(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     ranks = [int(p.name) for p in pids.iterdir()]
-    assert len(ranks) == 2
+    assert len(ranks) == 2, f"ranks that started within 60 s: {ranks}"
 
     def alive(pid):
         try:
@@ -234,8 +234,14 @@ def test_timeline_stays_valid_json_when_the_job_is_killed(tmp_path):
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert not left, f"ranks {left} kept running after their launcher was killed"
-    events = json.loads(path.read_text())
-    assert any(e.get("name") == "MPI_ALLREDUCE" and e.get("ph") == "X" for e in events)
+    text = path.read_text()
+    try:
+        events = json.loads(text)
+    except json.JSONDecodeError as exc:  # where it broke, for a failure seen once under load
+        raise AssertionError(f"not JSON at {exc.pos} of {len(text)} characters ({exc.msg}): "
+                             f"{text[max(0, exc.pos - 400):exc.pos + 100]!r}") from None
+    assert any(e.get("name") == "MPI_ALLREDUCE" and e.get("ph") == "X" for e in events), \
+        f"{len(events)} events, none a whole MPI_ALLREDUCE: {events[:5]}"
 
 
 def test_log_lines_carry_rank_and_host_pid():

@@ -405,7 +405,11 @@ class _DistributedOptimizer(_GradLaunch):
         """Drops this step's reductions after a failure (``hvd.elastic`` rolls back): their
         handles die with the runtime at the elastic reset, so they are not waited for. The
         gradients of the failed step are cleared and accumulation restarts, so the retried
-        step does not add to partial sums."""
+        step does not add to partial sums. A dense gradient is cleared to a dense zero tensor
+        (not to None): a sparse parameter's gradient that ``zero_grad(set_to_none=False)`` or
+        ``broadcast_optimizer_state`` made dense stays dense, so the retried step reduces and
+        applies it as a step without the failure would (found by the combination grid:
+        Adagrad, an embedding's sparse gradient, PowerSGD)."""
         self._hvd_pending.clear()
         if self._hvd_reducer is not None:
             self._hvd_reducer.abandon()
@@ -414,7 +418,9 @@ class _DistributedOptimizer(_GradLaunch):
         self._hvd_reset_counters()
         self._hvd_fresh_sync = False
         for p in self._hvd_params():
-            p.grad = None
+            dense = p.grad is not None and not p.grad.is_sparse
+            # a fresh tensor, not the old one zeroed: it may be a view of a dropped bucket
+            p.grad = torch.zeros_like(p.grad) if dense else None
 
     def add_param_group(self, param_group) -> None:
         """Adds a param group; its parameters get names (generated, or looked up in

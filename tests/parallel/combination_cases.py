@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from powersgd_reference import Reference
 
 import horovodlite.torch as hvd
+from horovodlite.common import launch_env
 from horovodlite.torch.powersgd import initial_q
 
 # Each option and its values; the first value is the default of a case that leaves it out.
@@ -57,9 +58,10 @@ OPTIONS = {
     "compile": ["0", "1"],
     # hvd.elastic.run with a commit per step, and every rank failing once in the middle of a
     # step (after backward, its reductions in flight): horovodlite restarts, no rank applied
-    # the step (rollback "step", the default, restores nothing; a sharded optimizer's state goes
-    # back to the last commit) and the step is trained again.
-    "reset": ["0", "1"],
+    # the step and the step is trained again. "step": HOROVOD_ELASTIC_ROLLBACK=step (the
+    # default) restores nothing (a sharded optimizer's state goes back to the last commit);
+    # "commit": every state goes back to the last commit.
+    "reset": ["0", "step", "commit"],
 }
 STEPS = 4
 OVERFLOW_AT = 1  # the step whose loss overflows on the last rank (GradScaler cases)
@@ -286,7 +288,7 @@ def train_reference(case: dict, parts: list, size: int):
     if case["compression"] == "powersgd" and compressed_here(case):
         powersgd = Reference(POWERSGD["rank"], POWERSGD["warmup_steps"], len(parts),
                              lambda name, m: initial_q(0, name, m, POWERSGD["rank"]), op="sum")
-    if case["reset"] == "1" and model.emb is not None:
+    if case["reset"] != "0" and model.emb is not None:
         # hvd.elastic.run's first sync: broadcast_optimizer_state leaves zeros where .grad was
         # None; under zero_grad(set_to_none=False) the embedding's sparse gradients are then
         # added into them, densely (the other parameters get a gradient every step)
@@ -441,7 +443,15 @@ def train_distributed(case: dict):
             state.step += 1
             state.commit()
 
-    train(state)
+    saved = os.environ.get(launch_env.ELASTIC_ROLLBACK)
+    os.environ[launch_env.ELASTIC_ROLLBACK] = case["reset"]
+    try:
+        train(state)
+    finally:
+        if saved is None:
+            os.environ.pop(launch_env.ELASTIC_ROLLBACK)
+        else:
+            os.environ[launch_env.ELASTIC_ROLLBACK] = saved
     if not failed:
         raise AssertionError("the reset case never failed")
     return model, scaler

@@ -59,7 +59,7 @@ def test_a_seeded_sample_of_combinations():
 REGRESSIONS = [
     # broadcast_optimizer_state (hvd.elastic.run's first sync) left zeros in .grad, which
     # find_unused_parameters' vote took for use under zero_grad(set_to_none=False)
-    "optimizer=adamw,set_to_none=0,params=nobody,reset=1",
+    "optimizer=adamw,set_to_none=0,params=nobody,reset=step",
     # a group whose members PowerSGD compresses and does not (list.remove compared tensors)
     "compression=powersgd,groups=2,params=nobody",
     # PowerSGD's Q and error feedback after a step the scaler skips
