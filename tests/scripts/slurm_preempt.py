@@ -93,6 +93,11 @@ def main():
                 subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
             hvd.shutdown()
             return
+    # Trained to the end: a time-limit warning now has nothing to stop. Python puts the default
+    # action back as it exits, so a SIGUSR1 that came during the exit killed the task and the
+    # finished job ended FAILED (seen on the real Slurm with --signal=USR1@40). Ignored, it
+    # cannot.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if hvd.rank() == 0:
         alone, alone_opt = make()
         for step in range(args.steps):
