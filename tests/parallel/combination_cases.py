@@ -25,6 +25,7 @@ import os
 import random
 import sys
 import traceback
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -443,15 +444,8 @@ def train_distributed(case: dict):
             state.step += 1
             state.commit()
 
-    saved = os.environ.get(launch_env.ELASTIC_ROLLBACK)
-    os.environ[launch_env.ELASTIC_ROLLBACK] = case["reset"]
-    try:
+    with mock.patch.dict(os.environ, {launch_env.ELASTIC_ROLLBACK: case["reset"]}):
         train(state)
-    finally:
-        if saved is None:
-            os.environ.pop(launch_env.ELASTIC_ROLLBACK)
-        else:
-            os.environ[launch_env.ELASTIC_ROLLBACK] = saved
     if not failed:
         raise AssertionError("the reset case never failed")
     return model, scaler
