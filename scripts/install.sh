@@ -122,7 +122,7 @@ pip_install "setuptools>=64" wheel numpy cloudpickle tqdm pyyaml scikit-learn
 [[ "$choice" == none ]] || { pip_install "mpi4py>=4"; pin_installed; }
 if [[ $with_test == 1 ]]; then
   # The `test` extra of pyproject.toml (mpi4py is above, where there is an MPI): its bounds keep
-  # pytest and pytest-xdist at releases the suite's two lanes were checked with.
+  # pytest and pytest-xdist at releases the suite's lanes were checked with.
   mapfile -t test_deps < <("$PY" scripts/test_requirements.py --without mpi4py)
   pip_install "${test_deps[@]}"
   say "test runner: $("$PY" -c 'import importlib.metadata as m

@@ -5,25 +5,28 @@ tests/parallel  every test runs on all ranks under MPI; tests/test_parallel.py l
                 file with horovodliterun at np = 1, 2 and 3. They are only collected inside such
                 a launch (HVDL_PARALLEL_WORKER=1).
 
-Two lanes, and late lanes. The whole builds (tests/test_install.py, tests/test_libstdcxx_build.py,
+Three lanes, and late lanes. The whole builds (tests/test_install.py, tests/test_libstdcxx_build.py,
 tests/test_sanitizers.py: most of this lane's time, all of it compiling), the sdist and the docs
-builds (tests/test_sdist.py, tests/test_docs.py) form the "build" lane; the multi-rank jobs form
-"main". tests/test_parallel.py's jobs (all tests/parallel files at one number of ranks, one job
-per launcher) form one *late* lane per number of ranks, and the single-process tests of
-tests/unit one more late lane ("late-unit"). Under pytest-xdist (``-n 2``, the README's test
-command) each lane is one work unit of the scheduler below, so it runs on one worker of its own,
-in collection order. The two lanes start first, one on each worker; xdist hands a late lane to a
-worker only when its lane is nearly done, so the late lanes fill whichever worker ends first
-instead of leaving it idle while the other still has minutes to go. Until then no two multi-rank
-jobs overlap; a late lane's jobs (correctness checks, with generous timeouts) may overlap the other
-lane's last tests. The build lane runs at a low CPU priority (``nice 19``), filling the time the
-main lane's jobs leave the CPUs idle (waits, timeouts, sleeping ranks); the unit tests' lane at
-``nice 10``, so that the main lane's jobs beside it keep most of the CPU; tests/test_parallel.py's
-lanes at the worker's first priority again. Why the unit tests are a late lane: in a whole run of
-2026-12-07 (fresh venv, `--durations=0`) the main lane took 37.2 min, the build lane 22.0 and
-the late lanes 6.8, so the build worker idled while the main one still had minutes to go; the
-unit tests (4.8 min) moved from the end of the main lane to the worker that ends first. Without
-xdist everything runs in one process, in order.
+builds (tests/test_sdist.py, tests/test_docs.py) form the "build" lane; the multi-rank jobs on
+the test hosts (tests/hosts: network namespaces, Slurm on them) form "hosts", the other
+multi-rank jobs "main". tests/test_parallel.py's jobs (all tests/parallel files at one number of
+ranks, one job per launcher) form one *late* lane per number of ranks, and the single-process
+tests of tests/unit one more late lane ("late-unit"). Under pytest-xdist (``-n 3``, the README's
+test command) each lane is one work unit of the scheduler below, so it runs on one worker of its
+own, in collection order. The three lanes start first, one on each worker; xdist hands a late
+lane to a worker only when its lane is nearly done, so the late lanes fill whichever worker ends
+first instead of leaving it idle while another still has minutes to go. The build lane runs at a
+low CPU priority (``nice 19``), filling the time the multi-rank jobs leave the CPUs idle (waits,
+timeouts, sleeping ranks, shaped links); the unit tests' lane at ``nice 10``; the others at the
+worker's first priority.
+
+Why two multi-rank lanes side by side on 2 cores: the multi-rank jobs mostly wait. In a whole run
+of 2026-12-07 (fresh clone, `--durations=0`, fast state) the single main lane took 33.4 min of
+a 34.6 min session, the build lane 19.4 and the late lanes 12.2; the host jobs were 15.2 min of
+the main lane. tests/test_multihost_elastic.py (245 s in that run) beside tests/test_compat.py
+and tests/test_failures.py (312 s) took 277 s and 259 s, the CPUs 70 % busy. Each lane keeps its
+jobs one after the other; tests that watch the test hosts' processes or Slurm's queue see only
+their own lane's jobs there. Without xdist everything runs in one process, in order.
 
 Why a scheduler of our own: xdist's ``--dist loadgroup`` finds a test's group in a ``@group``
 suffix that its worker writes into ``item._nodeid``; from pytest 9.2 a node's id lives elsewhere,
@@ -57,6 +60,10 @@ os.environ["PATH"] = os.pathsep.join(_path + [d for d in ("/usr/sbin", "/sbin") 
 
 BUILDS = ("test_install.py", "test_libstdcxx_build.py", "test_sdist.py", "test_docs.py",
           "test_sanitizers.py")
+# the files whose jobs run on the test hosts (tests/hosts); tests/test_parallel.py's are late
+HOSTS = ("test_hosts.py", "test_multihost.py", "test_multihost_elastic.py", "test_slurm.py",
+         "test_cluster_env.py", "test_gloo_lost_host.py")
+MULTI_RANK = ("main", "hosts")
 _BASE_NICENESS = os.getpriority(os.PRIO_PROCESS, 0)
 _LANES_KEY = "hvdl_lanes_dir"
 
@@ -74,12 +81,14 @@ def _file_of(path) -> PurePosixPath:
 
 
 def lane_of(path) -> str:
-    """The lane of a test (a node id, or a file's path): "build", "main", or for
+    """The lane of a test (a node id, or a file's path): "build", "hosts", "main", or for
     tests/test_parallel.py "late-npN" (N: the number of ranks in the test's id; "late-" without
     one)."""
     file = _file_of(path)
     if file.name in BUILDS:
         return "build"
+    if file.name in HOSTS and UNIT not in file.parts:
+        return "hosts"
     if file.name == LATE:
         ranks = re.search(r"(np\d+)\]$", str(path))
         return _LATE_PREFIX + (ranks.group(1) if ranks else "")
@@ -90,7 +99,7 @@ def lane_of(path) -> str:
 
 def _niceness(path) -> int:
     """The priority a test runs at in an xdist worker: 19 for whole builds, 10 for the unit
-    tests' late lane, the worker's own for the main lane and tests/test_parallel.py's."""
+    tests' late lane, the worker's own for the multi-rank lanes and tests/test_parallel.py's."""
     lane = lane_of(path)
     if lane == "build":
         return max(19, _BASE_NICENESS)
@@ -107,7 +116,7 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class LanesFirst(OrderedDict):
-        """xdist's queue of work units, handing out "main" and "build" before any late lane
+        """xdist's queue of work units, handing out "main", "hosts" and "build" before any late lane
         whatever the collection order (pytest 9.0 collected tests/unit before
         tests/test_docs.py, and a worker that began with the unit tests was then given the
         build lane)."""
@@ -182,7 +191,7 @@ def _lane_violation(config, lane: str, worker: str) -> str | None:
         if owner != worker:
             return f"the {lane!r} lane is on worker {owner}, and worker {worker} was given its test"
     config._hvdl_lane = lane
-    if lane == "main" and os.getpriority(os.PRIO_PROCESS, 0) > _BASE_NICENESS:
+    if lane in MULTI_RANK and os.getpriority(os.PRIO_PROCESS, 0) > _BASE_NICENESS:
         return (f"worker {worker} is at nice {os.getpriority(os.PRIO_PROCESS, 0)} "
                 f"(the build lane's) and was given a multi-rank test")
     return None
@@ -199,7 +208,7 @@ def _lane(request):
         lane = lane_of(request.node.nodeid)
         why = _lane_violation(config, lane, worker)
         if why:
-            message = ("tests/conftest.py: the suite's two lanes did not hold under pytest-xdist: "
+            message = ("tests/conftest.py: the suite's lanes did not hold under pytest-xdist: "
                        f"{why} (pytest {pytest.__version__}). Run the README's command with the "
                        "pytest and pytest-xdist that pyproject.toml's test extra allows.")
             request.session.shouldstop = message

@@ -55,11 +55,24 @@ def launch(spec: str, np_: int, argv: list, env: dict | None = None, timeout: in
     return retry_if_launcher_did_not_start(run)[2]
 
 
+def _host_pids() -> set:
+    """The processes in the test hosts' network namespaces: the jobs of the suite's other lanes
+    run outside them."""
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    pids = set()
+    for name in re.findall(r"^(hvdl-host\d+)", names, re.MULTILINE):
+        pids.update(subprocess.run(["ip", "netns", "pids", name], capture_output=True,
+                                   text=True).stdout.split())
+    return pids
+
+
 def _job_processes() -> list:
     """Processes of a job (ranks, their wrappers, daemons) still running on any test host."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    on_hosts = _host_pids()
     return [line for line in out.splitlines()
-            if "lost_host_job.py" in line or re.search(r"\bprted\b", line)]
+            if ("lost_host_job.py" in line or re.search(r"\bprted\b", line))
+            and line.split(None, 1)[0] in on_hosts]
 
 
 def _kill_host(name: str) -> None:

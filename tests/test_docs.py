@@ -380,7 +380,7 @@ def test_the_readme_is_short_and_ci_finds_its_test_command():
     # .ci/run's awk: the first line starting with bash or python after the marker line
     after = text.split("Run the whole test suite", 1)[1].split("\n")[1:]
     command = next(line.strip() for line in after if re.match(r"^ *(bash|python)", line))
-    assert command == "bash scripts/install.sh --test && python -m pytest -n 2 --dist loadgroup"
+    assert command == "bash scripts/install.sh --test && python -m pytest -n 3 --dist loadgroup"
     assert "Run the whole test suite" in _read(ROOT / ".ci" / "run")
     from horovodlite._version import __version__
 

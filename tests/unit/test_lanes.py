@@ -1,4 +1,4 @@
-"""The suite's two lanes (tests/conftest.py) as a fresh machine gets them.
+"""The suite's lanes (tests/conftest.py) as a fresh machine gets them.
 
 A fresh venv gets pytest, pytest-xdist and pytest-timeout as `scripts/install.sh --test` installs
 them (the bounds in pyproject.toml's `test` extra, newest release inside them), and runs a dummy
@@ -31,9 +31,9 @@ def test_x(i):
     with open(os.environ["LANES_LOG"], "a") as log:
         print("RAN", os.environ["PYTEST_XDIST_WORKER"], where, os.getpriority(0, 0), file=log)
 """
-# tests/test_install.py: a whole build (nice 19); tests/unit: a late lane (nice 10); the rest:
-# main.
-DUMMY_FILES = ("tests/test_install.py", "tests/unit/test_u.py",
+# tests/test_install.py: a whole build (nice 19); tests/unit: a late lane (nice 10);
+# tests/test_hosts.py: the test hosts' lane; the rest: main.
+DUMMY_FILES = ("tests/test_install.py", "tests/unit/test_u.py", "tests/test_hosts.py",
                "tests/test_a.py", "tests/test_b.py")
 # tests/test_parallel.py: a late lane per number of ranks, at the worker's own priority.
 DUMMY_LATE = DUMMY.replace('@pytest.mark.parametrize("i", range(4))',
@@ -65,7 +65,9 @@ def test_lane_of_every_kind_of_test_file():
     assert lane_of("tests/test_parallel.py::test_process_set_barriers_at_np4") == "late-"
     assert lane_of("tests/test_failures.py::test_x[np2]") == "main"
     assert lane_of("tests/compat/test_x.py::test_z") == "main"
-    assert lane_of("tests/test_hosts.py") == "main"
+    assert lane_of("tests/test_hosts.py") == "hosts"
+    assert lane_of("tests/test_slurm.py::test_y") == "hosts"
+    assert lane_of("tests/unit/test_slurm.py::test_y") == "late-unit"
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,7 @@ def _run(python, where, *extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HVDL_"))}
     env["PYTHONPATH"] = str(where)
     env["LANES_LOG"] = str(where / "lanes.log")
-    proc = subprocess.run([python, "-m", "pytest", "-n", "2", "--dist", "loadgroup",
+    proc = subprocess.run([python, "-m", "pytest", "-n", "3", "--dist", "loadgroup",
                            "-p", "no:cacheprovider", "--timeout", "120", *extra],
                           cwd=where, env=env, capture_output=True, text=True, timeout=300)
     log = where / "lanes.log"
@@ -135,13 +137,13 @@ def test_each_lane_on_one_worker_at_its_priority(fresh_runner, tmp_path):
     unit = by_file["unit/test_u.py"]
     assert len({w for w, _ in unit}) == 1, by_file
     assert {n for _, n in unit} == {max(10, os.getpriority(os.PRIO_PROCESS, 0))}, by_file
-    build_workers = {w for w, _ in build}
-    main_workers = {w for w, _ in main}
-    assert len(build_workers) == 1 and len(main_workers) == 1, by_file
-    assert build_workers != main_workers, by_file
+    hosts = by_file["tests/test_hosts.py"]
+    workers = [{w for w, _ in lane} for lane in (build, main, hosts)]
+    assert [len(w) for w in workers] == [1, 1, 1], by_file
+    assert len(set().union(*workers)) == 3, by_file  # a worker each
     own = os.getpriority(os.PRIO_PROCESS, 0)
     assert {n for _, n in by_file["tests/test_install.py"]} == {19}, by_file
-    assert {n for _, n in main} == {own}, by_file  # never the build lane's priority
+    assert {n for _, n in main | hosts} == {own}, by_file  # never the build lane's priority
 
 
 def test_broken_lanes_stop_the_session_with_one_message(fresh_runner, tmp_path):
@@ -149,7 +151,7 @@ def test_broken_lanes_stop_the_session_with_one_message(fresh_runner, tmp_path):
                      "-p", "force_per_test")
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
-    assert "the suite's two lanes did not hold under pytest-xdist" in out, out[-3000:]
+    assert "the suite's lanes did not hold under pytest-xdist" in out, out[-3000:]
     assert len(ran) < 4 * len(DUMMY_FILES), out[-3000:]
     # No worker ran tests of both lanes: the guard refused the second lane before it started.
     for worker in {w for w, _, _, _ in ran}:
