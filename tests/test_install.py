@@ -9,7 +9,9 @@
 - An sdist built from the tree installs with plain `pip install` into a fresh venv that has
   torch and PyPI's Open MPI, its extension's RUNPATH names no path of any build environment, and
   the allreduce runs from another folder.
-- A non-editable install from an editable checkout leaves the checkout's rebuild-on-import alone.
+- A plain `pip install` without any MPI on PATH (the Gloo controller only) trains under
+  torchrun; it installs from the checkout built in place above, so it also shows that a
+  non-editable install from an editable checkout leaves the checkout's rebuild-on-import alone.
 
 Outside CI an MPI that is not installed is skipped with the reason; under CI (CI=true) it fails.
 
@@ -201,6 +203,7 @@ def test_sdist_installs_with_plain_pip_into_a_fresh_venv(tree, tmp_path):
                          "dirname(horovodlite.__file__))"], env=env, cwd=tmp_path).stdout.strip())
     assert package.is_relative_to(venv), package
     assert not (package / "_editable_build.json").exists()
+    assert (package / "_mpi_build.json").exists()  # the MPI it was built against, for import
     (module,) = package.glob("_C*.so")
     runpath = _runpath(module)
     assert "$ORIGIN/../torch/lib" in runpath, runpath
@@ -220,31 +223,6 @@ def _runpath(module: Path) -> list[str]:
         if "RUNPATH" in line or "RPATH" in line:
             return line.split("[", 1)[1].rstrip("]").split(":")
     return []
-
-
-def test_a_regular_install_keeps_the_checkouts_rebuild_on_import(tree, tmp_path):
-    if not (tree / "horovodlite/_editable_build.json").exists():
-        _build_inplace(tree, MPIS[0].mpicc)
-    wheels = tmp_path / "wheels"
-    proc = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                 "--disable-pip-version-check", "-w", str(wheels), str(tree)], env=_env())
-    assert proc.returncode == 0, proc.output[-4000:]
-    assert (tree / "horovodlite/_editable_build.json").exists()
-    (wheel,) = wheels.glob("*.whl")
-    import zipfile
-
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "horovodlite/_mpi_build.json" in names
-    assert "horovodlite/_editable_build.json" not in names
-
-    # The checkout still rebuilds its extension on import after a C++ change.
-    (module,) = (tree / "horovodlite").glob("_C*.so")
-    before = module.stat().st_mtime_ns
-    (tree / "csrc/core/fusion.cc").touch()
-    proc = _run([sys.executable, "-c", "import horovodlite.torch"], cwd=tmp_path,
-                env=_env(PYTHONPATH=str(tree)))
-    assert proc.returncode == 0, proc.output[-4000:]
-    assert module.stat().st_mtime_ns > before
 
 
 GLOO_ALLREDUCE = (
@@ -277,7 +255,12 @@ def _path_without_mpi(tmp_path: Path) -> list:
 
 def test_a_fresh_venv_without_mpi_installs_and_trains(tree, tmp_path):
     """No MPI on PATH (no mpicc, no mpirun): plain `pip install` builds the Gloo controller
-    only, and torchrun starts a 2-rank job that trains together."""
+    only, and torchrun starts a 2-rank job that trains together. The install is from the
+    checkout that the tests above built in place (as `pip install -e` does), so it is also the
+    regular install from an editable checkout: that leaves the checkout's own build and its
+    rebuild-on-import alone."""
+    if not (tree / "horovodlite/_editable_build.json").exists():
+        _build_inplace(tree, MPIS[0].mpicc)
     venv = tmp_path / "venv"
     assert _run([sys.executable, "-m", "venv", str(venv)]).returncode == 0
     vbin = venv / "bin"
@@ -294,6 +277,16 @@ def test_a_fresh_venv_without_mpi_installs_and_trains(tree, tmp_path):
                          "dirname(horovodlite.__file__))"], env=env, cwd=tmp_path).stdout.strip())
     (module,) = package.glob("_C*.so")
     assert "libmpi" not in _run(["ldd", str(module)]).stdout
+    assert not (package / "_editable_build.json").exists()
+    assert (tree / "horovodlite/_editable_build.json").exists()
+    # The checkout still rebuilds its extension on import after a C++ change.
+    (checkout_module,) = (tree / "horovodlite").glob("_C*.so")
+    before = checkout_module.stat().st_mtime_ns
+    (tree / "csrc/core/fusion.cc").touch()
+    proc = _run([sys.executable, "-c", "import horovodlite.torch"], cwd=tmp_path,
+                env=_env(PYTHONPATH=str(tree)))
+    assert proc.returncode == 0, proc.output[-4000:]
+    assert checkout_module.stat().st_mtime_ns > before
     script = tmp_path / "job.py"
     script.write_text(GLOO_ALLREDUCE)
     job = _run([str(vbin / "torchrun"), "--standalone", "--nproc_per_node=2", str(script)],

@@ -261,8 +261,10 @@ def test_a_node_that_stops_answering_is_named_and_the_job_ends(slurm, tmp_path):
         subprocess.run(["ip", "link", "set", "hvdl-veth1", "up"], check=True)
     out = out_file.read_text()
     assert fields["JobState"] in ("FAILED", "NODE_FAIL"), (fields, out[-4000:])
-    assert re.search(r"lost ranks 2 \(host hvdl-host1\), 3 \(host hvdl-host1\)", out), \
-        out[-4000:]
+    # the ranks of hvdl-host1, each named with its host as its heartbeat runs out: both, or the
+    # first if the job ended before the second's ran out (seen under the suite's load)
+    assert re.search(r"lost ranks? [23] \(host hvdl-host1\)", out), out[-4000:]
+    assert "(host hvdl-host0)" not in out, out[-4000:]  # no rank of the host still up
     assert took < 75, (took, fields, out[-4000:])
     # the node comes back (ReturnToService=2) once its slurmd answers again: responding and
     # not down. (Idle, or "mix" for a while: the lost job's step there reports its end to an

@@ -213,15 +213,20 @@ def test_held_work_is_sent_within_the_hold_limit():
 
 
 def _cpus_of_thread(name: str) -> set:
-    """The CPUs of this process's thread `name` (a new thread names itself once it runs)."""
+    """The CPUs of this process's thread `name` (a new thread names itself once it runs). A
+    restart's old thread of that name may still be ending: wait until only one is left."""
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    while True:
+        found = {}
         for tid in os.listdir("/proc/self/task"):
             with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
                 if f.read().strip() == name:
-                    return os.sched_getaffinity(int(tid))
+                    found[int(tid)] = os.sched_getaffinity(int(tid))
+        if len(found) == 1:
+            return next(iter(found.values()))
+        if time.monotonic() > deadline:
+            raise AssertionError(f"rank {hvd.rank()}: threads named {name}: {found}")
         time.sleep(0.01)
-    raise AssertionError(f"no thread named {name}")
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux CPU affinity")
