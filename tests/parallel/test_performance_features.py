@@ -225,7 +225,12 @@ def _cpus_of_thread(name: str) -> set:
         if len(found) == 1:
             return next(iter(found.values()))
         if time.monotonic() > deadline:
-            raise AssertionError(f"rank {hvd.rank()}: threads named {name}: {found}")
+            names = {}
+            for tid in os.listdir("/proc/self/task"):
+                with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
+                    names[int(tid)] = f.read().strip()
+            raise AssertionError(f"rank {hvd.rank()}: threads named {name}: {found}; "
+                                 f"the threads: {names}")
         time.sleep(0.01)
 
 
