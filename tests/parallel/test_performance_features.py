@@ -212,26 +212,23 @@ def test_held_work_is_sent_within_the_hold_limit():
         assert torch.equal(t, torch.full((4,), float(hvd.size())))
 
 
-def _cpus_of_thread(name: str) -> set:
-    """The CPUs of this process's thread `name` (a new thread names itself once it runs). A
-    restart's old thread of that name may still be ending: wait until only one is left."""
-    deadline = time.monotonic() + 10
-    while True:
-        found = {}
-        for tid in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() == name:
-                    found[int(tid)] = os.sched_getaffinity(int(tid))
-        if len(found) == 1:
-            return next(iter(found.values()))
-        if time.monotonic() > deadline:
-            names = {}
-            for tid in os.listdir("/proc/self/task"):
-                with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
-                    names[int(tid)] = f.read().strip()
-            raise AssertionError(f"rank {hvd.rank()}: threads named {name}: {found}; "
-                                 f"the threads: {names}")
-        time.sleep(0.01)
+def _threads() -> dict:
+    names = {}
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
+            names[int(tid)] = f.read().strip()
+    return names
+
+
+def _background_cpus() -> set:
+    """The CPUs of this rank's background thread. Between two barriers: the thread has run (it
+    names itself first thing) and no rank has gone on to shut down, which ends every rank's."""
+    hvd.barrier()
+    found = [tid for tid, name in _threads().items() if name == "hvdl-bg"]
+    assert len(found) == 1, f"rank {hvd.rank()}: no one background thread among {_threads()}"
+    cpus = os.sched_getaffinity(found[0])
+    hvd.barrier()
+    return cpus
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux CPU affinity")
@@ -241,16 +238,15 @@ def test_ranks_are_pinned_one_per_cpu_only_when_asked():
     the host has as many ranks as CPUs, =1 always; back to the default restores the CPUs."""
     every = set(os.sched_getaffinity(int(open("/proc/self/stat").read().split()[3])))
     cpus = sorted(every)
-    assert os.sched_getaffinity(0) == every and _cpus_of_thread("hvdl-bg") == every
+    assert (os.sched_getaffinity(0), _background_cpus()) == (every, every)
     with runtime(HOROVOD_BIND_RANKS="auto"):
         expected = {cpus[hvd.local_rank()]} if hvd.local_size() == len(cpus) else every
-        assert os.sched_getaffinity(0) == expected
-        assert _cpus_of_thread("hvdl-bg") == expected
+        assert (os.sched_getaffinity(0), _background_cpus()) == (expected, expected)
         assert torch.all(hvd.allreduce(torch.ones(3), name="pinned", op=hvd.Sum) == hvd.size())
     with runtime(HOROVOD_BIND_RANKS=1):
         pinned = {cpus[hvd.local_rank() % len(cpus)]}
-        assert os.sched_getaffinity(0) == pinned and _cpus_of_thread("hvdl-bg") == pinned
-    assert os.sched_getaffinity(0) == every and _cpus_of_thread("hvdl-bg") == every
+        assert (os.sched_getaffinity(0), _background_cpus()) == (pinned, pinned)
+    assert (os.sched_getaffinity(0), _background_cpus()) == (every, every)
 
 
 @pytest.mark.parametrize("algo", ["mpi", "ring"])
