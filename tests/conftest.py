@@ -24,7 +24,9 @@ Why two multi-rank lanes side by side on 2 cores: the multi-rank jobs mostly wai
 of 2026-12-07 (fresh clone, `--durations=0`, fast state) the single main lane took 33.4 min of
 a 34.6 min session, the build lane 19.4 and the late lanes 12.2; the host jobs were 15.2 min of
 the main lane. tests/test_multihost_elastic.py (245 s in that run) beside tests/test_compat.py
-and tests/test_failures.py (312 s) took 277 s and 259 s, the CPUs 70 % busy. Each lane keeps its
+and tests/test_failures.py (312 s) took 277 s and 259 s, the CPUs 70 % busy. With the three
+lanes the CPUs were 98 % busy and the session took 31.0 min, the build lane (starved at nice
+19) ending last; the README's command took 34.7 min in all against 39.0. Each lane keeps its
 jobs one after the other; tests that watch the test hosts' processes or Slurm's queue see only
 their own lane's jobs there. Without xdist everything runs in one process, in order.
 
