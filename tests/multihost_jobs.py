@@ -55,29 +55,29 @@ def launch(spec: str, np_: int, argv: list, env: dict | None = None, timeout: in
     return retry_if_launcher_did_not_start(run)[2]
 
 
-def _host_pids() -> set:
-    """The processes in the test hosts' network namespaces: the jobs of the suite's other lanes
-    run outside them."""
+def _netns_pids(name: str) -> list:
+    return subprocess.run(["ip", "netns", "pids", name], capture_output=True,
+                          text=True).stdout.split()
+
+
+def host_processes(pattern: str) -> list:
+    """The `ps` lines matching `pattern` of processes on the test hosts (in their network
+    namespaces): the jobs of the suite's other lanes run outside them."""
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    pids = set()
-    for name in re.findall(r"^(hvdl-host\d+)", names, re.MULTILINE):
-        pids.update(subprocess.run(["ip", "netns", "pids", name], capture_output=True,
-                                   text=True).stdout.split())
-    return pids
+    on_hosts = {pid for name in re.findall(r"^(hvdl-host\d+)", names, re.MULTILINE)
+                for pid in _netns_pids(name)}
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()
+            if re.search(pattern, line) and line.split(None, 1)[0] in on_hosts]
 
 
 def _job_processes() -> list:
     """Processes of a job (ranks, their wrappers, daemons) still running on any test host."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    on_hosts = _host_pids()
-    return [line for line in out.splitlines()
-            if ("lost_host_job.py" in line or re.search(r"\bprted\b", line))
-            and line.split(None, 1)[0] in on_hosts]
+    return host_processes(r"lost_host_job\.py|\bprted\b")
 
 
 def _kill_host(name: str) -> None:
-    for pid in subprocess.run(["ip", "netns", "pids", name], capture_output=True,
-                              text=True).stdout.split():
+    for pid in _netns_pids(name):
         try:
             if "hvdl-hosts-holder" not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
                 os.kill(int(pid), 9)

@@ -16,11 +16,11 @@ from launching import discovery_script, run_with_event
 from multihost_jobs import (
     LAYOUTS,
     ROOT,
-    _host_pids,
     _job_processes,
     _kill_host,
     _launch_args,
     _on_host0,
+    host_processes,
     launch,
 )
 
@@ -205,11 +205,7 @@ def test_gloo_elastic_a_host_cut_off_the_other_host_finishes(hosts, tmp_path):
 
 
 def _elastic_processes() -> list:
-    """The elastic jobs' processes on the test hosts (the main lane's run outside them)."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    on_hosts = _host_pids()
-    return [line for line in out.splitlines()
-            if "elastic_train.py" in line and line.split(None, 1)[0] in on_hosts]
+    return host_processes(r"elastic_train\.py")
 
 
 def test_gloo_elastic_grows_onto_a_third_host(hosts, tmp_path):
