@@ -89,13 +89,13 @@ def lane_of(path) -> str:
     file = _file_of(path)
     if file.name in BUILDS:
         return "build"
-    if file.name in HOSTS and UNIT not in file.parts:
-        return "hosts"
     if file.name == LATE:
         ranks = re.search(r"(np\d+)\]$", str(path))
         return _LATE_PREFIX + (ranks.group(1) if ranks else "")
     if UNIT in file.parts:
         return UNIT_LANE
+    if file.name in HOSTS:
+        return "hosts"
     return "main"
 
 
