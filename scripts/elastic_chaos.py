@@ -3,7 +3,8 @@
 
     python scripts/elastic_chaos.py [--events 100] [--seed S] [--hosts] [--bound 60]
 
-Events: kill a rank (SIGKILL), kill a host (every worker on it), and with ``--hosts`` (the test
+Events: kill a rank (SIGKILL), kill a host (every worker on it), stop a rank (SIGSTOP: alive
+and silent, for the driver's heartbeat watch to find and kill), and with ``--hosts`` (the test
 hosts, tests/hosts/hostctl.sh, as root) cut a host's link; a host comes back by itself: the host
 discovery script always lists every host, so once its blacklist cooldown (1-2 s) is over the
 driver starts workers there again, and they join at the next commit. The plan comes from the
@@ -48,8 +49,8 @@ CUT_FOR = 20.0  # seconds a cut link stays down (past the launcher's 15 s of sil
 
 def make_plan(seed: int, events: int, hosts: bool) -> list:
     rng = random.Random(seed)
-    kinds = ["kill-rank", "kill-host"] + (["cut-link"] if hosts else [])
-    weights = [5, 3] + ([2] if hosts else [])
+    kinds = ["kill-rank", "kill-host", "stop-rank"] + (["cut-link"] if hosts else [])
+    weights = [5, 3, 2] + ([2] if hosts else [])
     return [{"kind": rng.choices(kinds, weights)[0], "after": rng.randint(1, 4),
              "phase": rng.choice(PHASES), "target": rng.randrange(4)} for _ in range(events)]
 

@@ -1,7 +1,8 @@
 """Elastic training under chaos, the short run of the suite: scripts/elastic_chaos.py with 5 random
 events (HVDL_CHAOS_EVENTS; each costs a worker start, 10-25 s on the 2-core VM): kill a rank,
-kill a host, against 4 Gloo elastic workers on two host names of this machine, each event at a
-random point of a step; the killed hosts come back through the discovery script once their
+kill a host, stop a rank (SIGSTOP, for the driver's heartbeats to find), against 4 Gloo elastic
+workers on two host names of this machine, each event at a random point of a step; the killed
+hosts come back through the discovery script once their
 blacklist cooldown ends. Checked (by the script and its workers, tests/scripts/chaos_train.py):
 identical weights on every rank after every reset, progress or a named error within a bound
 after every event (progress: each effect an event waits for - a worker started, done importing,
@@ -41,7 +42,7 @@ def test_a_seed_gives_one_plan():
     chaos = _chaos()
     plan = chaos.make_plan(7, 100, hosts=True)
     assert plan == chaos.make_plan(7, 100, hosts=True) != chaos.make_plan(8, 100, hosts=True)
-    assert {e["kind"] for e in plan} == {"kill-rank", "kill-host", "cut-link"}
+    assert {e["kind"] for e in plan} == {"kill-rank", "kill-host", "stop-rank", "cut-link"}
     assert {e["phase"] for e in plan} == set(chaos.PHASES)
     assert "cut-link" not in {e["kind"] for e in chaos.make_plan(7, 100, hosts=False)}
 

@@ -45,8 +45,9 @@ def finals(out: str) -> dict:
 
 
 def recovery_seconds(out: str) -> float:
-    """From the first KILLED to the first RESUMED (the survivors' first step at the new size)."""
-    killed = float(re.search(r"KILLED rank \d+ at ([\d.]+)", out).group(1))
+    """From the first KILLED (or STOPPED) to the first RESUMED (the survivors' first step at the
+    new size)."""
+    killed = float(re.search(r"(?:KILLED|STOPPED) rank \d+ at ([\d.]+)", out).group(1))
     resumed = float(re.search(r"RESUMED rank \d+ at ([\d.]+)", out).group(1))
     return resumed - killed
 
@@ -69,6 +70,34 @@ def test_a_worker_killed_mid_step_the_others_finish_without_rolling_back():
     assert "reset 2 of" not in out, out
     print(f"recovery {recovery_seconds(out):.2f} s")
     assert took < 60, f"{took:.0f} s\n{out}"
+
+
+def test_a_stopped_worker_is_lost_by_its_heartbeats_not_waited_for():
+    """Rank 2 SIGSTOPs itself mid-step: alive, its connections open, silent - a frozen process.
+    Its core's heartbeats stop; the driver takes it for lost after --elastic-heartbeat-timeout
+    (2 s), kills it, and the survivors' pending allreduce ends naming it, long before the Gloo
+    timeout (60 s here) would have."""
+    rc, out, took = run_elastic(3, "--stop", "2:1:2", env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "60"})
+    assert rc == 0, out
+    assert finals(out) == {0: (2, 2, 14), 1: (2, 2, 14)}, out
+    assert re.search(r"horovodliterun: lost rank 2 \(worker 2\) on \S+: no heartbeat for "
+                     r"[\d.]+ s \(--elastic-heartbeat-timeout 2\): its process is stopped or "
+                     r"frozen, its host hung, or its link cut; killed", out), out
+    # the survivors' collectives name it (the driver's word, not a timeout)
+    assert out.count("did not complete: the job lost rank 2") == 2, out
+    assert "hvd.elastic: continuing from step 8 (no rollback; 9 commits) with 3 -> 2 ranks" \
+        in out, out
+    assert "lost with its host" not in out, out  # the kill is no lost host
+    print(f"from SIGSTOP to training again: {recovery_seconds(out):.2f} s")
+    assert took < 45, f"{took:.0f} s\n{out}"
+
+
+def test_workers_that_shut_down_in_order_are_not_taken_for_lost():
+    """Every worker calls hvd.shutdown() after training and runs 4 s more (saving, evaluating):
+    their cores' last heartbeat says they stopped in order, so the driver waits for them."""
+    rc, out, _ = run_elastic(2, "--epochs", "1", "--linger", "4")
+    assert rc == 0, out
+    assert out.count("LINGERED rank") == 2 and "no heartbeat" not in out, out
 
 
 def test_a_worker_killed_mid_step_the_sharded_optimizer_state_is_resharded():

@@ -179,8 +179,9 @@ def test_gloo_elastic_a_host_whose_processes_die_the_other_host_finishes(hosts, 
 
 def test_gloo_elastic_a_host_cut_off_the_other_host_finishes(hosts, tmp_path):
     """The same with hvdl-host1's link cut (ip link set ... down): nothing closes, the silence
-    is the sign - detected within the timeout (HOROVOD_GLOO_TIMEOUT_SECONDS=10, the launcher's
-    15 s), then the same result; the cut-off workers end themselves."""
+    is the sign - the driver's heartbeat watch takes the host's workers for lost after 2 s
+    (--elastic-heartbeat-timeout; before the Gloo timeout, 10 s, or the reports' 15 s), then the
+    same result; the cut-off workers end themselves."""
     spec, _ = LAYOUTS["2x2"]
 
     def cut():
@@ -195,6 +196,8 @@ def test_gloo_elastic_a_host_cut_off_the_other_host_finishes(hosts, tmp_path):
     finals = re.findall(r"FINAL rank (\d) size (\d) epochs 14 steps", out)
     assert sorted(finals) == [("0", "2"), ("1", "2")], out
     assert re.search(r"LOSSES rank 0 \[\(\d+, \d+, \[2, 3\]\)\]", out), out
+    assert re.search(r"horovodliterun: lost rank [23] \(worker [23]\) on hvdl-host1: no "
+                     r"heartbeat for [\d.]+ s", out), out
     took = _recovered_after(out, lost)
     print(f"cut link: first step at the new size {took:.1f} s after the cut")
     assert took < 10 + 15, out

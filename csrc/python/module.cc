@@ -65,6 +65,8 @@ void InitGloo(const py::dict& found, std::vector<std::vector<int>> process_sets,
   g.process_group = found["process_group"].cast<std::string>();
   g.shm_prefix = found["shm_prefix"].cast<std::string>();
   g.timeout_seconds = found["timeout_seconds"].cast<double>();
+  if (found.contains("beats_group")) g.beats_group = found["beats_group"].cast<std::string>();
+  if (found.contains("beat_seconds")) g.beat_seconds = found["beat_seconds"].cast<double>();
   if (found.contains("connections")) g.connections = found["connections"].cast<int>();
   // an elastic job's round: the launcher's notices about earlier rounds are stale from now on
   if (found.contains("round")) LauncherNotices::SetRound(found["round"].cast<int>());

@@ -76,6 +76,9 @@ WORKER_ID = "HVDL_WORKER_ID"  # an elastic Gloo job's worker: its number for the
 ELASTIC_TIMEOUT = "HVDL_ELASTIC_TIMEOUT"  # --elastic-timeout: how long a worker waits for a round
 ELASTIC_ROLLBACK = "HOROVOD_ELASTIC_ROLLBACK"  # --elastic-rollback: step or commit (rollback())
 ROLLBACKS = ("step", "commit")
+# --elastic-heartbeat-timeout: an elastic Gloo job's driver takes a worker that has not beaten for
+# this long for lost (heartbeat_timeout())
+ELASTIC_HEARTBEAT = "HOROVOD_ELASTIC_HEARTBEAT_TIMEOUT"
 SECRETS = (RENDEZVOUS_SECRET, REPORT_TOKEN)
 
 # A rank's exit status when it left an elastic job on purpose (its host left the host discovery
@@ -176,6 +179,28 @@ def rollback(env=os.environ) -> str:
         raise ValueError(f"{ELASTIC_ROLLBACK}={env[ELASTIC_ROLLBACK]!r}: expected "
                          f"{' or '.join(ROLLBACKS)}")
     return value
+
+
+def heartbeat_timeout(env=os.environ) -> float:
+    """``--elastic-heartbeat-timeout`` (2 s): the driver of an elastic Gloo job takes a worker
+    whose core has not beaten for this long - its process stopped or frozen, its host hung, its
+    link cut - for lost (0: only the Gloo timeout and the reports notice). ValueError naming the
+    setting for anything but a number >= 0."""
+    value = env.get(ELASTIC_HEARTBEAT, "").strip() or "2"
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ValueError(f"{ELASTIC_HEARTBEAT}={env[ELASTIC_HEARTBEAT]!r}: expected a number of "
+                         "seconds >= 0 (0: off)")
+    return seconds
+
+
+def beat_period(timeout: float) -> float:
+    """How often a rank's watchdog beats when the driver takes ``timeout`` s of silence for a
+    loss: eight beats in it, at most one a second."""
+    return min(1.0, timeout / 8) if timeout > 0 else 1.0
 
 
 def max_np(env=os.environ) -> int | None:

@@ -108,6 +108,12 @@ def _job_id(*parts) -> str:
     return hashlib.sha256("/".join(str(p) for p in parts).encode()).hexdigest()[:12]
 
 
+def elastic_job(secret: str) -> str:
+    """The job id of an elastic Gloo job's workers (their keys' names): from the job's secret
+    (its driver's address where there is none)."""
+    return _job_id("elastic", secret)
+
+
 def _mpi(env) -> Launch | None:
     for size_var, rank_var in (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
                                ("PMI_SIZE", "PMI_RANK"), ("PMIX_SIZE", "PMIX_RANK")):
@@ -196,7 +202,7 @@ def _elastic_worker(env) -> Launch | None:
     secret = env.get(E.RENDEZVOUS_SECRET) or None
     return Launch("horovodliterun --elastic", "gloo", host=env.get(E.GLOO_HOSTNAME),
                   store=STORE_CLIENT, addr=addr, port=port, secret=secret,
-                  job=_job_id("elastic", secret or f"{addr}:{port}"), worker=worker,
+                  job=elastic_job(secret or f"{addr}:{port}"), worker=worker,
                   why=f"{E.WORKER_ID}={worker} is set (an elastic job's worker)")
 
 

@@ -385,10 +385,8 @@ def gloo_group(ns, launch: Launch, timeout: float, name: str, count: int = 1):
         if getattr(ns, "tampered", ""):
             raise RendezvousError(f"rank {launch.rank}: {ns.tampered}") from None
         raise
-    # The C++ watchdog's heartbeats (a thread of its own, no Python): under the hidden prefix,
-    # unsigned (see docs/security.md)
-    beats = ns.raw("gloo/") if hasattr(ns, "raw") else dist.PrefixStore("gloo/", ns)
-    group = dist.ProcessGroup(beats, launch.rank, launch.size)
+    # the process group's store carries the C++ watchdog's heartbeats (a thread of its own)
+    group = dist.ProcessGroup(_beats_store(ns), launch.rank, launch.size)
     group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
     c10d._register_process_group(name, group)
     return group
@@ -431,7 +429,40 @@ def meet(launch: Launch, round_: int = 0, wait: float | None = None, superseded=
         group = gloo_group(ns, launch, timeout, name, found["connections"])
         found["process_group"] = name
         _held.update(group=group, name=name)
+    if launch.worker:  # an elastic job's driver watches the cores' heartbeats (elastic_beats.py)
+        import torch.distributed as dist
+        from torch._C import _distributed_c10d as c10d
+
+        found["beat_seconds"] = launch_env.beat_period(launch_env.heartbeat_timeout())
+        if found["cross_size"] == 1:  # no Gloo group: the heartbeats' store alone
+            name = f"horovodlite-beats-{launch.job}-{round_}"
+            beats = dist.ProcessGroup(_beats_store(ns), launch.rank, launch.size)
+            c10d._register_process_group(name, beats)  # (the registry does not keep it alive)
+            found["beats_group"] = name
+            _held.update(beats=name, beats_group=beats)
     return found
+
+
+# Where the C++ watchdog (csrc/backends/gloo/gloo_watchdog.cc) of rank r beats - a counter - in
+# the store of _beats_store; STOPPED when it left the round in order
+HEARTBEAT_KEY = "hvdl-heartbeat/{}"
+STOPPED = b"stopped"
+
+
+def _beats_store(ns):
+    """The store of the C++ watchdog's heartbeats under a round's namespace: the hidden prefix,
+    unsigned (see docs/security.md)."""
+    import torch.distributed as dist
+
+    return ns.raw("gloo/") if hasattr(ns, "raw") else dist.PrefixStore("gloo/", ns)
+
+
+def heartbeats(store, secret: str, job: str, round_: int):
+    """The heartbeats' store of round ``round_`` of a job with a secret, for its elastic driver
+    (``store``: the driver's own)."""
+    from horovodlite.common import signed_store
+
+    return _beats_store(signed_store.SignedStore(store, secret, (job, round_), f"round {round_}"))
 
 
 def release() -> None:
@@ -439,11 +470,12 @@ def release() -> None:
     of an elastic job meets again through them)."""
     from torch._C import _distributed_c10d as c10d
 
-    name = _held.pop("name", None)
-    if name is not None:
-        try:
-            c10d._unregister_process_group(name)
-        except Exception:
-            pass
+    for name in (_held.pop("name", None), _held.pop("beats", None)):
+        if name is not None:
+            try:
+                c10d._unregister_process_group(name)
+            except Exception:
+                pass
     _held.pop("group", None)
+    _held.pop("beats_group", None)
     _held.pop("ns", None)

@@ -16,8 +16,10 @@ under a fresh key prefix, with the rank it gives them (``common/elastic_worker.p
 
 What changes the job, each said in one line and published as a new round:
 
-- **Lost**: a worker that exits with an error, or a host lost (its workers' report connections
-  closed without an exit status: killed; or nothing heard for 15 s: a cut link). Its workers
+- **Lost**: a worker that exits with an error, a worker whose core stopped beating for
+  ``--elastic-heartbeat-timeout`` (2 s: stopped, frozen, or behind a cut link;
+  ``elastic_beats.py``), or a host lost (its workers' report connections closed without an exit
+  status: killed; or nothing heard for 15 s: a cut link). Its workers
   leave the job at once: the survivors are told (their collectives fail naming it, so
   ``hvd.elastic.run`` restores the last commit and asks for the next round), the host is
   blacklisted (``--blacklist-cooldown-range``, else for the rest of the job), and the next round
@@ -46,8 +48,9 @@ import signal
 import socket
 import time
 
-from horovodlite.common import elastic_rounds, env_travel, launch_env
+from horovodlite.common import elastic_rounds, env_travel, launch_env, launchers
 from horovodlite.runner import rank_output, remote
+from horovodlite.runner.elastic_beats import BeatWatch
 from horovodlite.runner.elastic_discovery import Discovery
 from horovodlite.runner.elastic_places import Blacklist, Worker, start_places
 from horovodlite.runner.gloo_launch import (
@@ -84,6 +87,7 @@ class ElasticJob(Discovery):
 
         try:
             self.gloo_timeout = timeout_seconds(base_env)
+            self.heartbeat_timeout = launch_env.heartbeat_timeout(base_env)
         except ValueError as e:
             raise SystemExit(f"horovodliterun: {e}") from None
         # the Slurm job's nodes, followed by their states (slurm_steps.usable) when no script
@@ -115,6 +119,7 @@ class ElasticJob(Discovery):
         self.reset_since: float | None = None
         self.server = None
         self.reports = None
+        self.beats: BeatWatch | None = None
 
     # -- hosts ---------------------------------------------------------------------------------
     def local(self, host: str) -> bool:
@@ -161,6 +166,7 @@ class ElasticJob(Discovery):
             [str(w) for w in retired]))
         self.reset_since = None
         self.reports.set_round(self.round)
+        self.beats.start_round(self.round, self.members)
         if end:
             say(f"round {self.round}: the job ends: {end}")
             self.ended = end
@@ -230,7 +236,27 @@ class ElasticJob(Discovery):
             lines.append(f"{names} (worker {number}) on {w.host} exited with "
                          f"{describe(w.status)}; {w.host} blacklisted "
                          f"{self.blacklist.add(w.host, now)}")
+        for number, silence in self.beats.silent(now, self.members):
+            lines.append(self._silent(number, silence, now))
+            failed_on.append(self.workers[number].host)
         return lines + self._leave_with_host(failed_on, round_members)
+
+    def _silent(self, number: int, silence: float, now: float) -> str:
+        """Worker ``number`` stopped beating (elastic_beats.py): it leaves the job - killed
+        (a stopped process too; one behind a cut link may not hear it) - and the others are
+        told, so that their collectives with it end now."""
+        w = self.workers[number]
+        names = self.rank_names([number])
+        why = (f"no heartbeat for {silence:.1f} s (--elastic-heartbeat-timeout "
+               f"{self.heartbeat_timeout:g}): its process is stopped or frozen, its host hung, "
+               "or its link cut")
+        self.members.remove(number)
+        w.left = f"lost: {why}"
+        self.reports.written_off(number, why)
+        self.reports.tell_failed(number, w.host, why)
+        w.signal(signal.SIGKILL if w.local else signal.SIGTERM)
+        return (f"lost {names} (worker {number}) on {w.host}: {why}; killed; {w.host} "
+                f"blacklisted {self.blacklist.add(w.host, now)}")
 
     def _leave_with_host(self, hosts: list, round_members: list) -> list:
         """A worker failed on each of ``hosts``: while the job has workers on other hosts, the
@@ -349,6 +375,9 @@ class ElasticJob(Discovery):
         try:
             with RendezvousServer(self.addr, timeout_seconds=self.elastic_timeout) as server:
                 self.server = server
+                self.beats = BeatWatch(server.store, server.secret,
+                                       launchers.elastic_job(server.secret),
+                                       self.heartbeat_timeout)
                 self.members = [self.spawn(h, p) for h, p in zip(initial,
                                                                    start_places(initial))]
                 self.publish("the job starts")

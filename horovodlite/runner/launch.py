@@ -109,6 +109,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="elastic: after a failure, 'step' (the default) loses at most the step "
                         "in flight (the survivors keep their state); 'commit' goes back to the "
                         "last state.commit(), as Horovod does (HOROVOD_ELASTIC_ROLLBACK)")
+    p.add_argument("--elastic-heartbeat-timeout", type=float, metavar="SECONDS",
+                   help="elastic (Gloo): a worker whose heartbeats (from its core's own "
+                        "thread, 8 per timeout) stop for this long - its process stopped or "
+                        "frozen, its host hung, or its link cut - is lost: killed, named to the "
+                        "others, whose collectives with it are aborted, and the job goes on "
+                        "without it (default 2; 0: off) (HOROVOD_ELASTIC_HEARTBEAT_TIMEOUT)")
     p.add_argument("--min-np", type=int,
                    help="elastic: the fewest ranks to go on with (default 1)")
     p.add_argument("--max-np", type=int,
@@ -145,6 +151,8 @@ def rank_environment(args, base: dict) -> dict:
     env.update(horovod_flags.knob_env(args))
     if getattr(args, "elastic_rollback", None):
         env[launch_env.ELASTIC_ROLLBACK] = args.elastic_rollback
+    if getattr(args, "elastic_heartbeat_timeout", None) is not None:
+        env[launch_env.ELASTIC_HEARTBEAT] = f"{args.elastic_heartbeat_timeout:g}"
     # Large tensors on transparent huge pages: MPI's shared-memory copies of torch-allocated
     # buffers are ~1.5x faster with them (NumPy already asks for them). Set it to 0 to opt out.
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")

@@ -305,6 +305,14 @@ class ReportServer:
         launch: nothing else tells the ranks of other hosts at once)."""
         self._tell_survivors({"event": "failed", "rank": rank, "host": host, "why": why})
 
+    def written_off(self, rank: int, why: str) -> None:
+        """The launcher takes ``rank`` for lost (``why``) and kills it: its connection closing
+        then says nothing of its host, and it is told nothing more."""
+        with self._lock:
+            for r in self.ranks:
+                if r.rank == rank and r.status is None and r.lost is None:
+                    r.lost = why
+
     def set_round(self, k: int) -> None:
         """The elastic driver's new round. Under the lock ``_mark_lost`` holds: news of a loss
         marked in round k is told as round k, never as the round the driver published on

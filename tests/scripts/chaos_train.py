@@ -3,15 +3,16 @@ the plan's events kill it, its host or its host's link, at chosen points of a st
 
     horovodliterun --elastic ... python tests/scripts/chaos_train.py PLAN_DIR
 
-PLAN_DIR/plan.json holds the events, in order: ``{"kind": "kill-rank" | "kill-host" |
-"cut-link", "after": STEPS, "phase": PHASE, "target": N}``. Event i is due once event i-1 has
+PLAN_DIR/plan.json holds the events, in order: ``{"kind": "kill-rank" | "kill-host" | "stop-rank"
+| "cut-link", "after": STEPS, "phase": PHASE, "target": N}``. Event i is due once event i-1 has
 fired and the job has committed ``after`` more steps; the rank ``target % size`` then acts at
-``phase`` of its step (``forward``, ``backward``: before the backward pass, whose hooks start
-the allreduces, ``step``: before the optimizer waits for them, ``commit``: before the commit).
-A kill needs a survivor: it waits (steps go on) until the job has 2 workers, and a host's loss
-until the job spans 2 hosts. An event fires once: its marker PLAN_DIR/fired.<i> (made with
-O_EXCL; it holds the step) says so to every later try, after a rollback too. ``cut-link`` takes
-the host's eth0 down from inside the host (test hosts only); the chaos script brings it back.
+``phase`` of its step (``forward``, ``backward``: before the backward pass, whose hooks start the
+allreduces, ``step``: before the optimizer waits for them, ``commit``: before the commit). A kill
+needs a survivor: it waits (steps go on) until the job has 2 workers, and a host's loss until the
+job spans 2 hosts. An event fires once: its marker PLAN_DIR/fired.<i> (made with O_EXCL; it holds
+the step) says so to every later try, after a rollback too. ``cut-link`` takes the host's eth0
+down from inside the host (test hosts only); the chaos script brings it back. ``stop-rank``: the
+rank SIGSTOPs itself, for the driver to take it for lost by its heartbeats.
 
 Training is the same whatever the events, given the commits and the data order: step s trains on
 global batch s (a fixed permutation of the data), each rank on its share of it, with a loss
@@ -166,6 +167,9 @@ def main():
         elif e["kind"] == "cut-link":
             subprocess.run(["ip", "link", "set", "eth0", "down"], check=False)
             return  # the silence is the event: this worker goes on until it notices
+        elif e["kind"] == "stop-rank":
+            os.kill(os.getpid(), signal.SIGSTOP)  # the driver kills it
+            return
         os.kill(os.getpid(), signal.SIGKILL)
 
     @hvd.elastic.run

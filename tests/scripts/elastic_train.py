@@ -11,6 +11,10 @@ same model, data, sampler partition and optimizer, with the ranks that were aliv
 commit (all of them up to the commit the job continued from after a loss, the survivors after
 it), and prints ``FINAL rank R size S epochs E steps T`` for the test to read.
 
+``--stop RANK:EPOCH:BATCH``: that rank SIGSTOPs itself at that point instead (alive, holding its
+connections, silent: a frozen process or host); the driver must take it for lost by its
+heartbeats and kill it.
+
 ``--shard MODE``: ``DistributedOptimizer(shard=MODE)``, each rank keeping 1/N of the momentum;
 a survivor then prints ``SHARD rank R holds H of T momentum values``.
 
@@ -148,6 +152,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--kill", action="append", default=[], help="RANK:EPOCH:BATCH")
+    p.add_argument("--stop", action="append", default=[], help="RANK:EPOCH:BATCH")
+    p.add_argument("--linger", type=float, default=0.0,
+                   help="after training: hvd.shutdown(), then this long before exiting (the "
+                        "driver must not take a worker that shut down in order for lost)")
     p.add_argument("--kill-in-reset", type=int)
     p.add_argument("--compare", choices=["reference", "ranks"], default="reference",
                    help="check the final weights against the reference, or only that every "
@@ -160,6 +168,7 @@ def main():
                    help="DistributedOptimizer(shard=...): each rank keeps 1/N of the momentum")
     args = p.parse_args()
     kills = [tuple(int(v) for v in k.split(":")) for k in args.kill]
+    stops = [tuple(int(v) for v in k.split(":")) for k in args.stop]
     forge_at = tuple(int(v) for v in args.forge_round.split(":")) if args.forge_round else None
     torch.set_num_threads(1)
 
@@ -215,6 +224,9 @@ def main():
                 if (first_rank, state.epoch, b) in kills:
                     print(f"KILLED rank {first_rank} at {time.time():.3f}", flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
+                if (first_rank, state.epoch, b) in stops:
+                    print(f"STOPPED rank {first_rank} at {time.time():.3f}", flush=True)
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 if args.step_seconds:
                     time.sleep(args.step_seconds)
                 loss.backward()
@@ -229,6 +241,12 @@ def main():
             state.commit()
 
     train(state)
+    if args.linger:
+        rank = hvd.rank()
+        hvd.shutdown()
+        time.sleep(args.linger)
+        print(f"LINGERED rank {rank} {args.linger:g} s", flush=True)
+        return
     print(f"LOSSES rank {hvd.rank()} {losses}", flush=True)
     print(f"SECRETS rank {hvd.rank()} {secrets_seen()}", flush=True)
     if "MY_ODD_SETTING" in os.environ:  # a caller's value, as this rank got it (ASCII escaped)

@@ -6,7 +6,6 @@ namespace hvdl {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr auto kBeat = std::chrono::seconds(1);
 // After a failed operation: silence this long already names a rank (killed processes stop
 // beating at once; the full timeout is for ranks that may only be slow).
 constexpr auto kExplainSilence = std::chrono::seconds(3);
@@ -14,11 +13,14 @@ constexpr auto kExplainSilence = std::chrono::seconds(3);
 }  // namespace
 
 GlooWatchdog::GlooWatchdog(c10::intrusive_ptr<c10d::Store> store, int rank,
-                           std::vector<std::string> hosts, double timeout_seconds)
+                           std::vector<std::string> hosts, double timeout_seconds,
+                           double beat_seconds)
     : store_(std::move(store)),
       rank_(rank),
       hosts_(std::move(hosts)),
       timeout_seconds_(timeout_seconds),
+      period_(std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(beat_seconds > 0 ? beat_seconds : 1.0))),
       last_(hosts_.size()),
       changed_(hosts_.size(), Clock::now()),
       store_ok_(Clock::now()) {
@@ -31,7 +33,12 @@ GlooWatchdog::~GlooWatchdog() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;
+  thread_.join();
+  try {  // a set is one send, no reply: it does not wait on a lost store
+    store_->set(keys_[static_cast<size_t>(rank_)], std::string(kStopped));
+  } catch (const std::exception&) {
+  }
 }
 
 void GlooWatchdog::Watch(std::function<void(const std::string& why)> lost) {
@@ -68,7 +75,8 @@ std::vector<int> GlooWatchdog::Silent(Clock::duration silence) {
     if (v != last_[r]) {
       last_[r] = std::move(v);
       changed_[r] = now;
-    } else if (static_cast<int>(r) != rank_ && now - changed_[r] >= silence) {
+    } else if (static_cast<int>(r) != rank_ && last_[r] != kStopped &&
+               now - changed_[r] >= silence) {  // (a rank that left in order is not lost)
       silent.push_back(static_cast<int>(r));
     }
   }
@@ -99,7 +107,7 @@ void GlooWatchdog::Run() {
         reported_ = !why.empty();
       }
       if (why.empty()) {
-        cv_.wait_for(lock, kBeat, [this] { return stop_; });
+        cv_.wait_for(lock, period_, [this] { return stop_; });
         if (stop_) return;
         continue;
       }
@@ -114,7 +122,7 @@ void GlooWatchdog::Run() {
 
 Status GlooWatchdog::Explain(const Status& failure, const std::function<bool()>& explained) {
   if (failure.ok()) return failure;
-  const auto deadline = Clock::now() + kExplainSilence + kBeat;
+  const auto deadline = Clock::now() + kExplainSilence + period_;
   while (Clock::now() < deadline) {
     if (explained && explained()) return failure;
     std::vector<int> silent = Silent(kExplainSilence);
@@ -123,7 +131,7 @@ Status GlooWatchdog::Explain(const Status& failure, const std::function<bool()>&
                                         std::to_string(kExplainSilence.count()) +
                                         " s): " + failure.message());
     }
-    std::this_thread::sleep_for(kBeat / 2);
+    std::this_thread::sleep_for(period_ / 2);
   }
   return failure;
 }

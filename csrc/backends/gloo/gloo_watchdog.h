@@ -2,14 +2,17 @@
 // without MPI, where nothing else would tell the survivors (no mpirun, maybe no launcher).
 //
 // Protocol, over the job's c10d store: every rank's watchdog thread bumps a heartbeat key of its
-// own once a second and reads everyone's. A rank whose heartbeat has not changed for the launch's
+// own every `beat_seconds` (1 s; an elastic job's driver watches them too, and asks for less) and
+// reads everyone's. A rank whose heartbeat has not changed for the launch's
 // timeout (HOROVOD_GLOO_TIMEOUT_SECONDS) is lost: the watchdog calls `lost(why)` once, with the
 // ranks and their hosts, and the Context aborts (every pending and later operation fails with
 // HorovodInternalError naming them). A store that stays unreachable that long is itself the
 // loss: the rendezvous host (rank 0's, or the launcher's) is the job's single point of failure.
 // Explain() lets a failed Gloo operation wait a few heartbeats for the same verdict, so that its
 // error names the lost ranks instead of a socket error.
-// The thread is started by Watch and stopped and joined by the destructor.
+// The thread is started by Watch and stopped and joined by the destructor, which then writes
+// kStopped as this rank's heartbeat: it left the round in order (an elastic job's driver stops
+// watching it there; a rank that stops beating without it is hung, stopped or cut off).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -29,8 +32,10 @@ namespace hvdl {
 
 class GlooWatchdog {
  public:
+  static constexpr const char* kStopped = "stopped";
+
   GlooWatchdog(c10::intrusive_ptr<c10d::Store> store, int rank, std::vector<std::string> hosts,
-               double timeout_seconds);
+               double timeout_seconds, double beat_seconds = 1.0);
   ~GlooWatchdog();
   GlooWatchdog(const GlooWatchdog&) = delete;
   GlooWatchdog& operator=(const GlooWatchdog&) = delete;
@@ -53,6 +58,7 @@ class GlooWatchdog {
   int rank_;
   std::vector<std::string> hosts_;
   double timeout_seconds_;
+  std::chrono::steady_clock::duration period_;  // between two heartbeats
   std::vector<std::string> keys_;
   std::atomic<int64_t> beat_{0};
   std::mutex mu_;  // guards the fields below

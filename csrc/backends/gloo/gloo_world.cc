@@ -115,9 +115,20 @@ Status BuildGloo(const GlooLaunch& launch, const Config& config, const LocalPart
   t.cross_size = launch.cross_size;
   t.thread_multiple = true;
   world->waits.timeout_seconds = launch.timeout_seconds;
+  c10::intrusive_ptr<c10d::Store> beats;
   if (world->group) {
-    world->watchdog = std::make_unique<GlooWatchdog>(world->group->getStore(), launch.rank,
-                                                     launch.hosts, launch.timeout_seconds);
+    beats = world->group->getStore();
+  } else if (!launch.beats_group.empty()) {
+    try {
+      beats = c10d::resolve_process_group(launch.beats_group)->getStore();
+    } catch (const std::exception& e) {
+      return Status::Internal("the job's heartbeat group '" + launch.beats_group +
+                              "' cannot be found: " + e.what());
+    }
+  }
+  if (beats) {
+    world->watchdog = std::make_unique<GlooWatchdog>(beats, launch.rank, launch.hosts,
+                                                     launch.timeout_seconds, launch.beat_seconds);
     world->waits.watchdog = world->watchdog.get();
   }
   GlooWorld* w = world.get();

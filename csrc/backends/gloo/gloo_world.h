@@ -41,6 +41,10 @@ struct GlooLaunch {
   std::string process_group;           // the registered name of the job's Gloo process group
   std::string shm_prefix;              // "/hvdl-<job>-<round>-<host>": names this host's segments
   double timeout_seconds = 30;         // HOROVOD_GLOO_TIMEOUT_SECONDS: a silent peer fails a wait
+  double beat_seconds = 1;             // the watchdog's heartbeat period (elastic: shorter)
+  // One host of an elastic job: a registered process group without a backend whose store carries
+  // the watchdog's heartbeats (with several hosts, `process_group`'s store does)
+  std::string beats_group;
   int connections = 1;                 // HOROVOD_GLOO_CONNECTIONS: the group's contexts
 };
 
