@@ -168,6 +168,13 @@ def run(seed: int, events: int, hosts: bool, bound: float, timeout: float, log_p
         failure = f"{len(fired)} of {events} events fired"
     if not failure and (not finals or len(finals) != int(finals[0][1])):
         failure = f"the final weights were not checked by every last worker ({finals})"
+    if not failure and "Tensor-likes are not close" in out:
+        failure = "a worker's final weights differ from the reference"
+    event_steps = [int(s) for s in re.findall(r"<stdout>:EVENT \d+ \S+ rank .* step (\d+) ",
+                                              out)]
+    if not failure and event_steps and int(finals[0][2]) < max(event_steps):
+        failure = (f"the last workers ended at step {finals[0][2]}, before the last event's "
+                   f"(step {max(event_steps)}): they trained from scratch")
     return {"seed": seed, "events": events, "fired": {k: fired.count(k) for k in set(fired)},
             "resets": len(re.findall(r"<stdout>:AGREE rank 0 ", out)) - 1,
             "steps": int(finals[0][2]) if finals else None,

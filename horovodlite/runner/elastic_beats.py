@@ -7,6 +7,9 @@ a worker whose beat has not changed for ``--elastic-heartbeat-timeout`` s (2) is
 process stopped (SIGSTOP) or frozen, its host hung, or its link cut - while the reports (their
 heartbeats every 2 s, 15 s of silence) and the Gloo timeout would take much longer.
 
+``met``: the workers seen beating in some round (they met its other workers): one the driver
+added that never met any is not training (the driver stops it once the training finished).
+
 What is not watched: a worker before its first beat of the round (still meeting), after it
 wrote ``STOPPED`` (it shut down in order: a reset, the end of its training) and once it exited.
 A driver that was itself not scheduled for half the timeout measures every silence afresh (a
@@ -26,6 +29,7 @@ class BeatWatch:
         self.beats = None  # the round's heartbeats' store
         self.last: dict = {}  # worker -> (last beat seen, when it changed)
         self.looked = None  # when the driver last looked
+        self.met: set = set()  # workers seen beating in a round: they met its others
 
     def start_round(self, k: int, workers: list) -> None:
         """Round ``k`` was published with ``workers`` (rank order): watch its beats."""
@@ -36,7 +40,7 @@ class BeatWatch:
     def silent(self, now: float, members: list) -> list:
         """(worker, seconds) of each of ``members`` of the round whose beat stopped for the
         timeout, as of ``now``; none while off (timeout 0)."""
-        if self.timeout <= 0 or self.beats is None:
+        if self.beats is None:
             return []
         starved = self.looked is not None and now - self.looked > self.timeout / 2
         self.looked = now
@@ -48,11 +52,12 @@ class BeatWatch:
             seen = self.last.get(worker)
             if seen is None and not self.beats.check([key]):
                 continue  # still meeting
+            self.met.add(worker)
             value = bytes(self.beats.get(key))
             if value == rendezvous.STOPPED:
                 continue
             if seen is None or seen[0] != value or starved:
                 self.last[worker] = (value, now)
-            elif now - seen[1] >= self.timeout:
+            elif 0 < self.timeout <= now - seen[1]:
                 out.append((worker, now - seen[1]))
         return out

@@ -333,9 +333,10 @@ class ElasticJob(Discovery):
     def _finishing(self, now: float) -> bool:
         """Whether the training finished: a worker of the round exited with status 0 (its
         script returned). The job then neither grows nor publishes rounds: the others are
-        finishing too. A worker still running FINISH_GRACE s later that the newest round added
-        (after the first) is one the discovery script added as the training ended (it waits to
-        meet a round the others never joined): it is stopped and leaves the job, which
+        finishing too. A worker still running FINISH_GRACE s later that a round after the first
+        added and that either never met a round (no heartbeat of it seen, elastic_beats.py) or
+        came with the newest round is one the discovery script added as the training ended (it
+        waits to meet a round the others never joined): it is stopped and leaves the job, which
         completes without it. Any other worker still running is finishing (rank 0 saving a
         checkpoint): it is waited for, and the job fails naming it if it does not exit 0."""
         if not any(self.workers[w].status == 0 and not self.workers[w].retired
@@ -346,7 +347,9 @@ class ElasticJob(Discovery):
         if now - self.finishing_since < FINISH_GRACE:
             return True
         for number in [w for w in self.members if self.workers[w].status is None
-                       and 0 < self.round == self.workers[w].first_round]:
+                       and 0 < self.workers[w].first_round
+                       and (self.round == self.workers[w].first_round
+                            or str(w) not in self.beats.met)]:
             worker = self.workers[number]
             self.members.remove(number)
             worker.left = "stopped: the training finished without it (added as it ended)"

@@ -11,8 +11,17 @@ import subprocess
 from horovodlite.runner.elastic_driver import FINISH_GRACE, ElasticJob, Worker
 
 
-def job_of(workers: list, round_: int = 1) -> ElasticJob:
+class Beats:
+    """The driver's heartbeat watch, as _finishing reads it: who was seen meeting a round."""
+
+    def __init__(self, met=()):
+        self.met = {str(w) for w in met}
+
+
+def job_of(workers: list, round_: int = 1, met=None) -> ElasticJob:
     job = object.__new__(ElasticJob)  # the state _finishing and outcome read, without a launch
+    job.beats = Beats(w.number for w in workers if w.first_round == 0) if met is None else \
+        Beats(met)
     job.workers = {w.number: w for w in workers}
     job.members = [w.number for w in workers]
     job.finishing_since = None
@@ -52,6 +61,30 @@ def test_a_worker_added_as_the_training_ended_is_stopped_after_the_grace():
         if late.poll() is None:
             late.kill()
             late.wait()
+
+
+def test_workers_added_by_rounds_the_finishers_never_met_are_stopped_those_that_met_not():
+    """Rounds 1 and 2 each added a worker as the training ended; the finishers (round 0's)
+    never met either. Worker 1 (round 1, not the newest) never beat in any round: stopped
+    too, not left waiting for --elastic-timeout. Worker 3 joined in round 1 and met it
+    (its heartbeats were seen): it is finishing, and waited for."""
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    procs = [subprocess.Popen(["sleep", "30"], start_new_session=True) for _ in range(3)]
+    try:
+        job = job_of([Worker(0, "a", True, finished, status=0, first_round=0),
+                      Worker(1, "b", True, procs[0], first_round=1),
+                      Worker(2, "c", True, procs[1], first_round=2),
+                      Worker(3, "d", True, procs[2], first_round=1)], round_=2, met=[0, 3])
+        assert job._finishing(100.0) and job._finishing(100.0 + FINISH_GRACE + 1)
+        assert job.members == [0, 3], job.members
+        assert procs[0].wait(timeout=10) == procs[1].wait(timeout=10) == -signal.SIGTERM
+        assert procs[2].poll() is None and not job.workers[3].left
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def test_a_member_still_finishing_is_waited_for_and_named_if_it_is_killed(capsys):
