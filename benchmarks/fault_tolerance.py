@@ -17,9 +17,11 @@ torchft replica, torchrun restarts every worker at once by itself. A step is
 Reported per run and as ranges: the wall time to the last step (from the launch), the steps
 redone (applied twice: torchrun goes back to its checkpoint, horovodlite at most the step in
 flight), the steps torchft discarded, from each kill to training again (the first new step),
-the steps per second while a worker was away and with all four, and whether the weights are
-right (horovodlite, torchrun: equal to one process training the same steps on the whole batch;
-torchft drops an absent replica's share of the batch, so its weights differ by design).
+how long the others stopped for a worker joining (the gap between the last step without it and
+the first with it), the steps per second while a worker was away and with all four, and whether
+the weights are right (horovodlite, torchrun: equal to one process training the same steps on
+the whole batch; torchft drops an absent replica's share of the batch, so its weights differ by
+design).
 
 Needs ``pip install torchft==0.2.0`` (a benchmark-only dependency; skipped without it). Not
 measured here: a whole host lost and a cut link (one machine; see docs/elastic.md for those on
@@ -155,12 +157,19 @@ class Job:
             return max((s for s, *_ in self.steps), default=0)
 
     def stop(self) -> None:
+        # the launchers' process groups, then every worker that said UP (torchrun starts its
+        # workers in sessions of their own: killing torchrun alone leaves them running)
         for p, _ in self.procs:
             if p.poll() is None:
                 try:
                     os.killpg(p.pid, signal.SIGKILL)
                 except OSError:
                     pass
+        for pid in self.ups:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         if self.lighthouse is not None:
             self.lighthouse.shutdown()
         self.log.close()
@@ -205,15 +214,27 @@ def measure(system: str, job: Job, kills: list, args, timed_out: bool) -> dict:
     steps = sorted(job.steps, key=lambda r: r[1])
     kept: dict = {}  # step -> when it was applied for the last time (the time that counted)
     gens: dict = {}
-    for s, t, _n, gen, _ in steps:
-        kept[s] = t
+    size: dict = {}  # step -> the workers that applied it (the last time)
+    last_gen: dict = {}  # step -> the generation that applied it (the last time)
+    for s, t, n, gen, _ in steps:
+        kept[s], size[s], last_gen[s] = t, n, gen
         gens.setdefault(s, set()).add(gen)
+    # a worker joining: the gap between the last step without it and the first with it (the
+    # others wait for it: horovodlite's sync, torchft's quorum and healing)
+    order = sorted(kept)
+    joins = [kept[b] - kept[a] for a, b in zip(order, order[1:])
+             if size[b] > size[a] and system != "torchrun"]
     end = kept.get(args.steps)
     recoveries, degraded = [], []
     for t_kill, _ in kills:
-        # training again: the first step applied after the kill that was not applied again
+        # training again: the first step applied after the kill by the workers that go on
+        # without the lost one (another generation or number of workers than at the kill: the
+        # step in flight may still complete with the victim's part), and not applied again
         # later (torchrun's old generation may finish a step before it is stopped)
-        after = [t for t in kept.values() if t > t_kill]
+        at_kill = max((s for s in order if kept[s] <= t_kill), default=None)
+        was = (size.get(at_kill), last_gen.get(at_kill))
+        after = [kept[s] for s in order
+                 if kept[s] > t_kill and (size[s], last_gen[s]) != was]
         if after:
             recoveries.append(min(after) - t_kill)
         if system == "torchrun":
@@ -241,6 +262,7 @@ def measure(system: str, job: Job, kills: list, args, timed_out: bool) -> dict:
             "startup": (steps[0][1] - job.start) if steps else None,
             "kills": len(kills), "redone": sum(len(g) - 1 for g in gens.values()),
             "discarded": len(job.discards), "recoveries": recoveries, "degraded": degraded,
+            "joins": joins,
             "full": full_rate, "right": right, "timed_out": timed_out,
             "log": str(job.folder / f"{system}.log")}
 
@@ -288,15 +310,17 @@ def main() -> int:
             results[system].append(r)
             print(f"run {run} {system:9} wall {fmt([r['wall']], ' s')}  kills {r['kills']}  "
                   f"redone {r['redone']}  discarded {r['discarded']}  to training again "
-                  f"{fmt(r['recoveries'], ' s', 2)}  steps/s away {fmt(r['degraded'])} "
+                  f"{fmt(r['recoveries'], ' s', 2)}  join pause {fmt(r['joins'], ' s', 2)}  "
+                  f"steps/s away {fmt(r['degraded'])} "
                   f"all four {fmt([r['full']])}  {r['right']}"
                   + ("  TIMED OUT" if r["timed_out"] else ""), flush=True)
-    print("\nsystem     wall (s)        redone/kill  to training again (s)  steps/s away  "
-          "steps/s all four  weights")
+    print("\nsystem     wall (s)        redone/kill  to training again (s)  join pause (s)  "
+          "steps/s away  steps/s all four  weights")
     for system, rs in results.items():
         per_kill = [r["redone"] / r["kills"] for r in rs if r["kills"]]
         print(f"{system:10} {fmt([r['wall'] for r in rs]):15} {fmt(per_kill):12} "
               f"{fmt([x for r in rs for x in r['recoveries']], '', 2):22} "
+              f"{fmt([x for r in rs for x in r['joins']], '', 2):15} "
               f"{fmt([x for r in rs for x in r['degraded']]):13} "
               f"{fmt([r['full'] for r in rs]):17} {'; '.join(sorted({r['right'] for r in rs}))}")
     if "hvdl" in results:

@@ -43,14 +43,17 @@ def say(*words) -> None:
 
 def make_model():
     torch.manual_seed(SEED)
+    # float64: in float32 the order of the sums alone (4 shares or one batch) moves this model's
+    # weights by ~0.07 after 600 steps, and no comparison with one process would mean anything
     model = torch.nn.Sequential(torch.nn.Linear(D, D), torch.nn.ReLU(), torch.nn.Linear(D, D),
-                                torch.nn.ReLU(), torch.nn.Linear(D, 1))
+                                torch.nn.ReLU(), torch.nn.Linear(D, 1)).double()
     return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
 
 
 def batch(s: int):
     g = torch.Generator().manual_seed(SEED * 1_000_003 + s)
-    return torch.randn(GLOBAL, D, generator=g), torch.randn(GLOBAL, 1, generator=g)
+    return (torch.randn(GLOBAL, D, generator=g, dtype=torch.float64),
+            torch.randn(GLOBAL, 1, generator=g, dtype=torch.float64))
 
 
 def reference(steps: int):

@@ -172,8 +172,12 @@ def test_growing_from_2_to_3_workers_with_host_discovery(tmp_path, shard):
                                 env={"HVDL_DISCOVERY_INTERVAL": "0.2"})
     assert rc == 0, out
     assert sorted(re.findall(r"FINAL rank (\d) size 3 epochs 6 agree", out)) == ["0", "1", "2"], out
-    assert re.search(r"horovodliterun: added 1 worker on \S+:1 \(host discovery\); they join "
-                     r"at the next commit", out), out
+    added = re.search(r"horovodliterun: added 1 worker on \S+:1 \(host discovery\); they join "
+                      r"at the next commit", out)
+    assert added, out
+    # the running workers hear of the newcomer only once it waits for them: it is listed after
+    # its interpreter started (not while it imports torch, which they would wait for)
+    assert out.index("STARTED worker 2") < added.start(), out
     assert re.search(r"hvd.elastic: continuing from (commit|step) \d+.* with 2 -> 3 ranks",
                      out), out
     if shard:  # 65 momentum values: 22 per rank at 3 ranks (one of them padding on the last)

@@ -34,7 +34,7 @@ def test_the_fault_tolerance_benchmark_runs_both_systems_through_the_same_kills(
     assert set(rows) == {"hvdl", "torchrun"}, out
     for system, (_, _, kills, _, _, diff) in rows.items():
         assert int(kills) >= 1, out
-        assert float(diff) < 1e-5, (system, out)
+        assert float(diff) < 1e-9, (system, out)  # float64: only the sums' order
     assert rows["hvdl"][3] == "0", out  # at most the step in flight, which is never applied
     assert int(rows["torchrun"][3]) >= 1, out  # back to its checkpoint: steps done again
     assert "TIMED OUT" not in out and "torchrun wall / horovodlite wall:" in out, out

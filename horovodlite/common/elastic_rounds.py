@@ -26,6 +26,11 @@ value is signed):
   c10d counter would be cheaper still but cannot be signed: a stranger who saw its name could
   add -1 after each +1 and hide every request.
 
+- ``horovodlite/elastic/ready/<worker>``: the worker has started and imported what it needs and
+  waits for a round that lists it (set by ``hvd.init``, signed). The driver lists a worker it
+  started for growth in a round only then: the running workers, who stop for a newcomer at
+  their next commit, never wait for its interpreter to start.
+
 A value that fails its signature (a process outside the job wrote it) is refused: the worker
 says so on stderr, naming the key, and goes on waiting for the driver's own round; the driver
 does not count a forged reset (it skips the slot). What a stranger who reaches the store can
@@ -54,6 +59,28 @@ import time
 
 PREFIX = "horovodlite/elastic"
 ROUND_KEY = f"{PREFIX}/round"
+
+
+def ready_key(worker: str) -> str:
+    return f"{PREFIX}/ready/{worker}"
+
+
+def say_ready(store, worker: str) -> None:
+    """This worker waits for a round that lists it (see the top)."""
+    store.set(ready_key(worker), "1")
+
+
+def is_ready(store, worker: str) -> bool:
+    """Whether ``worker`` said it waits for a round (a forged key does not count)."""
+    if not store.check([ready_key(worker)]):
+        return False
+    try:
+        store.get(ready_key(worker))
+    except Exception as e:  # noqa: BLE001 - a forgery is not the worker's word
+        if refused(e):
+            return False
+        raise
+    return True
 
 
 def round_key(k: int) -> str:

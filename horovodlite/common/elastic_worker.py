@@ -66,8 +66,9 @@ def join(launch):
     r, _chosen = _chosen, None
     if r is None:
         try:
-            r = elastic_rounds.wait_listing(_store(), launch.worker,
-                                            launch_env.elastic_timeout())
+            store = _store()
+            elastic_rounds.say_ready(store, launch.worker)  # a newcomer is listed only now
+            r = elastic_rounds.wait_listing(store, launch.worker, launch_env.elastic_timeout())
         except (TimeoutError, ConnectionError) as e:
             raise JobEnded(f"worker {launch.worker}: {e}") from None
     _check(r, launch.worker)

@@ -15,7 +15,7 @@ from horovodlite.runner.gloo_launch import say
 class Discovery:
     """The part of ``ElasticJob`` that reads the host list; it sets ``args``, ``allocated``
     (host -> slots of the Slurm job, or empty), ``base_env``, ``next_discovery``, ``workers``,
-    ``members``, ``slots``, ``max_np``, ``blacklist`` and ``spawn``."""
+    ``members``, ``pending``, ``server``, ``slots``, ``max_np``, ``blacklist`` and ``spawn``."""
 
     def discovering(self) -> bool:
         return bool(self.args.host_discovery_script or self.allocated)
@@ -66,7 +66,7 @@ class Discovery:
         if retire:
             return retire, []
         self.slots = found
-        room = self.max_np - len(self.members)
+        room = self.max_np - len(self.members) - len(self.pending)
         grown = []
         for host, slots in found.items():
             free = slots - self.running_on(host)
@@ -74,11 +74,31 @@ class Discovery:
                 grown.append(host)
                 free -= 1
                 room -= 1
-        # the new workers' start assignment: their places in the round that lists them next
-        hosts = [self.workers[w].host for w in self.members] + grown
-        places = start_places(hosts)[len(self.members):]
-        self.members += [self.spawn(h, p) for h, p in zip(grown, places)]
+        # the new workers' start assignment: their places in the round that lists them next;
+        # they join the job once they say they are ready (newcomers() below)
+        known = self.members + self.pending
+        hosts = [self.workers[w].host for w in known] + grown
+        places = start_places(hosts)[len(known):]
+        self.pending += [self.spawn(h, p) for h, p in zip(grown, places)]
         return [], grown
+
+    def newcomers(self) -> list:
+        """The workers started for growth that now wait for a round (``elastic_rounds``'s
+        ready keys): they leave ``pending`` for ``members``; one that ended before is
+        dropped, named."""
+        ready = []
+        for number in list(self.pending):
+            w = self.workers[number]
+            if w.status is not None:
+                self.pending.remove(number)
+                w.left = f"exited with status {w.status} before it joined"
+                say(f"worker {number} on {w.host}, started for growth, exited with status "
+                    f"{w.status} before it joined")
+            elif elastic_rounds.is_ready(self.server.control, str(number)):
+                self.pending.remove(number)
+                ready.append(number)
+        self.members += ready
+        return [self.workers[w].host for w in ready]
 
 
 __all__ = ["Discovery"]

@@ -106,6 +106,7 @@ class ElasticJob(Discovery):
         self.addr = job_address(args.network_interface, others)
         self.workers: dict[int, Worker] = {}
         self.members: list[int] = []  # the current round's workers, rank order
+        self.pending: list[int] = []  # started for growth, not ready yet (Discovery.newcomers)
         self.round = -1
         self.resets: elastic_rounds.ResetRequests | None = None  # this round's requests read
         self.finishing_since: float | None = None  # when a worker first finished (status 0)
@@ -133,7 +134,7 @@ class ElasticJob(Discovery):
         return host.strip()
 
     def running_on(self, host: str) -> int:
-        return sum(1 for w in self.members if self.workers[w].host == host)
+        return sum(1 for w in self.members + self.pending if self.workers[w].host == host)
 
     # -- workers -------------------------------------------------------------------------------
     def spawn(self, host: str, place: dict) -> int:
@@ -296,7 +297,8 @@ class ElasticJob(Discovery):
         if self._finishing(now):
             return
         lost = self._losses(now)
-        retire, grown = self._discovery(now) if not lost else ([], [])
+        retire, _ = self._discovery(now) if not lost else ([], [])
+        grown = self.newcomers() if not lost and not retire else []
         reasons = list(lost)
         if retire:
             hosts = sorted({self.workers[w].host for w in retire})
@@ -356,6 +358,10 @@ class ElasticJob(Discovery):
             say(f"worker {number} on {worker.host} is stopped: the training finished without "
                 "it (added as it ended)")
             worker.signal(signal.SIGTERM)
+        for number in self.pending:  # started for growth, never ready: not in any round
+            self.workers[number].left = "stopped: the training finished before it joined"
+            self.workers[number].signal(signal.SIGTERM)
+        self.pending = []
         return True
 
     def done(self) -> bool:

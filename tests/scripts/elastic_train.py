@@ -172,6 +172,8 @@ def main():
     forge_at = tuple(int(v) for v in args.forge_round.split(":")) if args.forge_round else None
     torch.set_num_threads(1)
 
+    if elastic_worker.active():  # (before init: a worker added for growth says when it began)
+        print(f"STARTED worker {os.environ['HVDL_WORKER_ID']}", flush=True)
     hvd.init()
     first_size, first_rank = hvd.size(), hvd.rank()
     x, y = make_data()

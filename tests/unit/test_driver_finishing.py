@@ -24,6 +24,7 @@ def job_of(workers: list, round_: int = 1, met=None) -> ElasticJob:
         Beats(met)
     job.workers = {w.number: w for w in workers}
     job.members = [w.number for w in workers]
+    job.pending = []
     job.finishing_since = None
     job.round = round_
     job.ended = ""

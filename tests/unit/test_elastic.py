@@ -461,6 +461,31 @@ def test_step_rollback_syncs_from_the_survivor_that_applied_the_most(monkeypatch
     assert hvd.elastic.ObjectState(step=0)._source() == expected
 
 
+@pytest.mark.parametrize("mine,behind", [((7, True), False), ((6, True), True),
+                                         ((7, False), True), ((0, None), True)],
+                         ids=["as-far-whole", "a-step-behind", "part-of-a-state", "newcomer"])
+def test_only_a_rank_behind_the_source_holds_part_of_a_state_while_it_receives(monkeypatch,
+                                                                              mine, behind):
+    """Rank 0 sends its state to a newcomer and dies mid-sync (seen in
+    benchmarks/fault_tolerance.py): the survivors that had applied as many steps received their
+    own values, so they still hold a whole state and the job goes on from one of them; before,
+    every receiver counted as partial and the job stopped with "no rank holds a whole state"."""
+    from horovodlite.torch import functions
+    from horovodlite.torch.elastic import state as state_module
+
+    class Applied(hvd.elastic.ObjectState):
+        applied = mine[0]
+
+    monkeypatch.setenv("HOROVOD_ELASTIC_ROLLBACK", "step")
+    monkeypatch.setattr(state_module, "is_initialized", lambda: True)
+    monkeypatch.setattr(functions, "allgather_object",
+                        lambda obj, name=None: [(7, 3, True), (*mine[:1], 3, mine[1]),
+                                                (0, 0, None)])
+    s = Applied(step=0)
+    s._synced = mine[1]
+    assert s._source() == (0, True) and s._behind is behind
+
+
 def test_step_rollback_with_no_whole_state_left_stops_naming_the_way_out(monkeypatch):
     from horovodlite.torch import functions
     from horovodlite.torch.elastic import state as state_module

@@ -73,6 +73,7 @@ class State:
         # None: never synced; True: a sync completed here, and no later one overwrote the state
         # part way; False: one did (rollback "step": this rank cannot be the next source)
         self._synced: bool | None = None
+        self._behind = True  # (sync) this rank's state is not the source's: see _source
 
     def rollback_mode(self) -> str:
         """``commit`` for a State subclass of the user's: only its own save/restore/sync know
@@ -233,6 +234,7 @@ class ObjectState(State):
         every = allgather_object((self.applied, self.commits, self._synced),
                                  name="elastic.progress")
         clean = [r for r, (_, _, synced) in enumerate(every) if synced]
+        self._behind = True  # (below: whether this rank's own state is not the source's)
         if not clean:
             if any(synced is False for _, _, synced in every):
                 raise RuntimeError(
@@ -244,6 +246,10 @@ class ObjectState(State):
             return 0, True  # nothing trained yet: the start
         most = max(every[r][0] for r in clean)
         source = min(r for r in clean if every[r][0] == most)
+        # a whole state that applied as many steps holds the source's values bit for bit:
+        # receiving them again changes nothing, and a failure of the source mid-sync leaves it
+        # whole (a newcomer, or a rank behind, holds part of a state until the end)
+        self._behind = not (self._synced and self.applied == most)
         return source, len(clean) < len(every) or any(e[0] != most for e in every)
 
     def sync(self) -> None:
@@ -376,10 +382,11 @@ class TorchState(ObjectState):
         taken from the first rank of the DistributedOptimizer's process set, over that set: a
         rank outside it trains alone (the optimizer reduces nothing there) and keeps its own.
         Under rollback ``step`` from ``source``; the model and optimizers only when
-        ``everything`` (see the top), and a rank that takes them holds part of a state until
-        they all arrived (``_synced`` false: it cannot be the next source)."""
+        ``everything`` (see the top), and a rank behind the source that takes them holds part
+        of a state until they all arrived (``_synced`` false: it cannot be the next source); a
+        whole state as far as the source's receives its own values and stays whole."""
         ps = self._process_set()
-        if everything and rank() != source and self.rollback_mode() == "step":
+        if everything and rank() != source and self.rollback_mode() == "step" and self._behind:
             self._synced = False
         for name in sorted(self._handlers):
             handler = self._handlers[name]
