@@ -29,7 +29,7 @@ class BeatWatch:
         self.beats = None  # the round's heartbeats' store
         self.last: dict = {}  # worker -> (last beat seen, when it changed)
         self.looked = None  # when the driver last looked
-        self.met: set = set()  # workers seen beating in a round: they met its others
+        self.met: set = set()  # workers (as start_round got them) seen beating in a round
 
     def start_round(self, k: int, workers: list) -> None:
         """Round ``k`` was published with ``workers`` (rank order): watch its beats."""

@@ -351,7 +351,7 @@ class ElasticJob(Discovery):
         for number in [w for w in self.members if self.workers[w].status is None
                        and 0 < self.workers[w].first_round
                        and (self.round == self.workers[w].first_round
-                            or str(w) not in self.beats.met)]:
+                            or w not in self.beats.met)]:
             worker = self.workers[number]
             self.members.remove(number)
             worker.left = "stopped: the training finished without it (added as it ended)"

@@ -8,6 +8,10 @@ from __future__ import annotations
 import signal
 import subprocess
 
+import torch.distributed as dist
+
+from horovodlite.common import rendezvous
+from horovodlite.runner.elastic_beats import BeatWatch
 from horovodlite.runner.elastic_driver import FINISH_GRACE, ElasticJob, Worker
 
 
@@ -15,7 +19,7 @@ class Beats:
     """The driver's heartbeat watch, as _finishing reads it: who was seen meeting a round."""
 
     def __init__(self, met=()):
-        self.met = {str(w) for w in met}
+        self.met = set(met)  # worker numbers, as the driver's rounds list them
 
 
 def job_of(workers: list, round_: int = 1, met=None) -> ElasticJob:
@@ -76,7 +80,15 @@ def test_workers_added_by_rounds_the_finishers_never_met_are_stopped_those_that_
         job = job_of([Worker(0, "a", True, finished, status=0, first_round=0),
                       Worker(1, "b", True, procs[0], first_round=1),
                       Worker(2, "c", True, procs[1], first_round=2),
-                      Worker(3, "d", True, procs[2], first_round=1)], round_=2, met=[0, 3])
+                      Worker(3, "d", True, procs[2], first_round=1)], round_=2)
+        # the driver's own watch saw workers 0 and 3 beat in round 1 (ranks 0 and 2 there)
+        store = dist.HashStore()
+        job.beats = BeatWatch(store, "s3cret", "job", 2.0)
+        job.beats.start_round(1, [0, 1, 3])
+        beats = rendezvous.heartbeats(store, "s3cret", "job", 1)
+        beats.set(rendezvous.HEARTBEAT_KEY.format(0), "1")
+        beats.set(rendezvous.HEARTBEAT_KEY.format(2), "1")
+        job.beats.silent(0.0, [0, 1, 3])
         assert job._finishing(100.0) and job._finishing(100.0 + FINISH_GRACE + 1)
         assert job.members == [0, 3], job.members
         assert procs[0].wait(timeout=10) == procs[1].wait(timeout=10) == -signal.SIGTERM
