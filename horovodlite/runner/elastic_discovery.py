@@ -11,6 +11,8 @@ from horovodlite.runner import horovod_flags, slurm_steps
 from horovodlite.runner.elastic_places import start_places
 from horovodlite.runner.gloo_launch import say
 
+PENDING_WAIT = 30.0  # s after growth started workers: join with those ready by then
+
 
 class Discovery:
     """The part of ``ElasticJob`` that reads the host list; it sets ``args``, ``allocated``
@@ -79,14 +81,24 @@ class Discovery:
         known = self.members + self.pending
         hosts = [self.workers[w].host for w in known] + grown
         places = start_places(hosts)[len(known):]
-        self.pending += [self.spawn(h, p) for h, p in zip(grown, places)]
+        if grown:
+            if not self.pending:
+                self.pending_since = now
+            self.pending += [self.spawn(h, p) for h, p in zip(grown, places)]
+            listed = ", ".join(f"{h}:{grown.count(h)}" for h in dict.fromkeys(grown))
+            say(f"started {len(grown)} worker{'s' if len(grown) > 1 else ''} on {listed} "
+                f"({self.growth_source()}); listed in a round once ready")
         return [], grown
 
-    def newcomers(self) -> list:
-        """The workers started for growth that now wait for a round (``elastic_rounds``'s
-        ready keys): they leave ``pending`` for ``members``; one that ended before is
-        dropped, named."""
-        ready = []
+    def growth_source(self) -> str:
+        return "host discovery" if self.args.host_discovery_script else "Slurm offers it again"
+
+    def newcomers(self, now: float) -> list:
+        """The workers started for growth that wait for a round now (``elastic_rounds``'s
+        ready keys), all together: they leave ``pending`` for ``members`` once every pending
+        worker is ready (one round, one stop of the others for all of them), or PENDING_WAIT s
+        after the first was started (a newcomer that never gets ready holds up no others). One
+        that ended before is dropped, named. Returns the hosts of those that joined."""
         for number in list(self.pending):
             w = self.workers[number]
             if w.status is not None:
@@ -94,9 +106,13 @@ class Discovery:
                 w.left = f"exited with status {w.status} before it joined"
                 say(f"worker {number} on {w.host}, started for growth, exited with status "
                     f"{w.status} before it joined")
-            elif elastic_rounds.is_ready(self.server.control, str(number)):
-                self.pending.remove(number)
-                ready.append(number)
+        ready = [n for n in self.pending
+                 if elastic_rounds.is_ready(self.server.control, str(n))]
+        if not ready or (len(ready) < len(self.pending)
+                         and now - self.pending_since < PENDING_WAIT):
+            return []
+        self.pending = [n for n in self.pending if n not in ready]
+        self.pending_since = now
         self.members += ready
         return [self.workers[w].host for w in ready]
 

@@ -107,6 +107,7 @@ class ElasticJob(Discovery):
         self.workers: dict[int, Worker] = {}
         self.members: list[int] = []  # the current round's workers, rank order
         self.pending: list[int] = []  # started for growth, not ready yet (Discovery.newcomers)
+        self.pending_since = 0.0  # when the first of them was started
         self.round = -1
         self.resets: elastic_rounds.ResetRequests | None = None  # this round's requests read
         self.finishing_since: float | None = None  # when a worker first finished (status 0)
@@ -298,7 +299,7 @@ class ElasticJob(Discovery):
             return
         lost = self._losses(now)
         retire, _ = self._discovery(now) if not lost else ([], [])
-        grown = self.newcomers() if not lost and not retire else []
+        grown = self.newcomers(now) if not lost and not retire else []
         reasons = list(lost)
         if retire:
             hosts = sorted({self.workers[w].host for w in retire})
@@ -310,9 +311,8 @@ class ElasticJob(Discovery):
                 self.workers[w].left = f"retired: its host left {source}"
         if grown:
             hosts = ", ".join(f"{h}:{grown.count(h)}" for h in dict.fromkeys(grown))
-            how = "host discovery" if self.args.host_discovery_script else "Slurm offers it again"
             reasons.append(f"added {len(grown)} worker{'s' if len(grown) > 1 else ''} on {hosts} "
-                           f"({how}); they join at the next commit")
+                           f"({self.growth_source()}); they join at the next commit")
         if not reasons and self._reset_wanted(now):
             reasons.append("a worker's training failed; the same workers meet again")
             lost = ["reset"]
