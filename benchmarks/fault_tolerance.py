@@ -62,6 +62,16 @@ def local_hosts() -> list:
     return names[:4]
 
 
+def ours(pid: int) -> bool:
+    """Whether ``pid`` is still one of this benchmark's workers: pids are reused (quickly on
+    some machines), and a pid that said UP minutes ago may now be anyone's - the test runner's."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return WORKER.name.encode() in f.read()
+    except OSError:
+        return False
+
+
 class Job:
     """One system's run: its processes, and the lines its workers print, with their times."""
 
@@ -138,9 +148,8 @@ class Job:
         alive = []
         for pid in pids:
             try:
-                os.kill(pid, 0)
                 with open(f"/proc/{pid}/stat") as f:
-                    if f.read().split(")")[1].split()[0] != "Z":
+                    if f.read().split(")")[1].split()[0] != "Z" and ours(pid):
                         alive.append(pid)
             except OSError:
                 pass
@@ -166,10 +175,11 @@ class Job:
                 except OSError:
                     pass
         for pid in self.ups:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            if ours(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
         if self.lighthouse is not None:
             self.lighthouse.shutdown()
         self.log.close()
@@ -193,6 +203,8 @@ def run_one(system: str, args, seed: int, folder: Path) -> dict:
             live = job.live_workers()
             if len(live) >= 3:
                 victim = live[rng.randrange(len(live))]
+                if not ours(victim):  # (it ended since)
+                    continue
                 os.kill(victim, signal.SIGKILL)
                 kills.append((now, victim))
                 replica = job.replica_of(victim)
