@@ -140,6 +140,7 @@ def test_an_elastic_driver_in_a_slurm_job_follows_its_nodes(monkeypatch):
     job.next_discovery = 0.0
     job.workers = {i: Worker(i, h, False, None) for i, h in enumerate(["n1", "n1", "n2", "n2"])}
     job.members = [0, 1, 2, 3]
+    job.pending = []
     job.max_np = 4
     assert job.discovering() and job.discover() == {"n1": 2, "n2": 2}
     assert job._discovery(0.0) == ([], [])  # nothing changed: nothing to do
