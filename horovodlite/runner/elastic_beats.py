@@ -24,7 +24,6 @@ from horovodlite.common import rendezvous
 class BeatWatch:
     def __init__(self, store, secret: str, job: str, timeout: float):
         self.store, self.secret, self.job, self.timeout = store, secret, job, timeout
-        self.round = -1
         self.workers: list = []  # the round's workers, rank order
         self.beats = None  # the round's heartbeats' store
         self.last: dict = {}  # worker -> (last beat seen, when it changed)
@@ -33,7 +32,7 @@ class BeatWatch:
 
     def start_round(self, k: int, workers: list) -> None:
         """Round ``k`` was published with ``workers`` (rank order): watch its beats."""
-        self.round, self.workers = k, list(workers)
+        self.workers = list(workers)
         self.beats = rendezvous.heartbeats(self.store, self.secret, self.job, k)
         self.last = {}
 
